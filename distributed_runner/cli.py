@@ -1,0 +1,106 @@
+"""``drun``: train, test and inspect from a config file.
+
+    drun train CONFIG [--work-dir D] [--resume [PATH]] [--cfg-options k=v ...]
+    drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
+    drun hooks CONFIG [--cfg-options k=v ...]
+
+A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2;
+anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .errors import ConfigError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="a .py or .yaml config file")
+    p.add_argument("--work-dir", help="where logs and checkpoints go (overrides work_dir)")
+    p.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config keys, e.g. train_cfg.max_epochs=3 'x=[1,2]'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="drun", description="distributed-runner: hooked "
+                                     "PyTorch training on a laptop or a Ray cluster")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a model")
+    _add_common(train)
+    train.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
+                       help="resume from PATH, or from work_dir's last checkpoint if no PATH")
+    test = sub.add_parser("test", help="evaluate a checkpoint on test_dataloader")
+    _add_common(test)
+    test.add_argument("--checkpoint", required=True, help="weights to load (load_from)")
+    hooks = sub.add_parser("hooks", help="print the resolved hook plan without training")
+    hooks.add_argument("config")
+    hooks.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
+    return parser
+
+
+def load_config(args: argparse.Namespace):
+    from .config import Config
+    cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
+    if getattr(args, "work_dir", None):
+        cfg["work_dir"] = args.work_dir
+    if cfg.get("work_dir") is None:
+        cfg["work_dir"] = str(Path("work_dirs") / Path(args.config).stem)
+    cfg["work_dir"] = str(Path(cfg["work_dir"]).expanduser().resolve())
+    return cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .runner import Runner
+    cfg = load_config(args)
+    if args.resume is not None:
+        cfg["resume"] = args.resume
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from .runner import Runner
+    cfg = load_config(args)
+    cfg["load_from"] = args.checkpoint
+    cfg["resume"] = False
+    runner = Runner.from_cfg(cfg)
+    metrics = runner.test()
+    print(json.dumps(metrics))
+    return 0
+
+
+def cmd_hooks(args: argparse.Namespace) -> int:
+    from .config import Config
+    from .dispatch import HookDispatcher
+    from .hook_builder import resolve_hooks
+    cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
+
+    class _NoRunner:  # the dispatcher only needs something to hold weakly
+        pass
+
+    holder = _NoRunner()
+    dispatcher = HookDispatcher(holder)
+    for name, hook, priority, key in resolve_hooks(cfg.get("default_hooks"),
+                                                   cfg.get("custom_hooks")):
+        dispatcher.register(hook, name, priority, key)
+    print(dispatcher.plan_text())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"train": cmd_train, "test": cmd_test, "hooks": cmd_hooks}
+    try:
+        return commands[args.command](args)
+    except ConfigError as e:
+        print(f"drun: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Rank and collective helpers that work the same with and without a process group.
+
+Every question about rank or world size in the project goes through here (one place), so the same
+Runner runs in a plain process, under ``torchrun`` or inside a Ray Train worker. Without an
+initialised process group every collective is the identity (world size 1).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, TypeVar
+
+import torch
+import torch.distributed as torch_dist
+
+T = TypeVar("T")
+
+
+def is_distributed() -> bool:
+    """True when a default process group with more than one rank is running."""
+    return (torch_dist.is_available() and torch_dist.is_initialized()
+            and torch_dist.get_world_size() > 1)
+
+
+def get_rank() -> int:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank()
+    return 0
+
+
+def get_world_size() -> int:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_world_size()
+    return 1
+
+
+def get_local_rank() -> int:
+    """The rank on this node (``LOCAL_RANK`` as torchrun and Ray Train set it), else 0."""
+    try:
+        import ray.train
+        ctx = ray.train.get_context()
+        return int(ctx.get_local_rank())
+    except Exception:  # not inside a Ray Train worker
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def master_only(fn: Callable[..., T]) -> Callable[..., T | None]:
+    """Decorate a function so it runs on rank 0 only (returns None elsewhere)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        if is_main_process():
+            return fn(*args, **kwargs)
+        return None
+    return wrapper
+
+
+def barrier() -> None:
+    if is_distributed():
+        torch_dist.barrier()
+
+
+def _collective_device() -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
+    if torch_dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Reduce ``tensor`` in place across ranks (``op``: sum, mean, max, min) and return it."""
+    if not is_distributed():
+        return tensor
+    ops = {"sum": torch_dist.ReduceOp.SUM, "mean": torch_dist.ReduceOp.SUM,
+           "max": torch_dist.ReduceOp.MAX, "min": torch_dist.ReduceOp.MIN}
+    device = _collective_device()
+    work = tensor.to(device)
+    torch_dist.all_reduce(work, op=ops[op])
+    if op == "mean":
+        work = work / get_world_size()
+    tensor.copy_(work.to(tensor.device))
+    return tensor
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=src, device=_collective_device())
+    return box[0]
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * get_world_size()
+    torch_dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,1 @@
+"""Small, download-free examples used by ``configs/`` and the tests."""

@@ -1,0 +1,115 @@
+"""From ``default_hooks`` and ``custom_hooks`` in a config to named hook instances.
+
+Override rules for ``default_hooks`` (a dict keyed by name):
+
+* ``None``                removes that default hook;
+* a dict with ``type``    replaces it;
+* a dict without ``type`` updates the default's arguments;
+* a ``Hook`` instance     replaces it;
+* a new name              adds a hook (after the defaults, before ``custom_hooks``).
+
+``custom_hooks`` is a list of dicts or ``Hook`` instances registered after the defaults. Reserved
+keys in a hook's dict, taken out before the hook is built: ``priority`` and ``name`` (the registered
+name; default: the class name in snake_case without ``Hook``, e.g. ``CheckInvalidLossHook`` ->
+``check_invalid_loss``).
+"""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from hooks.hook import Hook
+
+from .errors import ConfigError
+from .registry import HOOKS
+
+DEFAULT_HOOKS: dict[str, dict] = {
+    "runtime_info": {"type": "RuntimeInfoHook"},
+    "timer": {"type": "IterTimerHook"},
+    "sampler_seed": {"type": "DistSamplerSeedHook"},
+    "logger": {"type": "LoggerHook"},
+    "param_scheduler": {"type": "ParamSchedulerHook"},
+    "checkpoint": {"type": "CheckpointHook", "interval": 1},
+}
+
+RESERVED_KEYS = ("priority", "name")
+
+
+def default_name(hook_type: Any) -> str:
+    """``CheckInvalidLossHook`` -> ``check_invalid_loss``; ``EMAHook`` -> ``ema``."""
+    name = hook_type if isinstance(hook_type, str) else getattr(hook_type, "__name__", "hook")
+    name = re.sub(r"Hook$", "", name) or name
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+    return name.lower()
+
+
+def merge_default_hooks(user: dict | None) -> dict[str, Any]:
+    """Apply the user's ``default_hooks`` to the built-in set (rules in the module docstring)."""
+    merged: dict[str, Any] = copy.deepcopy(DEFAULT_HOOKS)
+    if user is None:
+        return merged
+    if not isinstance(user, dict):
+        raise ConfigError("default_hooks", "must be a dict of name -> hook config (or None to "
+                                           "remove a default)")
+    for name, spec in user.items():
+        if spec is None:
+            merged.pop(name, None)
+        elif isinstance(spec, Hook):
+            merged[name] = spec
+        elif isinstance(spec, dict):
+            if "type" in spec or name not in merged or isinstance(merged[name], Hook):
+                if "type" not in spec:
+                    raise ConfigError(f"default_hooks.{name}", "a new hook needs 'type' (e.g. "
+                                                                "type='EMAHook')")
+                merged[name] = dict(spec)
+            else:
+                merged[name].update(spec)
+        else:
+            raise ConfigError(f"default_hooks.{name}", f"expected a dict, a Hook or None, got "
+                                                        f"{type(spec).__name__}")
+    return merged
+
+
+def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
+    """Build one hook; returns the hook and its reserved keys (``priority``, ``name``)."""
+    if isinstance(spec, Hook):
+        return spec, {}
+    if not isinstance(spec, dict):
+        raise ConfigError(key, f"expected a hook config dict or a Hook, got {type(spec).__name__}")
+    args = dict(spec)
+    reserved = {k: args.pop(k) for k in RESERVED_KEYS if k in args}
+    hook = HOOKS.build(args, key)
+    if not isinstance(hook, Hook):
+        raise ConfigError(f"{key}.type", f"{type(hook).__name__} is not a Hook: subclass hooks.Hook")
+    return hook, reserved
+
+
+def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
+                  ) -> list[tuple[str, Hook, Any, str]]:
+    """All hooks to register: ``(name, hook, priority or None, config key)`` in registration order."""
+    import hooks  # noqa: F401  (registers the built-in hooks by name)
+
+    out: list[tuple[str, Hook, Any, str]] = []
+    for name, spec in merge_default_hooks(default_hooks).items():
+        key = f"default_hooks.{name}"
+        hook, reserved = build_hook(spec, key)
+        out.append((name, hook, reserved.get("priority"), key))
+    if custom_hooks is None:
+        return out
+    if not isinstance(custom_hooks, (list, tuple)):
+        raise ConfigError("custom_hooks", "must be a list of hook configs, e.g. "
+                                          "[dict(type='EMAHook')]")
+    taken = {name for name, *_ in out}
+    for i, spec in enumerate(custom_hooks):
+        key = f"custom_hooks[{i}]"
+        hook, reserved = build_hook(spec, key)
+        name = reserved.get("name") or default_name(spec.get("type") if isinstance(spec, dict)
+                                                    else type(spec))
+        if "name" not in reserved:
+            base, n = name, 1
+            while name in taken:
+                name, n = f"{base}_{n}", n + 1
+        taken.add(name)
+        out.append((name, hook, reserved.get("priority"), key))
+    return out

@@ -1,0 +1,121 @@
+"""MessageHub: where hooks leave runtime info and scalar histories for each other.
+
+Scalars may be recorded as 0-dim tensors and are turned into floats only when read. On a GPU this
+keeps the step free of a device sync per logged value: the logger pays one conversion per logging
+interval instead of the step paying one per iteration.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterable
+
+import torch
+
+DEFAULT_HISTORY = 1000
+
+
+def _as_floats(values: Iterable[Any]) -> list[float]:
+    values = list(values)
+    tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    if tensors:  # one conversion for all tensor values, not one .item() each
+        converted = torch.stack([values[i].detach().float().reshape(()) for i in tensors]).tolist()
+        for i, c in zip(tensors, converted):
+            values[i] = c
+    return [float(v) for v in values]
+
+
+class HistoryBuffer:
+    """The last ``max_length`` values of one scalar, with the running total of all of them."""
+
+    __slots__ = ("_values", "_counts", "_total", "_total_count")
+
+    def __init__(self, max_length: int = DEFAULT_HISTORY) -> None:
+        self._values: deque = deque(maxlen=max_length)
+        self._counts: deque = deque(maxlen=max_length)
+        self._total = 0.0  # folded in from values that left the window
+        self._total_count = 0
+
+    def update(self, value: Any, count: int = 1) -> None:
+        if len(self._values) == self._values.maxlen:
+            old = self._values[0]
+            self._total += float(old)  # rare: only when the window is full
+            self._total_count += self._counts[0]
+        self._values.append(value)
+        self._counts.append(count)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def current(self) -> float:
+        if not self._values:
+            raise ValueError("empty history")
+        return _as_floats([self._values[-1]])[0]
+
+    def mean(self, window: int | None = None) -> float:
+        """Mean of the last ``window`` values (weighted by their counts); all if None."""
+        if not self._values:
+            raise ValueError("empty history")
+        n = len(self._values) if window is None else min(window, len(self._values))
+        vals = _as_floats(list(self._values)[-n:])
+        counts = list(self._counts)[-n:]
+        return sum(v * c for v, c in zip(vals, counts)) / sum(counts)
+
+    def values(self) -> list[float]:
+        return _as_floats(self._values)
+
+    def state_dict(self) -> dict:
+        return {"values": self.values(), "counts": list(self._counts), "total": self._total,
+                "total_count": self._total_count, "max_length": self._values.maxlen}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "HistoryBuffer":
+        buf = cls(int(state.get("max_length", DEFAULT_HISTORY)))
+        for v, c in zip(state["values"], state["counts"]):
+            buf._values.append(float(v))
+            buf._counts.append(int(c))
+        buf._total = float(state.get("total", 0.0))
+        buf._total_count = int(state.get("total_count", 0))
+        return buf
+
+
+class MessageHub:
+    """Runtime info (``epoch``, ``iter``, ``eta`` ...) and scalar histories (``train/loss`` ...)."""
+
+    def __init__(self, history: int = DEFAULT_HISTORY) -> None:
+        self._history = history
+        self.runtime_info: dict[str, Any] = {}
+        self.log_scalars: dict[str, HistoryBuffer] = {}
+
+    def update_info(self, key: str, value: Any) -> None:
+        self.runtime_info[key] = value
+
+    def update_info_dict(self, info: dict) -> None:
+        self.runtime_info.update(info)
+
+    def get_info(self, key: str, default: Any = None) -> Any:
+        return self.runtime_info.get(key, default)
+
+    def update_scalar(self, key: str, value: Any, count: int = 1) -> None:
+        buf = self.log_scalars.get(key)
+        if buf is None:
+            buf = self.log_scalars[key] = HistoryBuffer(self._history)
+        buf.update(value, count)
+
+    def update_scalars(self, scalars: dict, prefix: str = "") -> None:
+        for k, v in scalars.items():
+            self.update_scalar(prefix + k, v)
+
+    def get_scalar(self, key: str) -> HistoryBuffer:
+        return self.log_scalars[key]
+
+    def state_dict(self) -> dict:
+        """Plain containers only (checkpoints are loaded with ``weights_only=True``)."""
+        info = {k: v for k, v in self.runtime_info.items()
+                if isinstance(v, (int, float, str, bool, type(None)))}
+        return {"runtime_info": info,
+                "log_scalars": {k: b.state_dict() for k, b in self.log_scalars.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.runtime_info.update(state.get("runtime_info", {}))
+        self.log_scalars = {k: HistoryBuffer.from_state(s)
+                            for k, s in state.get("log_scalars", {}).items()}

@@ -1,0 +1,195 @@
+"""OptimWrapper: one object that does backward, accumulation, clipping, AMP and the step.
+
+``optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1),
+accumulative_counts=4, clip_grad=dict(max_norm=1.0))``; ``type='AmpOptimWrapper',
+dtype='bfloat16'`` (or ``'float16'``, which adds a GradScaler) for mixed precision.
+
+Gradient accumulation scales each loss by ``1/accumulative_counts`` and steps every
+``accumulative_counts`` updates. When the run's iteration count is not a multiple of it, the last,
+shorter window is scaled by its own length so its gradient is still a mean. Inside DDP the
+non-stepping backward passes run under ``no_sync()`` so gradients are all-reduced once per step.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+from .registry import OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
+
+
+@OPTIM_WRAPPERS.register_module()
+class OptimWrapper:
+    """Backward + (accumulated) step + optional gradient clipping around a torch optimizer."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, accumulative_counts: int = 1,
+                 clip_grad: dict | None = None) -> None:
+        if int(accumulative_counts) < 1:
+            raise ConfigError("optim_wrapper.accumulative_counts", "must be >= 1")
+        self.optimizer = optimizer
+        self.accumulative_counts = int(accumulative_counts)
+        self.clip_grad = dict(clip_grad) if clip_grad else None
+        if self.clip_grad is not None and "max_norm" not in self.clip_grad:
+            raise ConfigError("optim_wrapper.clip_grad", "needs max_norm, e.g. "
+                                                         "clip_grad=dict(max_norm=1.0)")
+        self._inner_count = 0
+        self._max_counts = 0
+        self._remainder = 0
+        self.last_grad_norm: torch.Tensor | None = None
+
+    # -- accumulation bookkeeping ----------------------------------------------------------------
+    def initialize_count_status(self, done: int, max_counts: int) -> None:
+        """Tell the wrapper how many updates happened (resume) and how many there will be."""
+        self._inner_count = int(done)
+        self._max_counts = int(max_counts)
+        self._remainder = self._max_counts % self.accumulative_counts
+
+    def _steps_after(self, count: int) -> bool:
+        return count % self.accumulative_counts == 0 or count == self._max_counts
+
+    def should_update(self) -> bool:
+        """Whether the update in progress (the next ``update_params``) ends with a step."""
+        return self._steps_after(self._inner_count + 1)
+
+    def _loss_factor(self) -> int:
+        if self.accumulative_counts == 1:
+            return 1
+        if self._remainder and self._inner_count >= self._max_counts - self._remainder:
+            return self._remainder
+        return self.accumulative_counts
+
+    # -- the update --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def optim_context(self, model: nn.Module) -> Iterator[None]:
+        """Forward under this; skips DDP's gradient all-reduce on accumulating passes."""
+        if self.accumulative_counts > 1 and not self.should_update() and hasattr(model, "no_sync"):
+            with model.no_sync():
+                yield
+        else:
+            yield
+
+    def update_params(self, loss: torch.Tensor) -> None:
+        factor = self._loss_factor()
+        self.backward(loss / factor if factor != 1 else loss)
+        self._inner_count += 1
+        if self._steps_after(self._inner_count):
+            self.step()
+            self.zero_grad()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _clip(self) -> None:
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if params:
+            self.last_grad_norm = nn.utils.clip_grad_norm_(params, **self.clip_grad)
+
+    def step(self) -> None:
+        if self.clip_grad is not None:
+            self._clip()
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def scaler_state_dict(self) -> dict | None:
+        return None
+
+    def load_scaler_state_dict(self, state: dict | None) -> None:
+        """No scaler: nothing to restore."""
+
+
+@OPTIM_WRAPPERS.register_module()
+class AmpOptimWrapper(OptimWrapper):
+    """Mixed precision: autocast in ``optim_context``; fp16 adds a GradScaler (bf16 needs none)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, dtype: str = "float16",
+                 loss_scale: str | float = "dynamic", device_type: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(optimizer, **kwargs)
+        dtypes = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+                  "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+        if dtype not in dtypes:
+            raise ConfigError("optim_wrapper.dtype", f"unknown dtype {dtype!r}: use 'float16' or "
+                                                     f"'bfloat16'")
+        self.dtype = dtypes[dtype]
+        self.device_type = device_type or self._param_device_type()
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.dtype is torch.float16:
+            scale_args: dict = {}
+            if loss_scale != "dynamic":
+                scale_args = {"init_scale": float(loss_scale), "growth_interval": 2**31 - 1}
+            self.scaler = torch.amp.GradScaler(self.device_type, **scale_args)
+
+    def _param_device_type(self) -> str:
+        for g in self.optimizer.param_groups:
+            for p in g["params"]:
+                return p.device.type
+        return "cpu"
+
+    @contextlib.contextmanager
+    def optim_context(self, model: nn.Module) -> Iterator[None]:
+        with super().optim_context(model), torch.autocast(self.device_type, dtype=self.dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self) -> None:
+        if self.scaler is None:
+            return super().step()
+        if self.clip_grad is not None:
+            self.scaler.unscale_(self.optimizer)
+            self._clip()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def scaler_state_dict(self) -> dict | None:
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_scaler_state_dict(self, state: dict | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper") -> OptimWrapper:
+    """An OptimWrapper from ``dict(type=..., optimizer=dict(type='SGD', lr=...), ...)``."""
+    if isinstance(spec, OptimWrapper):
+        return spec
+    if isinstance(spec, torch.optim.Optimizer):
+        return OptimWrapper(spec)
+    if not isinstance(spec, dict):
+        raise ConfigError(key, "expected dict(optimizer=dict(type='SGD', lr=0.01), ...)")
+    args = dict(spec)
+    wrapper_cls = OPTIM_WRAPPERS.resolve(args.pop("type", "OptimWrapper"), key)
+    opt_spec = args.pop("optimizer", None)
+    if opt_spec is None:
+        raise ConfigError(f"{key}.optimizer", "missing: add optimizer=dict(type='SGD', lr=0.01)")
+    if isinstance(opt_spec, torch.optim.Optimizer):
+        optimizer = opt_spec
+    else:
+        if not isinstance(opt_spec, dict) or "type" not in opt_spec:
+            raise ConfigError(f"{key}.optimizer", "needs type=, e.g. dict(type='AdamW', lr=1e-3)")
+        opt_args = {k: v for k, v in opt_spec.items() if k != "type"}
+        opt_cls = OPTIMIZERS.resolve(opt_spec["type"], f"{key}.optimizer")
+        check_arguments(opt_cls, opt_args, f"{key}.optimizer", supplied=["params"])
+        optimizer = opt_cls(model.parameters(), **opt_args)
+    check_arguments(wrapper_cls, args, key, supplied=["optimizer"])
+    return wrapper_cls(optimizer=optimizer, **args)

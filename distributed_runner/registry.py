@@ -1,0 +1,187 @@
+"""Registries: how a config names a class by ``type=``.
+
+Every buildable thing (model, dataset, hook, optimizer, scheduler, metric, loop, log sink, collate
+function) lives in one registry. A registry may also fall back to a module (``torch.optim`` for
+optimizers, ``torch.optim.lr_scheduler`` for schedulers, ``torch.nn`` for models) so torch's own
+classes work by name without the user registering them.
+
+``build`` checks the keyword arguments against the constructor's signature *before* calling it, so an
+unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
+``TypeError`` from deep inside a constructor.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any, Callable, Iterable
+
+from .errors import ConfigError, did_you_mean
+
+
+class Registry:
+    """A name -> class (or function) table with optional fallback modules."""
+
+    def __init__(self, name: str, fallbacks: Iterable[str] = ()) -> None:
+        self.name = name
+        self._table: dict[str, Any] = {}
+        self._fallback_names = tuple(fallbacks)
+        self._fallback_modules: list[ModuleType] | None = None
+
+    def __repr__(self) -> str:
+        return f"Registry({self.name!r}, {len(self._table)} entries)"
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def keys(self) -> list[str]:
+        return sorted(self._table)
+
+    def register_module(self, name: str | None = None, force: bool = False,
+                        module: Any = None) -> Any:
+        """Register ``module`` (or decorate a class/function) under ``name`` or its ``__name__``.
+
+        ``force=True`` replaces an existing entry; otherwise a second registration of a different
+        object under the same name is an error (two plugins fighting over a name should be loud).
+        """
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{self.name} registry: name must be a str, got {type(name).__name__}")
+
+        def _register(obj: Any) -> Any:
+            key = name or obj.__name__
+            existing = self._table.get(key)
+            if existing is not None and existing is not obj and not force:
+                # Re-importing a module (e.g. a config's custom_imports run twice) re-creates the
+                # class; treat a same-named class from the same module as the same registration.
+                same_origin = (getattr(existing, "__module__", None) == getattr(obj, "__module__", 1)
+                               and getattr(existing, "__qualname__", None)
+                               == getattr(obj, "__qualname__", 2))
+                if not same_origin:
+                    raise KeyError(f"{key!r} is already registered in the {self.name} registry "
+                                   f"(by {existing.__module__}); pass force=True to replace it")
+            self._table[key] = obj
+            return obj
+
+        if module is not None:
+            return _register(module)
+        return _register
+
+    def _fallbacks(self) -> list[ModuleType]:
+        if self._fallback_modules is None:
+            self._fallback_modules = [importlib.import_module(m) for m in self._fallback_names]
+        return self._fallback_modules
+
+    def get(self, name: str) -> Any:
+        """The registered object, or one from the fallback modules, or None."""
+        obj = self._table.get(name)
+        if obj is not None:
+            return obj
+        for mod in self._fallbacks():
+            obj = getattr(mod, name, None)
+            if obj is not None and callable(obj):
+                return obj
+        return None
+
+    def _known_names(self) -> list[str]:
+        names = set(self._table)
+        for mod in self._fallbacks():
+            names.update(n for n in dir(mod) if n[:1].isupper())
+        return sorted(names)
+
+    def resolve(self, type_: Any, key: str) -> Any:
+        """Turn a ``type=`` value (a name or a class) into the class, or raise a one-line error."""
+        if not isinstance(type_, str):
+            if callable(type_):
+                return type_
+            raise ConfigError(f"{key}.type", f"expected a registered name or a class, got "
+                              f"{type(type_).__name__}")
+        obj = self.get(type_)
+        if obj is None:
+            raise ConfigError(
+                f"{key}.type",
+                f"unknown {self.name} {type_!r}{did_you_mean(type_, self._known_names())}; "
+                f"register it with @{self.name.upper()}.register_module() and list its module "
+                f"in custom_imports")
+        return obj
+
+    def build(self, cfg: Any, key: str, **default_args: Any) -> Any:
+        """Build ``cfg`` (a dict with ``type``), passing ``default_args`` where the class takes them.
+
+        Anything that is not a dict (an already-built object) is returned unchanged.
+        """
+        if not isinstance(cfg, dict):
+            return cfg
+        if "type" not in cfg:
+            raise ConfigError(key, f"missing 'type': name a registered {self.name} "
+                              f"(e.g. type={self._example()!r})")
+        args = {k: v for k, v in cfg.items() if k != "type"}
+        cls = self.resolve(cfg["type"], key)
+        for k, v in default_args.items():
+            if accepts(cls, k):
+                args.setdefault(k, v)
+        check_arguments(cls, args, key)
+        return cls(**args)
+
+    def _example(self) -> str:
+        return next(iter(self._table), "...")
+
+
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return None
+
+
+def accepts(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` takes a keyword argument called ``name`` (explicitly or via ``**kwargs``)."""
+    sig = _signature(fn)
+    if sig is None:
+        return False
+    params = sig.parameters
+    if name in params and params[name].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                     inspect.Parameter.VAR_POSITIONAL):
+        return True
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def check_arguments(fn: Callable, args: dict[str, Any], key: str,
+                    supplied: Iterable[str] = ()) -> None:
+    """Raise a one-line error for an unknown or a missing keyword argument of ``fn``.
+
+    ``supplied`` names arguments the caller passes itself (positionally), e.g. an optimizer's params.
+    """
+    sig = _signature(fn)
+    if sig is None:
+        return
+    params = dict(sig.parameters)
+    params.pop("self", None)
+    name = getattr(fn, "__name__", repr(fn))
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if not has_var_kw:
+        for arg in args:
+            if arg not in named:
+                raise ConfigError(f"{key}.{arg}", f"{name} has no argument {arg!r}"
+                                  f"{did_you_mean(arg, named)}; it takes: {', '.join(named) or 'nothing'}")
+    given = set(args) | set(supplied)
+    for n, p in params.items():
+        if p.default is inspect.Parameter.empty and n not in given and p.kind in (
+                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            raise ConfigError(f"{key}.{n}", f"{name} needs argument {n!r}: add {n}=... to {key}")
+
+
+# One registry per kind of thing a config can name. HOOKS is re-exported as ``hooks.HOOKS``.
+MODELS = Registry("model", fallbacks=["torch.nn"])
+DATASETS = Registry("dataset")
+TRANSFORMS = Registry("transform")
+COLLATE_FUNCTIONS = Registry("collate_fn")
+DATA_SAMPLERS = Registry("sampler", fallbacks=["torch.utils.data"])
+OPTIMIZERS = Registry("optimizer", fallbacks=["torch.optim"])
+OPTIM_WRAPPERS = Registry("optim_wrapper")
+PARAM_SCHEDULERS = Registry("param_scheduler", fallbacks=["torch.optim.lr_scheduler"])
+METRICS = Registry("metric")
+LOOPS = Registry("loop")
+HOOKS = Registry("hook")
+LOG_SINKS = Registry("log_sink")

@@ -1,0 +1,379 @@
+"""The Runner: builds everything from a config, owns the run state, runs the loops.
+
+The same object runs in a plain process and inside each Ray Train worker: rank and world size come
+from :mod:`distributed_runner.dist` only, there is no process-global state (each Runner has its own
+MessageHub, logger handlers and hook tables) and ``work_dir`` is made absolute at construction.
+
+Hooks see the public surface below (``model``, ``optim_wrapper``, ``param_schedulers``, the
+dataloaders, ``epoch``, ``iter``, ``max_epochs``, ``max_iters``, ``work_dir``, ``cfg``,
+``message_hub``, ``logger``, ``rank``, ``world_size``, ``train_loop``, ``save_checkpoint()``,
+``load_checkpoint()``); the loop's order of mount points is documented in
+:mod:`distributed_runner.loops`.
+"""
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import __version__, dist
+from .checkpoint import atomic_save, capture_rng, load_file, model_state_from, read_pointer, \
+    restore_rng
+from .config import Config, dumps_json, import_custom_modules, to_config_dict
+from .data import build_dataloader
+from .dispatch import HookDispatcher
+from .errors import ConfigError, closest
+from .evaluator import Evaluator
+from .hook_builder import resolve_hooks
+from .log import setup_logger
+from .loops import TestLoop, ValLoop
+from .message_hub import MessageHub
+from .optim import OptimWrapper, build_optim_wrapper
+from .randomness import set_random_seed
+from .registry import LOOPS, MODELS, check_arguments
+from .schedulers import build_param_schedulers
+
+RUNNER_KEYS = (
+    "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
+    "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
+    "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
+    "launcher", "device", "log_level", "experiment_name",
+)
+# top-level config keys the Runner does not take but other parts of the project read
+OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg")
+
+
+class Runner:
+    """Train, validate and test a model with hooks; see the module docstring."""
+
+    def __init__(self, model: nn.Module | dict, work_dir: str | Path,
+                 train_dataloader: Any = None, val_dataloader: Any = None,
+                 val_evaluator: Any = None, val_cfg: dict | None = None,
+                 test_dataloader: Any = None, test_evaluator: Any = None,
+                 test_cfg: dict | None = None, optim_wrapper: Any = None,
+                 param_scheduler: Any = None, train_cfg: dict | None = None,
+                 default_hooks: dict | None = None, custom_hooks: list | None = None,
+                 load_from: str | None = None, resume: bool | str = False,
+                 randomness: dict | None = None, launcher: Any = "none",
+                 device: str | torch.device | None = None, log_level: str = "INFO",
+                 experiment_name: str | None = None, cfg: dict | None = None) -> None:
+        self.cfg = cfg if cfg is not None else Config()
+        self.launcher = launcher
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.work_dir = Path(work_dir).expanduser().resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.timestamp = time.strftime("%Y%m%d_%H%M%S")
+        self.experiment_name = experiment_name or self.work_dir.name
+        self.logger = setup_logger(self.work_dir, self.rank, log_level)
+        self.message_hub = MessageHub()
+        self.seed = set_random_seed(randomness)
+        self._randomness = dict(randomness or {})
+        self.device = torch.device(device) if device is not None else self._default_device()
+
+        self._model = self._build_model(model)
+        self.wrapped_model = self._wrap_model(self._model)
+
+        self.train_dataloader = self.val_dataloader = self.test_dataloader = None
+        self.train_loop = None
+        self.optim_wrapper: OptimWrapper | None = None
+        self.param_schedulers: list = []
+        self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
+        self.val_loop = self._build_eval("val", val_dataloader, val_evaluator, val_cfg, ValLoop)
+        self.test_loop = self._build_eval("test", test_dataloader, test_evaluator, test_cfg,
+                                          TestLoop)
+
+        self._load_from = load_from
+        self._resume = resume
+        self._has_loaded = False
+        self._hooks = HookDispatcher(self)
+        for name, hook, priority, key in resolve_hooks(default_hooks, custom_hooks):
+            self._hooks.register(hook, name, priority, key)
+        self.logger.info("distributed-runner %s | torch %s | device %s | world size %d | seed %d "
+                         "| work_dir %s", __version__, torch.__version__, self.device,
+                         self.world_size, self.seed, self.work_dir)
+        self.logger.info(self._hooks.plan_text())
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_cfg(cls, cfg: dict) -> "Runner":
+        """Build a Runner from a config (a :class:`Config` or a plain dict, e.g. on a Ray worker)."""
+        cfg = cfg if isinstance(cfg, Config) else Config(to_config_dict(dict(cfg)))
+        import_custom_modules(cfg.get("custom_imports"))
+        if cfg.get("work_dir") is None:
+            raise ConfigError("work_dir", "missing: set work_dir='work_dirs/NAME' in the config or "
+                                          "pass --work-dir")
+        if cfg.get("model") is None:
+            raise ConfigError("model", "missing: set model=dict(type=...)")
+        for key in cfg:
+            if key not in RUNNER_KEYS and key not in OTHER_CONFIG_KEYS:
+                near = closest(key, RUNNER_KEYS)
+                if near and near[0] != key:
+                    logging.getLogger("distributed_runner").warning(
+                        "config key %r is not used by the Runner (did you mean %r?)", key, near[0])
+        args = {k: cfg[k] for k in RUNNER_KEYS if k in cfg and k != "cfg"}
+        runner = cls(**args, cfg=cfg)
+        if runner.rank == 0:
+            (runner.work_dir / "config.py").write_text(cfg.pretty_text())
+        return runner
+
+    def _default_device(self) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", dist.get_local_rank())
+        return torch.device("cpu")
+
+    def _build_model(self, model: Any) -> nn.Module:
+        built = MODELS.build(model, "model")
+        if not isinstance(built, nn.Module):
+            raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module")
+        return built.to(self.device)
+
+    def _wrap_model(self, model: nn.Module) -> nn.Module:
+        """DDP when a process group with several ranks is running; the model itself otherwise."""
+        if not dist.is_distributed():
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def _build_training(self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any,
+                        param_scheduler: Any) -> None:
+        given = {"train_dataloader": dataloader, "train_cfg": train_cfg,
+                 "optim_wrapper": optim_wrapper}
+        if all(v is None for v in given.values()):
+            if param_scheduler is not None:
+                raise ConfigError("param_scheduler", "set without training: add train_dataloader, "
+                                                     "train_cfg and optim_wrapper")
+            return
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise ConfigError(missing[0], f"training needs train_dataloader, train_cfg and "
+                                          f"optim_wrapper together; add {missing[0]}")
+        self.train_dataloader = build_dataloader(dataloader, "train_dataloader", self.seed)
+        self.train_loop = self._build_train_loop(dict(train_cfg))
+        self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
+        by_epoch = getattr(self.train_loop, "by_epoch", True)
+        self.param_schedulers = build_param_schedulers(
+            param_scheduler, self.optim_wrapper.optimizer, by_epoch_training=by_epoch,
+            epoch_length=len(self.train_dataloader), max_epochs=self.train_loop.max_epochs
+            if by_epoch else None, max_iters=self.train_loop.max_iters)
+
+    def _build_train_loop(self, train_cfg: dict) -> Any:
+        if "type" in train_cfg:
+            loop_cls = LOOPS.resolve(train_cfg.pop("type"), "train_cfg")
+        else:
+            by_epoch = train_cfg.pop("by_epoch", True)
+            loop_cls = LOOPS.get("EpochBasedTrainLoop" if by_epoch else "IterBasedTrainLoop")
+        check_arguments(loop_cls, train_cfg, "train_cfg", supplied=["runner", "dataloader"])
+        return loop_cls(runner=self, dataloader=self.train_dataloader, **train_cfg)
+
+    def _build_eval(self, stage: str, dataloader: Any, evaluator: Any, loop_cfg: dict | None,
+                    default_loop: type) -> Any:
+        parts = {f"{stage}_dataloader": dataloader, f"{stage}_evaluator": evaluator,
+                 f"{stage}_cfg": loop_cfg}
+        if all(v is None for v in parts.values()):
+            return None
+        missing = [k for k, v in parts.items() if v is None]
+        if missing:
+            raise ConfigError(missing[0], f"{stage} needs {stage}_dataloader, {stage}_evaluator "
+                                          f"and {stage}_cfg together; add {missing[0]} "
+                                          f"(e.g. {stage}_cfg=dict())")
+        loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
+        setattr(self, f"{stage}_dataloader", loader)
+        loop_args = dict(loop_cfg)
+        loop_cls = LOOPS.resolve(loop_args.pop("type"), f"{stage}_cfg") \
+            if "type" in loop_args else default_loop
+        check_arguments(loop_cls, loop_args, f"{stage}_cfg",
+                        supplied=["runner", "dataloader", "evaluator"])
+        return loop_cls(runner=self, dataloader=loader,
+                        evaluator=Evaluator.build(evaluator, f"{stage}_evaluator"), **loop_args)
+
+    # -- the public surface hooks use ----------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The unwrapped model (never the DDP wrapper)."""
+        return self._model
+
+    @property
+    def hooks(self) -> list:
+        return [e.hook for e in self._hooks.entries]
+
+    @property
+    def epoch(self) -> int:
+        return self.train_loop.epoch if self.train_loop is not None else 0
+
+    @property
+    def iter(self) -> int:
+        return self.train_loop.iter if self.train_loop is not None else 0
+
+    @property
+    def max_epochs(self) -> int:
+        return self.train_loop.max_epochs if self.train_loop is not None else 0
+
+    @property
+    def max_iters(self) -> int:
+        return self.train_loop.max_iters if self.train_loop is not None else 0
+
+    def call_hook(self, mount: str, **kwargs: Any) -> None:
+        """Run mount point ``mount`` on every hook that implements it, in priority order."""
+        self._hooks.call(mount, **kwargs)
+
+    def hook_bracket(self, before: str, after: str):
+        """Context manager: ``before`` now, ``after`` at exit — also when the body raises."""
+        return self._hooks.bracket(before, after)
+
+    def hook_plan(self) -> str:
+        return self._hooks.plan_text()
+
+    def get_hook(self, name: str) -> Any:
+        """The hook registered under ``name`` (e.g. ``'checkpoint'``), or None."""
+        return self._hooks.hook_named(name)
+
+    # -- entry points --------------------------------------------------------------------------
+    def train(self) -> nn.Module:
+        if self.train_loop is None:
+            raise ConfigError("train_dataloader", "train() needs train_dataloader, train_cfg and "
+                                                  "optim_wrapper in the config")
+        with self.hook_bracket("before_run", "after_run"):
+            self._load_or_resume()
+            self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+            self.train_loop.run()
+        return self.model
+
+    def val(self) -> dict:
+        return self._evaluate("val")
+
+    def test(self) -> dict:
+        return self._evaluate("test")
+
+    def _evaluate(self, stage: str) -> dict:
+        loop = getattr(self, f"{stage}_loop")
+        if loop is None:
+            raise ConfigError(f"{stage}_dataloader", f"{stage}() needs {stage}_dataloader, "
+                                                     f"{stage}_evaluator and {stage}_cfg")
+        with self.hook_bracket("before_run", "after_run"):
+            self._load_or_resume()
+            metrics = loop.run()
+        return metrics
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def find_latest_checkpoint(self) -> Path | None:
+        """The checkpoint ``work_dir/last_checkpoint`` points at, if any."""
+        return read_pointer(self.work_dir)
+
+    def _load_or_resume(self) -> None:
+        if self._has_loaded:
+            return
+        self._has_loaded = True
+        if self._resume:
+            path = self._resume if isinstance(self._resume, (str, Path)) else \
+                self.find_latest_checkpoint()
+            if path is None:
+                self.logger.info("resume=True but %s has no checkpoint yet: starting fresh",
+                                 self.work_dir)
+            else:
+                self.resume(path)
+                return
+        if self._load_from:
+            self.load_checkpoint(self._load_from)
+
+    def load_checkpoint(self, path: str | Path, strict: bool = True,
+                        map_location: Any = "cpu") -> dict:
+        """Load model weights only (``load_from``); returns the checkpoint dict."""
+        ckpt = load_file(path, "load_from", map_location)
+        try:
+            self.model.load_state_dict(model_state_from(ckpt), strict=strict)
+        except RuntimeError as e:
+            raise ConfigError("load_from", f"{path} does not fit the model: "
+                                           f"{str(e).splitlines()[0]}") from None
+        self.logger.info("loaded weights from %s", path)
+        self.call_hook("after_load_checkpoint", checkpoint=ckpt)
+        return ckpt
+
+    def resume(self, path: str | Path) -> dict:
+        """Restore the full training state of ``path`` and continue exactly where it stopped."""
+        ckpt = load_file(path, "resume")
+        for key in ("meta", "state_dict"):
+            if key not in ckpt:
+                raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
+                                            f"training checkpoint; use load_from= for weights")
+        meta = ckpt["meta"]
+        self.model.load_state_dict(model_state_from(ckpt))
+        if self.optim_wrapper is not None:
+            if "optimizer" in ckpt:
+                self.optim_wrapper.load_state_dict(ckpt["optimizer"])
+            else:
+                self.logger.warning("%s has no optimizer state (save_optimizer=False): the "
+                                    "optimizer starts fresh", path)
+            self.optim_wrapper.load_scaler_state_dict(ckpt.get("scaler"))
+        states = ckpt.get("param_schedulers", [])
+        if len(states) == len(self.param_schedulers):
+            for sched, state in zip(self.param_schedulers, states):
+                sched.load_state_dict(state)
+        else:
+            self.logger.warning("%s has %d scheduler states for %d schedulers: schedulers start "
+                                "fresh", path, len(states), len(self.param_schedulers))
+        self.message_hub.load_state_dict(ckpt.get("message_hub", {}))
+        for name, state in ckpt.get("hooks", {}).items():
+            hook = self.get_hook(name)
+            if hook is not None and hasattr(hook, "load_state_dict"):
+                hook.load_state_dict(state)
+        same_world = int(meta.get("world_size", 1)) == self.world_size
+        if self.train_loop is not None:
+            position = dict(meta)
+            sampler_state = ckpt.get("sampler", {}).get("ranks")
+            if same_world and sampler_state:
+                position["iter_in_epoch"] = sampler_state[self.rank]["iter_in_epoch"]
+            self.train_loop.resume_from(position)
+        rng_ranks = ckpt.get("rng", {}).get("ranks")
+        if same_world and rng_ranks:
+            restore_rng(rng_ranks[self.rank])
+        elif rng_ranks:
+            self.logger.warning("%s was saved with %s ranks, this run has %d: random states are "
+                                "not restored (the run continues, not bit-exactly)", path,
+                                meta.get("world_size"), self.world_size)
+        self.logger.info("resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"),
+                         meta.get("iter"))
+        self.call_hook("after_load_checkpoint", checkpoint=ckpt)
+        return ckpt
+
+    def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
+                        save_param_scheduler: bool = True, meta: dict | None = None) -> Path:
+        """Assemble the checkpoint (DESIGN §4) on every rank; rank 0 writes it atomically.
+
+        Must be called on every rank (it gathers each rank's RNG and sampler position).
+        """
+        position = self.train_loop.position() if self.train_loop is not None else {}
+        info = {**position, "seed": self.seed, "world_size": self.world_size,
+                "experiment_name": self.experiment_name, "time": time.time(),
+                "config": dumps_json(self.cfg),
+                "versions": {"distributed_runner": __version__, "torch": torch.__version__,
+                             "python": platform.python_version()}}
+        info.update(meta or {})
+        sampler_pos = {"epoch": position.get("epoch", 0),
+                       "iter_in_epoch": position.get("iter_in_epoch", 0)}
+        ckpt: dict[str, Any] = {
+            "meta": info,
+            "state_dict": self.model.state_dict(),
+            "message_hub": self.message_hub.state_dict(),
+            "hooks": {e.name: e.hook.state_dict() for e in self._hooks.entries
+                      if callable(getattr(e.hook, "state_dict", None))},
+            "rng": {"ranks": dist.all_gather_object(capture_rng())},
+            "sampler": {"ranks": dist.all_gather_object(sampler_pos)},
+        }
+        if self.optim_wrapper is not None:
+            if save_optimizer:
+                ckpt["optimizer"] = self.optim_wrapper.state_dict()
+            ckpt["scaler"] = self.optim_wrapper.scaler_state_dict()
+        if save_param_scheduler:
+            ckpt["param_schedulers"] = [s.state_dict() for s in self.param_schedulers]
+        self.call_hook("before_save_checkpoint", checkpoint=ckpt)
+        path = Path(out_dir) / filename
+        if self.rank == 0:
+            atomic_save(ckpt, path)
+        return path

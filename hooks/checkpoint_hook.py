@@ -1,0 +1,239 @@
+"""CheckpointHook: periodic, best, last and published checkpoints (the seeds' parameters)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
+    atomic_write_text, load_file
+from distributed_runner.errors import ConfigError
+from distributed_runner.registry import HOOKS
+
+from .hook import DataBatch, Hook
+
+GREATER_KEYS = ["acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc"]
+LESS_KEYS = ["loss"]
+CHECKPOINT_KEYS = ("meta", "state_dict", "optimizer", "param_schedulers", "scaler",
+                   "message_hub", "hooks", "rng", "sampler")
+KEY = "default_hooks.checkpoint"
+
+
+def _as_list(value: Union[str, Sequence[str], None]) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+@HOOKS.register_module()
+class CheckpointHook(Hook):
+    """Save checkpoints; only rank 0 touches files, every rank takes part in assembling them.
+
+    * ``interval`` / ``by_epoch`` / ``save_begin``: save after every ``interval`` epochs (or
+      iterations) counted from ``save_begin`` — ``interval=2, save_begin=5`` over 10 epochs saves
+      epochs 5, 7 and 9. ``interval <= 0`` saves no periodic checkpoints.
+    * ``max_keep_ckpts``: keep only the newest N periodic checkpoints (best ones are kept apart).
+    * ``save_last``: when training completes and its final state is not already in a periodic
+      checkpoint, save it as ``last.pth`` (a file of its own, like Lightning's ``last.ckpt``, so
+      the periodic schedule stays exactly as configured).
+    * ``save_best``: ``'auto'`` (the first validation metric), a metric key, or a list of keys;
+      ``rule`` ``'greater'``/``'less'`` (or a list), else inferred from ``greater_keys`` /
+      ``less_keys`` by substring; the best is ``best_{key}_epoch_{N}.pth`` and replaces the
+      previous best.
+    * ``published_keys``: after training, the last and best checkpoints are also written with only
+      these keys as ``{name}-{sha256[:8]}.pth``.
+    * ``out_dir`` (default ``work_dir``), ``filename_tmpl`` (default ``epoch_{}.pth`` /
+      ``iter_{}.pth``), ``save_optimizer``, ``save_param_scheduler``.
+
+    ``work_dir/last_checkpoint`` (and ``out_dir/last_checkpoint``) names the newest periodic or
+    last checkpoint; ``resume=True`` starts from it.
+    """
+
+    priority = "VERY_LOW"
+
+    def __init__(self, interval: int = -1, by_epoch: bool = True, save_optimizer: bool = True,
+                 save_param_scheduler: bool = True, out_dir: Optional[str] = None,
+                 max_keep_ckpts: int = -1, save_last: bool = True,
+                 save_best: Union[str, Sequence[str], None] = None,
+                 rule: Union[str, Sequence[str], None] = None,
+                 greater_keys: Optional[Sequence[str]] = None,
+                 less_keys: Optional[Sequence[str]] = None,
+                 filename_tmpl: Optional[str] = None,
+                 published_keys: Union[str, Sequence[str], None] = None,
+                 save_begin: int = 0) -> None:
+        self.interval = int(interval)
+        self.by_epoch = bool(by_epoch)
+        self.save_optimizer = save_optimizer
+        self.save_param_scheduler = save_param_scheduler
+        self.out_dir_arg = out_dir
+        self.max_keep_ckpts = int(max_keep_ckpts)
+        self.save_last = save_last
+        self.save_begin = int(save_begin)
+        if self.save_begin < 0:
+            raise ConfigError(f"{KEY}.save_begin", "must be >= 0")
+        self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if self.by_epoch else "iter_{}.pth")
+        if "{}" not in self.filename_tmpl:
+            raise ConfigError(f"{KEY}.filename_tmpl", "needs a '{}' for the epoch/iteration number")
+        self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
+        self.less_keys = list(less_keys) if less_keys is not None else LESS_KEYS
+        self.save_best = _as_list(save_best)
+        if "auto" in self.save_best and len(self.save_best) > 1:
+            raise ConfigError(f"{KEY}.save_best", "'auto' cannot be combined with other keys")
+        rules = _as_list(rule)
+        if len(rules) == 1 and len(self.save_best) > 1:
+            rules = rules * len(self.save_best)
+        if rules and len(rules) != len(self.save_best):
+            raise ConfigError(f"{KEY}.rule", f"give one rule or one per save_best key "
+                                             f"({len(self.save_best)})")
+        for r in rules:
+            if r not in ("greater", "less"):
+                raise ConfigError(f"{KEY}.rule", f"unknown rule {r!r}: use 'greater' or 'less'")
+        self.rules: list[Optional[str]] = rules or [None] * len(self.save_best)
+        for i, key in enumerate(self.save_best):
+            if key != "auto" and self.rules[i] is None:
+                self.rules[i] = self._infer_rule(key)
+        self.published_keys = _as_list(published_keys)
+        for k in self.published_keys:
+            if k not in CHECKPOINT_KEYS:
+                raise ConfigError(f"{KEY}.published_keys", f"unknown checkpoint key {k!r}; "
+                                                            f"choose from {', '.join(CHECKPOINT_KEYS)}")
+        if self.published_keys and "state_dict" not in self.published_keys:
+            raise ConfigError(f"{KEY}.published_keys", "must include 'state_dict' (the weights)")
+        # state that survives resume (state_dict below)
+        self.best_scores: dict[str, float] = {}
+        self.best_files: dict[str, str] = {}
+        self.kept: list[str] = []
+        self.last_file: Optional[str] = None
+        self.last_saved_iter = -1
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _infer_rule(self, key: str) -> str:
+        low = key.lower()
+        greater = [k.lower() for k in self.greater_keys]
+        less = [k.lower() for k in self.less_keys]
+        if low in greater:
+            return "greater"
+        if low in less:
+            return "less"
+        if any(k in low for k in greater):
+            return "greater"
+        if any(k in low for k in less):
+            return "less"
+        raise ConfigError(f"{KEY}.rule", f"cannot tell whether a larger {key!r} is better: set "
+                                         f"rule='greater' or rule='less'")
+
+    def before_train(self, runner) -> None:
+        self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
+        if runner.rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.by_epoch != getattr(runner.train_loop, "by_epoch", True):
+            runner.logger.warning(
+                "default_hooks.checkpoint.by_epoch=%s but training is %s-based: set by_epoch=%s "
+                "to save periodically", self.by_epoch, "epoch" if not self.by_epoch else "iteration",
+                not self.by_epoch)
+
+    # -- periodic ------------------------------------------------------------------------------
+    def after_train_epoch(self, runner) -> None:
+        if self.by_epoch and self.every_n_epochs(runner, self.interval, self.save_begin):
+            self._save_periodic(runner, self.filename_tmpl.format(runner.epoch + 1))
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                         outputs: Optional[dict] = None) -> None:
+        if not self.by_epoch and self.every_n_train_iters(runner, self.interval, self.save_begin):
+            self._save_periodic(runner, self.filename_tmpl.format(runner.iter + 1))
+
+    def _save(self, runner, filename: str, meta: Optional[dict] = None) -> Path:
+        return runner.save_checkpoint(self.out_dir, filename, save_optimizer=self.save_optimizer,
+                                      save_param_scheduler=self.save_param_scheduler, meta=meta)
+
+    def _save_periodic(self, runner, filename: str) -> None:
+        if filename not in self.kept:
+            self.kept.append(filename)
+        removed = []
+        while self.max_keep_ckpts > 0 and len(self.kept) > self.max_keep_ckpts:
+            removed.append(self.kept.pop(0))
+        self.last_file = filename
+        self.last_saved_iter = runner.train_loop.position()["iter"]
+        path = self._save(runner, filename)
+        if runner.rank == 0:
+            self._point_at(runner, path)
+            for name in removed:
+                (self.out_dir / name).unlink(missing_ok=True)
+
+    def _point_at(self, runner, path: Path) -> None:
+        for folder in {self.out_dir, Path(runner.work_dir)}:
+            atomic_write_text(str(path), folder / LAST_CHECKPOINT_POINTER)
+
+    # -- best ----------------------------------------------------------------------------------
+    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        if not self.save_best or not metrics or runner.train_loop is None:
+            return
+        if self.save_best == ["auto"]:
+            first = next(iter(metrics))
+            self.save_best, self.rules = [first], [self.rules[0] or self._infer_rule(first)]
+        for key, rule in zip(self.save_best, self.rules):
+            if key not in metrics:
+                raise ConfigError(f"{KEY}.save_best", f"{key!r} is not a validation metric; "
+                                                      f"the evaluator reports: {', '.join(metrics)}")
+            value = float(metrics[key])
+            best = self.best_scores.get(key)
+            if best is not None and not (value > best if rule == "greater" else value < best):
+                continue
+            self.best_scores[key] = value
+            runner.message_hub.update_info(f"best_score/{key}", value)
+            old = self.best_files.get(key)
+            unit, n = ("epoch", runner.epoch) if self.by_epoch else ("iter", runner.iter)
+            name = f"best_{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}_{unit}_{n}.pth"
+            self.best_files[key] = name
+            self._save(runner, name, meta={"best": {key: value}})
+            if runner.rank == 0:
+                runner.logger.info("new best %s = %.4f: saved %s", key, value, name)
+                if old and old != name:
+                    (self.out_dir / old).unlink(missing_ok=True)
+
+    # -- end of training -----------------------------------------------------------------------
+    def after_train(self, runner) -> None:
+        loop = runner.train_loop
+        finished = loop.stop_training or runner.iter >= runner.max_iters
+        if not finished:  # training raised: its final state is nothing to keep
+            return
+        if self.save_last and self.last_saved_iter != runner.iter:
+            self.last_file = "last.pth"
+            self.last_saved_iter = runner.iter
+            path = self._save(runner, "last.pth")
+            if runner.rank == 0:
+                self._point_at(runner, path)
+        if self.published_keys and runner.rank == 0:
+            names = ([self.last_file] if self.save_last and self.last_file else []) \
+                + list(self.best_files.values())
+            for name in dict.fromkeys(names):
+                published = self.publish(self.out_dir / name)
+                runner.logger.info("published %s", published)
+
+    def publish(self, path: Path) -> Path:
+        """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
+        ckpt = load_file(path, f"{KEY}.published_keys")
+        slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
+        tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]
+        final = path.with_name(f"{path.stem}-{digest}.pth")
+        os.replace(tmp, final)
+        return final
+
+    # -- resume --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"best_scores": dict(self.best_scores), "best_files": dict(self.best_files),
+                "kept": list(self.kept), "last_file": self.last_file,
+                "last_saved_iter": self.last_saved_iter, "save_best": list(self.save_best),
+                "rules": list(self.rules)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_scores = dict(state.get("best_scores", {}))
+        self.best_files = dict(state.get("best_files", {}))
+        self.kept = list(state.get("kept", []))
+        self.last_file = state.get("last_file")
+        self.last_saved_iter = int(state.get("last_saved_iter", -1))
+        if self.save_best == ["auto"] and state.get("save_best") and state["save_best"] != ["auto"]:
+            self.save_best, self.rules = list(state["save_best"]), list(state["rules"])

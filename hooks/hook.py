@@ -1,0 +1,168 @@
+"""The hook base class: 22 mount points, MMEngine's names and keyword signatures.
+
+A hook written for MMEngine runs here after changing its imports::
+
+    from hooks import Hook, HOOKS          # was: from mmengine.hooks import Hook
+                                           #      from mmengine.registry import HOOKS
+
+The mount points, in the order a training run reaches them (the loop's full pseudocode is in
+:mod:`distributed_runner.loops`):
+
+==========================  =====================================================================
+before_run / after_run      around a whole ``Runner.train()``, ``val()`` or ``test()`` call;
+                            ``after_run`` also runs when training raises, so sinks can flush
+after_load_checkpoint       after ``resume`` / ``load_from`` restored a checkpoint dict
+before_train / after_train  around the training loop (``after_train`` also on failure)
+before/after_train_epoch    around one pass over the training data (periodic saving is here)
+before/after_train_iter     around one optimizer step; ``outputs`` holds the detached losses
+before/after_val(_epoch)    around a validation pass; ``after_val_epoch`` receives the metrics
+before/after_val_iter       around one validation batch; ``outputs`` holds the predictions
+before/after_test(...)      the same four for testing
+before_save_checkpoint      just before a checkpoint dict is written; may add keys to it
+==========================  =====================================================================
+
+Counters follow MMEngine: inside a hook ``runner.epoch`` and ``runner.iter`` are 0-based and count
+the epoch / iteration in progress; they advance *after* ``after_train_epoch`` / ``after_train_iter``.
+So the helpers below count from 1: ``every_n_train_iters(runner, 5)`` is true after the 5th,
+10th, ... iteration.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+DataBatch = Optional[Union[dict, tuple, list]]
+
+MOUNT_POINTS: tuple[str, ...] = (
+    "before_run", "after_run",
+    "before_train", "after_train",
+    "before_train_epoch", "after_train_epoch",
+    "before_train_iter", "after_train_iter",
+    "before_val", "after_val",
+    "before_val_epoch", "after_val_epoch",
+    "before_val_iter", "after_val_iter",
+    "before_test", "after_test",
+    "before_test_epoch", "after_test_epoch",
+    "before_test_iter", "after_test_iter",
+    "before_save_checkpoint", "after_load_checkpoint",
+)
+
+
+class Hook:
+    """Base class of every hook. Override any mount point; the rest cost nothing at dispatch.
+
+    ``priority`` may be set as a class attribute (a :class:`~hooks.Priority`, its name, or an int);
+    a ``priority=`` key in the hook's config wins over it. A hook that must survive resume defines
+    ``state_dict()`` / ``load_state_dict(state)`` returning/accepting plain containers and tensors.
+    """
+
+    priority: Any = "NORMAL"
+
+    # -- whole runs ---------------------------------------------------------------------------
+    def before_run(self, runner) -> None:
+        """Once per ``Runner.train()/val()/test()`` call, before any checkpoint is loaded."""
+
+    def after_run(self, runner) -> None:
+        """Once per ``train()/val()/test()`` call, also when it raised."""
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """After ``resume`` or ``load_from`` restored ``checkpoint``."""
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Just before ``checkpoint`` is written; add or adjust keys here."""
+
+    # -- training ------------------------------------------------------------------------------
+    def before_train(self, runner) -> None:
+        """Before the first training epoch (after resume)."""
+
+    def after_train(self, runner) -> None:
+        """After the last training epoch, also when training raised."""
+
+    def before_train_epoch(self, runner) -> None:
+        """Before each training epoch (also before the rest of an epoch resumed in its middle)."""
+
+    def after_train_epoch(self, runner) -> None:
+        """After each training epoch, before ``runner.epoch`` advances."""
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+        """Before each training step; ``batch_idx`` counts within the epoch."""
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                         outputs: Optional[dict] = None) -> None:
+        """After each training step; ``outputs`` holds the detached losses (``outputs['loss']``)."""
+
+    # -- validation ----------------------------------------------------------------------------
+    def before_val(self, runner) -> None:
+        """Before a validation run."""
+
+    def after_val(self, runner) -> None:
+        """After a validation run."""
+
+    def before_val_epoch(self, runner) -> None:
+        """Before the pass over the validation data."""
+
+    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        """After validation; ``metrics`` are identical on every rank."""
+
+    def before_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+        """Before each validation batch."""
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                       outputs: Optional[Sequence] = None) -> None:
+        """After each validation batch; ``outputs`` are the model's predictions."""
+
+    # -- testing -------------------------------------------------------------------------------
+    def before_test(self, runner) -> None:
+        """Before a test run."""
+
+    def after_test(self, runner) -> None:
+        """After a test run."""
+
+    def before_test_epoch(self, runner) -> None:
+        """Before the pass over the test data."""
+
+    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        """After testing; ``metrics`` are identical on every rank."""
+
+    def before_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+        """Before each test batch."""
+
+    def after_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                        outputs: Optional[Sequence] = None) -> None:
+        """After each test batch; ``outputs`` are the model's predictions."""
+
+    # -- helpers (count from 1, as MMEngine does; n <= 0 means never) ---------------------------
+    def every_n_epochs(self, runner, n: int, start: int = 0) -> bool:
+        """True at the end of every n-th epoch counted from ``start``."""
+        done = runner.epoch + 1 - start
+        return n > 0 and done >= 0 and done % n == 0
+
+    def every_n_inner_iters(self, batch_idx: int, n: int) -> bool:
+        """True on every n-th batch of the current epoch."""
+        return n > 0 and (batch_idx + 1) % n == 0
+
+    def every_n_train_iters(self, runner, n: int, start: int = 0) -> bool:
+        """True after every n-th training iteration counted from ``start``."""
+        done = runner.iter + 1 - start
+        return n > 0 and done >= 0 and done % n == 0
+
+    def end_of_epoch(self, dataloader, batch_idx: int) -> bool:
+        """True on the last batch of ``dataloader``."""
+        return batch_idx + 1 == len(dataloader)
+
+    def is_last_train_epoch(self, runner) -> bool:
+        """True during the final training epoch."""
+        return runner.epoch + 1 == runner.max_epochs
+
+    def is_last_train_iter(self, runner) -> bool:
+        """True during the final training iteration."""
+        return runner.iter + 1 == runner.max_iters
+
+    def get_triggered_stages(self) -> list[str]:
+        """The mount points this hook overrides (MMEngine's name for it)."""
+        return [name for name in MOUNT_POINTS if overrides(self, name)]
+
+
+def overrides(hook: Hook, name: str) -> bool:
+    """Whether ``hook`` implements mount point ``name`` (not just inherits the empty base method)."""
+    impl = getattr(type(hook), name, None)
+    return impl is not None and impl is not getattr(Hook, name)

@@ -1,0 +1,61 @@
+"""RuntimeInfoHook: publishes counters, learning rates, losses and metrics to the MessageHub."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from distributed_runner.registry import HOOKS
+
+from .hook import DataBatch, Hook
+
+
+@HOOKS.register_module()
+class RuntimeInfoHook(Hook):
+    """Keep the MessageHub current so modules without the runner can read the run's state.
+
+    Runtime info: ``epoch``, ``iter``, ``max_epochs``, ``max_iters``. Scalars: ``train/lr`` (first
+    param group; ``train/lr_groupN`` for others), every entry of the train step's outputs as
+    ``train/<key>``, validation/test metrics as ``val/<key>`` / ``test/<key>``.
+    Ranks: all (each rank keeps its own hub; loggers average across ranks when they read).
+    """
+
+    priority = "VERY_HIGH"
+
+    def __init__(self) -> None:
+        self._keys: dict[str, str] = {}  # output key -> 'train/<key>', built once
+
+    def before_train(self, runner) -> None:
+        runner.message_hub.update_info_dict({
+            "epoch": runner.epoch, "iter": runner.iter,
+            "max_epochs": runner.max_epochs, "max_iters": runner.max_iters})
+
+    def before_train_epoch(self, runner) -> None:
+        runner.message_hub.update_info("epoch", runner.epoch)
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+        hub = runner.message_hub
+        hub.update_info("iter", runner.iter)
+        groups = runner.optim_wrapper.param_groups
+        hub.update_scalar("train/lr", groups[0]["lr"])
+        for i in range(1, len(groups)):
+            hub.update_scalar(f"train/lr_group{i}", groups[i]["lr"])
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                         outputs: Optional[dict] = None) -> None:
+        if not outputs:
+            return
+        hub, keys = runner.message_hub, self._keys
+        for key, value in outputs.items():
+            name = keys.get(key)
+            if name is None:
+                name = keys[key] = f"train/{key}"
+            hub.update_scalar(name, value)
+
+    def _metrics(self, runner, prefix: str, metrics: Optional[dict[str, Any]]) -> None:
+        for key, value in (metrics or {}).items():
+            runner.message_hub.update_scalar(f"{prefix}/{key}", value)
+
+    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        self._metrics(runner, "val", metrics)
+
+    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        self._metrics(runner, "test", metrics)
