@@ -12,6 +12,7 @@ read it without running pickled code)::
     hooks             each stateful hook's state_dict(), keyed by its registered name
     rng               per rank: python, numpy, torch (and cuda) generator states
     sampler           per rank: epoch and batches consumed in it
+    accumulated_grads per rank: gradients of an unfinished accumulation window (only then)
 
 Files are written to a temporary name in the same folder and renamed into place, so a crash never
 leaves a half-written file under a final name.
@@ -65,8 +66,9 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle errors, truncated files, foreign formats
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(key, f"{str(p)!r} is not a loadable checkpoint ({first[:160]}); pass a "
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        reason = next((ln for ln in lines if "Unpickler error" in ln), lines[0])
+        raise ConfigError(key, f"{str(p)!r} is not a loadable checkpoint ({reason[:200]}); pass a "
                                f".pth written by CheckpointHook or torch.save(state_dict)") from None
     if not isinstance(ckpt, dict):
         raise ConfigError(key, f"{str(p)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")

@@ -96,6 +96,22 @@ class OptimWrapper:
         self.optimizer.zero_grad(set_to_none=True)
 
     # -- state ---------------------------------------------------------------------------------
+    def pending_grads(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Gradients accumulated since the last step (None at a window boundary).
+
+        A checkpoint taken inside an accumulation window must carry them, or a resumed run would
+        step with part of the window's gradient missing.
+        """
+        if self._inner_count % self.accumulative_counts == 0:
+            return None
+        return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
+                if p.grad is not None}
+
+    def restore_pending_grads(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
+        for n, p in model.named_parameters():
+            if n in grads:
+                p.grad = grads[n].to(p.device, p.dtype).clone()
+
     @property
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups

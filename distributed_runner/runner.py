@@ -72,6 +72,17 @@ class Runner:
         self.experiment_name = experiment_name or self.work_dir.name
         self.logger = setup_logger(self.work_dir, self.rank, log_level)
         self.message_hub = MessageHub()
+        # hooks and checkpoint paths first: their mistakes should not wait for data to load
+        self._hooks = HookDispatcher(self)
+        for name, hook, priority, key in resolve_hooks(default_hooks, custom_hooks):
+            self._hooks.register(hook, name, priority, key)
+        self._load_from = load_from
+        self._resume = resume
+        self._has_loaded = False
+        for key, path in (("load_from", load_from),
+                          ("resume", resume if isinstance(resume, (str, Path)) else None)):
+            if path and not Path(path).expanduser().is_file():
+                raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
         self.seed = set_random_seed(randomness)
         self._randomness = dict(randomness or {})
         self.device = torch.device(device) if device is not None else self._default_device()
@@ -88,12 +99,6 @@ class Runner:
         self.test_loop = self._build_eval("test", test_dataloader, test_evaluator, test_cfg,
                                           TestLoop)
 
-        self._load_from = load_from
-        self._resume = resume
-        self._has_loaded = False
-        self._hooks = HookDispatcher(self)
-        for name, hook, priority, key in resolve_hooks(default_hooks, custom_hooks):
-            self._hooks.register(hook, name, priority, key)
         self.logger.info("distributed-runner %s | torch %s | device %s | world size %d | seed %d "
                          "| work_dir %s", __version__, torch.__version__, self.device,
                          self.world_size, self.seed, self.work_dir)
@@ -330,6 +335,13 @@ class Runner:
             if same_world and sampler_state:
                 position["iter_in_epoch"] = sampler_state[self.rank]["iter_in_epoch"]
             self.train_loop.resume_from(position)
+        grads = ckpt.get("accumulated_grads", {}).get("ranks")
+        if grads and self.optim_wrapper is not None:
+            if same_world:
+                self.optim_wrapper.restore_pending_grads(self.model, grads[self.rank])
+            else:
+                self.logger.warning("%s was saved inside a gradient-accumulation window with "
+                                    "another world size: the window's gradients are dropped", path)
         rng_ranks = ckpt.get("rng", {}).get("ranks")
         if same_world and rng_ranks:
             restore_rng(rng_ranks[self.rank])
@@ -352,7 +364,7 @@ class Runner:
         info = {**position, "seed": self.seed, "world_size": self.world_size,
                 "experiment_name": self.experiment_name, "time": time.time(),
                 "config": dumps_json(self.cfg),
-                "versions": {"distributed_runner": __version__, "torch": torch.__version__,
+                "versions": {"distributed_runner": __version__, "torch": str(torch.__version__),
                              "python": platform.python_version()}}
         info.update(meta or {})
         sampler_pos = {"epoch": position.get("epoch", 0),
@@ -370,6 +382,9 @@ class Runner:
             if save_optimizer:
                 ckpt["optimizer"] = self.optim_wrapper.state_dict()
             ckpt["scaler"] = self.optim_wrapper.scaler_state_dict()
+            pending = self.optim_wrapper.pending_grads(self.model)
+            if pending is not None:  # saved inside a gradient-accumulation window
+                ckpt["accumulated_grads"] = {"ranks": dist.all_gather_object(pending)}
         if save_param_scheduler:
             ckpt["param_schedulers"] = [s.state_dict() for s in self.param_schedulers]
         self.call_hook("before_save_checkpoint", checkpoint=ckpt)

@@ -13,6 +13,7 @@ epoch length.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -23,6 +24,11 @@ from .registry import PARAM_SCHEDULERS, accepts, check_arguments
 # torch arguments measured in scheduler steps, converted with convert_to_iter_based
 _LENGTH_ARGS = ("T_max", "total_iters", "step_size", "T_0")
 _WINDOW_DEFAULTS = ("T_max", "total_iters")
+
+# Schedulers step per iteration; with gradient accumulation the first iterations have no optimizer
+# step yet, which makes torch warn about an ordering that is intended here.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before "
+                                          r"`optimizer\.step\(\)`")
 
 
 class ParamScheduler:

@@ -128,11 +128,10 @@ class CheckpointHook(Hook):
         self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.by_epoch != getattr(runner.train_loop, "by_epoch", True):
-            runner.logger.warning(
-                "default_hooks.checkpoint.by_epoch=%s but training is %s-based: set by_epoch=%s "
-                "to save periodically", self.by_epoch, "epoch" if not self.by_epoch else "iteration",
-                not self.by_epoch)
+        if self.by_epoch and self.interval > 0 and not getattr(runner.train_loop, "by_epoch", True):
+            runner.logger.warning("default_hooks.checkpoint.by_epoch is True but training is "
+                                  "iteration-based: set by_epoch=False to save every %d "
+                                  "iterations", self.interval)
 
     # -- periodic ------------------------------------------------------------------------------
     def after_train_epoch(self, runner) -> None:

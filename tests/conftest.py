@@ -1,0 +1,11 @@
+import os
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+import tests.toy  # noqa: E402,F401  (registers the toy components)

@@ -1,0 +1,116 @@
+"""Tiny registered components for in-process tests: a dataset of random vectors and an MLP with
+BatchNorm and Dropout (so resume must restore running stats and RNG to be exact)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from distributed_runner.registry import DATASETS, MODELS
+from hooks import HOOKS, MOUNT_POINTS, Hook
+
+
+@DATASETS.register_module(force=True)
+class ToyDataset(Dataset):
+    """``n`` samples of 4 features; the label is whether their sum is positive."""
+
+    def __init__(self, n: int = 40, seed: int = 0, with_index: bool = False) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 4, generator=g)
+        self.y = (self.x.sum(1) > 0).long()
+        self.with_index = with_index
+        self.fetched = 0  # __getitem__ calls: a resumed epoch must not fetch consumed samples
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict:
+        self.fetched += 1
+        item = {"inputs": self.x[i], "labels": self.y[i]}
+        if self.with_index:
+            item["index"] = torch.tensor(i)
+        return item
+
+
+@MODELS.register_module(force=True)
+class ToyModel(nn.Module):
+    def __init__(self, hidden: int = 8, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, hidden)
+        self.bn = nn.BatchNorm1d(hidden)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, 2)
+        self.seen: list[int] = []  # dataset indices of the training samples, in order
+
+    def forward(self, inputs, labels=None, index=None, mode="predict"):
+        if index is not None and self.training:
+            self.seen.extend(index.tolist())
+        logits = self.fc2(self.drop(F.relu(self.bn(self.fc1(inputs)))))
+        if mode == "loss":
+            return {"loss": F.cross_entropy(logits, labels), "acc": (logits.argmax(1) == labels)
+                    .float().mean()}
+        return logits
+
+
+class RecorderHook(Hook):
+    """Overrides all 22 mount points and records the calls (name, and epoch/iter at call time)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+
+def _recorder(name: str):
+    def method(self, runner, *args, **kwargs):
+        self.calls.append(name)
+    method.__name__ = name
+    return method
+
+
+for _name in MOUNT_POINTS:
+    setattr(RecorderHook, _name, _recorder(_name))
+
+
+def base_cfg(work_dir: Path | str, **overrides: Any) -> dict:
+    """A complete small config: 40 samples, batch 4 (10 iters/epoch), 3 epochs, validation."""
+    cfg = dict(
+        work_dir=str(work_dir),
+        model=dict(type="ToyModel"),
+        train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4,
+                              sampler=dict(type="DefaultSampler", shuffle=True)),
+        val_dataloader=dict(dataset=dict(type="ToyDataset", n=20, seed=1), batch_size=8,
+                            sampler=dict(type="DefaultSampler", shuffle=False)),
+        val_evaluator=dict(type="Accuracy"),
+        val_cfg=dict(),
+        train_cfg=dict(by_epoch=True, max_epochs=3, val_interval=1),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+        default_hooks=dict(logger=dict(type="LoggerHook", interval=5, sinks=["jsonl"]),
+                           checkpoint=dict(type="CheckpointHook", interval=1)),
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    )
+    for k, v in overrides.items():
+        cfg[k] = v
+    return cfg
+
+
+def make_runner(work_dir: Path | str, **overrides: Any):
+    from distributed_runner import Runner
+    return Runner.from_cfg(base_cfg(work_dir, **overrides))
+
+
+def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_state_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"
+
+
+__all__ = ["HOOKS", "RecorderHook", "ToyDataset", "ToyModel", "base_cfg", "make_runner",
+           "params_of", "assert_state_equal"]

@@ -1,0 +1,74 @@
+"""The digits example reaches >= 95 % validation accuracy; ``drun`` train/test/hooks work and
+user mistakes exit 2 with one line on stderr."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distributed_runner import Config, Runner
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "digits_cnn.py"
+
+
+def drun(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "distributed_runner.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_digits_example_reaches_95_percent(tmp_path):
+    cfg = Config.fromfile(CONFIG, cfg_options=[f"work_dir={tmp_path}"])
+    start = time.perf_counter()
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    elapsed = time.perf_counter() - start
+    best = runner.get_hook("checkpoint").best_scores["accuracy"]
+    assert best >= 95.0
+    assert elapsed < 60, f"the example took {elapsed:.1f}s"
+    assert runner.test()["accuracy"] >= 95.0
+    assert sorted(p.name for p in tmp_path.glob("epoch_*.pth")) == ["epoch_12.pth", "epoch_8.pth"]
+
+
+def test_cli_hooks_prints_the_plan():
+    out = drun("hooks", str(CONFIG))
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint       CheckpointHook           VERY_LOW (90)" in out.stdout
+    assert "after_train_iter" in out.stdout
+
+
+def test_cli_train_then_test_then_resume(tmp_path):
+    out = drun("train", str(CONFIG), "--work-dir", str(tmp_path),
+               "--cfg-options", "train_cfg.max_epochs=2", "param_scheduler=None")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "last.pth").is_file() and (tmp_path / "config.py").is_file()
+    out = drun("test", str(CONFIG), "--work-dir", str(tmp_path / "test"),
+               "--checkpoint", str(tmp_path / "last.pth"))
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads(out.stdout.strip().splitlines()[-1])
+    assert metrics["accuracy"] > 50
+    out = drun("train", str(CONFIG), "--work-dir", str(tmp_path), "--resume",
+               "--cfg-options", "train_cfg.max_epochs=3", "param_scheduler=None")
+    assert out.returncode == 0, out.stderr
+    assert "resumed from" in out.stdout and "Epoch(train) [3]" in out.stdout
+    assert "Epoch(train) [1]" not in out.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["train", "no_such_config.py"], "config file not found"),
+    (["train", str(CONFIG), "--cfg-options", "model.type=DigitCNN"],
+     "model.type: unknown model 'DigitCNN' (did you mean 'DigitsCNN'"),
+    (["test", str(CONFIG), "--checkpoint", "missing.pth"], "load_from: checkpoint"),
+    (["train", str(CONFIG), "--cfg-options", "default_hooks.checkpoint.priority=SOON"],
+     "default_hooks.checkpoint.priority: unknown priority 'SOON'"),
+])
+def test_cli_user_errors_are_one_line_exit_2(tmp_path, args, fragment):
+    args = [a if a != "missing.pth" else str(tmp_path / "missing.pth") for a in args]
+    if args[0] in ("train", "test"):
+        args += ["--work-dir", str(tmp_path)] if "--work-dir" not in args else []
+    out = drun(*args)
+    assert out.returncode == 2
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("drun: error: ") and fragment in err[0], out.stderr
