@@ -75,6 +75,7 @@ def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
                         f"{type(losses).__name__}")
     log_vars: dict[str, Any] = {}
     total = None
+    n_losses = 0
     for key, value in losses.items():
         if isinstance(value, (list, tuple)):
             value = sum(v.mean() for v in value)
@@ -83,9 +84,12 @@ def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
         log_vars[key] = value.detach()
         if "loss" in key:
             total = value if total is None else total + value
+            n_losses += 1
     if total is None:
         raise ValueError(f"forward(mode='loss') returned no key containing 'loss' "
                          f"(keys: {', '.join(losses)})")
+    if n_losses == 1 and "loss" in log_vars:  # the common case: log_vars['loss'] is the total
+        return total, log_vars
     return total, {"loss": total.detach(), **log_vars}
 
 

@@ -7,6 +7,7 @@ interval instead of the step paying one per iteration.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Any, Iterable
 
 import torch
@@ -18,30 +19,36 @@ def _as_floats(values: Iterable[Any]) -> list[float]:
     values = list(values)
     tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
     if tensors:  # one conversion for all tensor values, not one .item() each
-        converted = torch.stack([values[i].detach().float().reshape(()) for i in tensors]).tolist()
+        picked = [values[i] for i in tensors]
+        try:
+            converted = torch.stack(picked).tolist()
+        except RuntimeError:  # mixed dtypes or shapes: convert one by one
+            converted = [t.detach().float().mean().item() for t in picked]
         for i, c in zip(tensors, converted):
             values[i] = c
     return [float(v) for v in values]
 
 
 class HistoryBuffer:
-    """The last ``max_length`` values of one scalar, with the running total of all of them."""
+    """The last ``max_length`` values of one scalar.
 
-    __slots__ = ("_values", "_counts", "_total", "_total_count")
+    Values may carry a count (``update(mean, count=n)``) for weighted means; the counts are only
+    kept once a count other than 1 has been given, so the common case is one append.
+    """
+
+    __slots__ = ("_values", "_counts")
 
     def __init__(self, max_length: int = DEFAULT_HISTORY) -> None:
         self._values: deque = deque(maxlen=max_length)
-        self._counts: deque = deque(maxlen=max_length)
-        self._total = 0.0  # folded in from values that left the window
-        self._total_count = 0
+        self._counts: deque | None = None
 
     def update(self, value: Any, count: int = 1) -> None:
-        if len(self._values) == self._values.maxlen:
-            old = self._values[0]
-            self._total += float(old)  # rare: only when the window is full
-            self._total_count += self._counts[0]
         self._values.append(value)
-        self._counts.append(count)
+        if self._counts is not None:
+            self._counts.append(count)
+        elif count != 1:
+            self._counts = deque([1] * (len(self._values) - 1), maxlen=self._values.maxlen)
+            self._counts.append(count)
 
     def __len__(self) -> int:
         return len(self._values)
@@ -56,25 +63,27 @@ class HistoryBuffer:
         if not self._values:
             raise ValueError("empty history")
         n = len(self._values) if window is None else min(window, len(self._values))
-        vals = _as_floats(list(self._values)[-n:])
-        counts = list(self._counts)[-n:]
+        vals = _as_floats(islice(reversed(self._values), n))
+        if self._counts is None:
+            return sum(vals) / n
+        counts = list(islice(reversed(self._counts), n))
         return sum(v * c for v, c in zip(vals, counts)) / sum(counts)
 
     def values(self) -> list[float]:
         return _as_floats(self._values)
 
+    def counts(self) -> list[int]:
+        return list(self._counts) if self._counts is not None else [1] * len(self._values)
+
     def state_dict(self) -> dict:
-        return {"values": self.values(), "counts": list(self._counts), "total": self._total,
-                "total_count": self._total_count, "max_length": self._values.maxlen}
+        return {"values": self.values(), "counts": self.counts(),
+                "max_length": self._values.maxlen}
 
     @classmethod
     def from_state(cls, state: dict) -> "HistoryBuffer":
         buf = cls(int(state.get("max_length", DEFAULT_HISTORY)))
         for v, c in zip(state["values"], state["counts"]):
-            buf._values.append(float(v))
-            buf._counts.append(int(c))
-        buf._total = float(state.get("total", 0.0))
-        buf._total_count = int(state.get("total_count", 0))
+            buf.update(float(v), int(c))
         return buf
 
 

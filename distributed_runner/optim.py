@@ -20,6 +20,8 @@ from torch import nn
 from .errors import ConfigError
 from .registry import OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
 
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
+
 
 @OPTIM_WRAPPERS.register_module()
 class OptimWrapper:
@@ -62,14 +64,12 @@ class OptimWrapper:
         return self.accumulative_counts
 
     # -- the update --------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def optim_context(self, model: nn.Module) -> Iterator[None]:
-        """Forward under this; skips DDP's gradient all-reduce on accumulating passes."""
+    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Run the forward pass under this: it skips DDP's gradient all-reduce on accumulating
+        passes (and enables autocast in :class:`AmpOptimWrapper`)."""
         if self.accumulative_counts > 1 and not self.should_update() and hasattr(model, "no_sync"):
-            with model.no_sync():
-                yield
-        else:
-            yield
+            return model.no_sync()
+        return _NO_CONTEXT
 
     def update_params(self, loss: torch.Tensor) -> None:
         factor = self._loss_factor()

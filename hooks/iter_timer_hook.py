@@ -25,9 +25,11 @@ class IterTimerHook(Hook):
         self._t = 0.0
         self._train_start = 0.0
         self._start_iter = 0
+        self._max_iters = 0
 
     def before_train(self, runner) -> None:
         self._start_iter = runner.iter
+        self._max_iters = runner.max_iters
         self._train_start = time.perf_counter()
 
     def _reset(self, runner) -> None:
@@ -39,22 +41,26 @@ class IterTimerHook(Hook):
 
     def _before_iter(self, runner, stage: str) -> None:
         now = time.perf_counter()
-        runner.message_hub.update_scalar(stage + "/data_time", now - self._t)
+        runner.message_hub.update_scalar(f"{stage}/data_time", now - self._t)
 
     def _after_iter(self, runner, stage: str) -> float:
         now = time.perf_counter()
-        runner.message_hub.update_scalar(stage + "/time", now - self._t)
+        runner.message_hub.update_scalar(f"{stage}/time", now - self._t)
         self._t = now
         return now
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
-        self._before_iter(runner, "train")
+        now = time.perf_counter()
+        runner.message_hub.update_scalar("train/data_time", now - self._t)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        now = self._after_iter(runner, "train")
-        done = runner.iter + 1 - self._start_iter
-        left = runner.max_iters - runner.iter - 1
+        now = time.perf_counter()
+        runner.message_hub.update_scalar("train/time", now - self._t)
+        self._t = now
+        it = runner.iter
+        done = it + 1 - self._start_iter
+        left = self._max_iters - it - 1
         runner.message_hub.update_info("eta", (now - self._train_start) / done * left)
 
     def before_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:

@@ -46,14 +46,16 @@ class LoggerHook(Hook):
 
     def before_train(self, runner) -> None:
         self._last_logged = runner.iter
+        self._by_epoch = getattr(runner.train_loop, "by_epoch", True)
+        self._epoch_length = len(runner.train_dataloader)
+        # the last batch of an epoch is logged even when it does not fill an interval
+        self._log_tail = self._by_epoch and (not self.ignore_last
+                                             or self._epoch_length <= self.interval)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        if self.every_n_inner_iters(batch_idx, self.interval):
-            self._log_train(runner, batch_idx)
-        elif (getattr(runner.train_loop, "by_epoch", True)
-              and self.end_of_epoch(runner.train_dataloader, batch_idx)
-              and (not self.ignore_last or len(runner.train_dataloader) <= self.interval)):
+        if (batch_idx + 1) % self.interval == 0 or (
+                self._log_tail and batch_idx + 1 == self._epoch_length):
             self._log_train(runner, batch_idx)
 
     def _log_train(self, runner, batch_idx: int) -> None:
@@ -77,9 +79,8 @@ class LoggerHook(Hook):
         scalars = {**current, **smoothed}
         if runner.device.type == "cuda":
             scalars["memory"] = float(torch.cuda.max_memory_allocated(runner.device) // 2**20)
-        info = {"by_epoch": getattr(runner.train_loop, "by_epoch", True),
-                "iter_in_epoch": batch_idx + 1, "epoch_length": len(runner.train_dataloader),
-                "max_iters": runner.max_iters}
+        info = {"by_epoch": self._by_epoch, "iter_in_epoch": batch_idx + 1,
+                "epoch_length": self._epoch_length, "max_iters": runner.max_iters}
         eta = hub.get_info("eta")
         if eta is not None:
             info["eta"] = eta
