@@ -4,8 +4,8 @@
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...]
 
-A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2;
-anything else is a bug and keeps its traceback.
+A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
+(``--debug`` shows its traceback); anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="drun", description="distributed-runner: hooked "
                                      "PyTorch training on a laptop or a Ray cluster")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks for configuration errors too")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a model")
     _add_common(train)
@@ -98,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except ConfigError as e:
+        if args.debug:
+            raise
         print(f"drun: error: {e}", file=sys.stderr)
         return 2
 

@@ -120,7 +120,16 @@ class Registry:
             if accepts(cls, k):
                 args.setdefault(k, v)
         check_arguments(cls, args, key)
-        return cls(**args)
+        try:
+            return cls(**args)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as e:
+            # a constructor rejecting its arguments is a config mistake; `drun --debug` shows
+            # the traceback kept in __cause__
+            raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) rejected its "
+                                   f"arguments: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                              ) from e
 
     def _example(self) -> str:
         return next(iter(self._table), "...")

@@ -38,6 +38,8 @@ def build(tmp_path, **overrides):
     (dict(randomness=dict(sead=1)), "randomness.sead", "unknown option"),
     (dict(val_evaluator=dict(type="Acuracy")), "val_evaluator.type", "did you mean 'Accuracy'"),
     (dict(default_hooks=dict(logger=dict(interval=0))), "default_hooks.logger.interval", ">= 1"),
+    (dict(model=dict(type="ToyModel", hidden="wide")), "model",
+     "ToyModel(...) rejected its arguments"),
 ])
 def test_one_line_errors(tmp_path, overrides, prefix, fragment):
     with pytest.raises(ConfigError) as err:
@@ -62,3 +64,24 @@ def test_test_without_test_loop_is_one_line(tmp_path):
     runner = build(tmp_path)
     with pytest.raises(ConfigError, match="^test_dataloader: test\\(\\) needs"):
         runner.test()
+
+
+def test_randomness_seed_drawn_when_missing_and_deterministic_flag(tmp_path):
+    import torch
+
+    a = build(tmp_path / "a", randomness=dict(seed=None))
+    b = build(tmp_path / "b", randomness=dict(seed=None))
+    assert isinstance(a.seed, int) and a.seed != b.seed
+    try:
+        build(tmp_path / "c", randomness=dict(seed=3, deterministic=True))
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_same_seed_same_initial_weights(tmp_path):
+    import torch
+
+    a = build(tmp_path / "a", randomness=dict(seed=7)).model.state_dict()
+    b = build(tmp_path / "b", randomness=dict(seed=7)).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
