@@ -13,6 +13,8 @@ read it without running pickled code)::
     rng               per rank: python, numpy, torch (and cuda) generator states
     sampler           per rank: epoch and batches consumed in it
     accumulated_grads per rank: gradients of an unfinished accumulation window (only then)
+    rank_buffers      per rank: the model's buffers (BN statistics differ between syncs);
+                      only with several ranks
 
 Files are written to a temporary name in the same folder and renamed into place, so a crash never
 leaves a half-written file under a final name.

@@ -1,6 +1,8 @@
 """``drun``: train, test and inspect from a config file.
 
     drun train CONFIG [--work-dir D] [--resume [PATH]] [--cfg-options k=v ...]
+               [--launcher ray --num-workers N [--gpu] [--address A] [--storage-path S]
+                [--name NAME] [--max-failures K]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...]
 
@@ -35,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(train)
     train.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
                        help="resume from PATH, or from work_dir's last checkpoint if no PATH")
+    ray = train.add_argument_group("Ray (override the config's launcher=dict(type='ray', ...))")
+    ray.add_argument("--launcher", choices=["none", "ray"])
+    ray.add_argument("--num-workers", type=int)
+    ray.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
+    ray.add_argument("--address", help="'auto' or ray://...: join a running cluster")
+    ray.add_argument("--storage-path", help="where Ray persists checkpoints (shared for multi-node)")
+    ray.add_argument("--name", help="run name; rerunning with the same name resumes")
+    ray.add_argument("--max-failures", type=int, help="worker-group restarts Ray may make")
     test = sub.add_parser("test", help="evaluate a checkpoint on test_dataloader")
     _add_common(test)
     test.add_argument("--checkpoint", required=True, help="weights to load (load_from)")
@@ -55,14 +65,34 @@ def load_config(args: argparse.Namespace):
     return cfg
 
 
+RAY_FLAGS = {"num_workers": "num_workers", "gpu": "use_gpu", "address": "address",
+             "storage_path": "storage_path", "name": "name", "max_failures": "max_failures"}
+
+
+def apply_launcher_flags(cfg: dict, args: argparse.Namespace) -> None:
+    """``--launcher``/``--num-workers``/... override the config's launcher."""
+    flags = {key: getattr(args, flag) for flag, key in RAY_FLAGS.items()
+             if getattr(args, flag, None) is not None}
+    if args.launcher == "none":
+        cfg["launcher"] = "none"
+        return
+    if args.launcher is None and not flags:
+        return
+    current = cfg.get("launcher")
+    base = dict(current) if isinstance(current, dict) else {"type": "ray"}
+    if args.launcher == "ray" or flags:
+        base["type"] = "ray"
+    base.update(flags)
+    cfg["launcher"] = base
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from .runner import Runner
+    from .launcher import run
     cfg = load_config(args)
     if args.resume is not None:
         cfg["resume"] = args.resume
-    runner = Runner.from_cfg(cfg)
-    runner.train()
-    return 0
+    apply_launcher_flags(cfg, args)
+    return run(cfg)
 
 
 def cmd_test(args: argparse.Namespace) -> int:

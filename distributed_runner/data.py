@@ -152,6 +152,11 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
     if not isinstance(spec, dict):
         raise ConfigError(key, "expected a dict (dataset=..., batch_size=...) or a DataLoader")
     args = dict(spec)
+    if args.get("type") == "RayDataLoader":
+        from .ray_data import RayDataLoader
+        args.pop("type")
+        check_arguments(RayDataLoader, args, key)
+        return RayDataLoader(**args)
     if "dataset" not in args:
         raise ConfigError(f"{key}.dataset", "missing: add dataset=dict(type=...)")
     if "shuffle" in args:

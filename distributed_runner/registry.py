@@ -22,8 +22,9 @@ from .errors import ConfigError, did_you_mean
 class Registry:
     """A name -> class (or function) table with optional fallback modules."""
 
-    def __init__(self, name: str, fallbacks: Iterable[str] = ()) -> None:
+    def __init__(self, name: str, var: str, fallbacks: Iterable[str] = ()) -> None:
         self.name = name
+        self.var = var  # the registry's importable name, for error messages
         self._table: dict[str, Any] = {}
         self._fallback_names = tuple(fallbacks)
         self._fallback_modules: list[ModuleType] | None = None
@@ -100,7 +101,7 @@ class Registry:
             raise ConfigError(
                 f"{key}.type",
                 f"unknown {self.name} {type_!r}{did_you_mean(type_, self._known_names())}; "
-                f"register it with @{self.name.upper()}.register_module() and list its module "
+                f"register it with @{self.var}.register_module() and list its module "
                 f"in custom_imports")
         return obj
 
@@ -182,15 +183,16 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
 
 
 # One registry per kind of thing a config can name. HOOKS is re-exported as ``hooks.HOOKS``.
-MODELS = Registry("model", fallbacks=["torch.nn"])
-DATASETS = Registry("dataset")
-TRANSFORMS = Registry("transform")
-COLLATE_FUNCTIONS = Registry("collate_fn")
-DATA_SAMPLERS = Registry("sampler", fallbacks=["torch.utils.data"])
-OPTIMIZERS = Registry("optimizer", fallbacks=["torch.optim"])
-OPTIM_WRAPPERS = Registry("optim_wrapper")
-PARAM_SCHEDULERS = Registry("param_scheduler", fallbacks=["torch.optim.lr_scheduler"])
-METRICS = Registry("metric")
-LOOPS = Registry("loop")
-HOOKS = Registry("hook")
-LOG_SINKS = Registry("log_sink")
+MODELS = Registry("model", "MODELS", fallbacks=["torch.nn"])
+DATASETS = Registry("dataset", "DATASETS")
+TRANSFORMS = Registry("transform", "TRANSFORMS")
+COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS")
+DATA_SAMPLERS = Registry("sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.data"])
+OPTIMIZERS = Registry("optimizer", "OPTIMIZERS", fallbacks=["torch.optim"])
+OPTIM_WRAPPERS = Registry("optim_wrapper", "OPTIM_WRAPPERS")
+PARAM_SCHEDULERS = Registry("param_scheduler", "PARAM_SCHEDULERS",
+                            fallbacks=["torch.optim.lr_scheduler"])
+METRICS = Registry("metric", "METRICS")
+LOOPS = Registry("loop", "LOOPS")
+HOOKS = Registry("hook", "HOOKS")
+LOG_SINKS = Registry("log_sink", "LOG_SINKS")

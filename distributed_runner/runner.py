@@ -35,14 +35,14 @@ from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .optim import OptimWrapper, build_optim_wrapper
 from .randomness import set_random_seed
-from .registry import LOOPS, MODELS, check_arguments
+from .registry import LOOPS, MODELS, accepts, check_arguments
 from .schedulers import build_param_schedulers
 
 RUNNER_KEYS = (
     "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
     "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
     "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
-    "launcher", "device", "log_level", "experiment_name",
+    "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg",
 )
 # top-level config keys the Runner does not take but other parts of the project read
 OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg")
@@ -61,7 +61,8 @@ class Runner:
                  load_from: str | None = None, resume: bool | str = False,
                  randomness: dict | None = None, launcher: Any = "none",
                  device: str | torch.device | None = None, log_level: str = "INFO",
-                 experiment_name: str | None = None, cfg: dict | None = None) -> None:
+                 experiment_name: str | None = None, model_wrapper_cfg: dict | None = None,
+                 cfg: dict | None = None) -> None:
         self.cfg = cfg if cfg is not None else Config()
         self.launcher = launcher
         self.rank = dist.get_rank()
@@ -89,7 +90,9 @@ class Runner:
         self.device = torch.device(device) if device is not None else self._default_device()
 
         self._model = self._build_model(model)
-        self.wrapped_model = self._wrap_model(self._model)
+        self.wrapped_model = self._wrap_model(self._model, dict(model_wrapper_cfg or {}))
+        # called on every rank after each checkpoint is written (the Ray launcher reports it)
+        self.checkpoint_callbacks: list = []
 
         self.train_dataloader = self.val_dataloader = self.test_dataloader = None
         self.train_loop = None
@@ -139,13 +142,24 @@ class Runner:
             raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module")
         return built.to(self.device)
 
-    def _wrap_model(self, model: nn.Module) -> nn.Module:
-        """DDP when a process group with several ranks is running; the model itself otherwise."""
+    def _wrap_model(self, model: nn.Module, wrapper_cfg: dict) -> nn.Module:
+        """DDP when a process group with several ranks is running; the model itself otherwise.
+
+        ``model_wrapper_cfg`` passes DDP arguments. ``broadcast_buffers`` defaults to False (as in
+        MMEngine): buffers such as BN statistics stay per rank unless SyncBuffersHook averages
+        them, instead of being silently overwritten by rank 0's before every forward.
+        """
         if not dist.is_distributed():
             return model
         from torch.nn.parallel import DistributedDataParallel
+        if "broadcast_buffers" not in wrapper_cfg:  # its newer name, where torch has it
+            key = "forward_sync_buffers" if accepts(DistributedDataParallel,
+                                                    "forward_sync_buffers") else "broadcast_buffers"
+            wrapper_cfg.setdefault(key, False)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg",
+                        supplied=["module"])
+        return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
 
     def _build_training(self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any,
                         param_scheduler: Any) -> None:
@@ -336,6 +350,12 @@ class Runner:
             if same_world and sampler_state:
                 position["iter_in_epoch"] = sampler_state[self.rank]["iter_in_epoch"]
             self.train_loop.resume_from(position)
+        rank_buffers = ckpt.get("rank_buffers", {}).get("ranks")
+        if same_world and rank_buffers:
+            mine = rank_buffers[self.rank]
+            for name, buf in self.model.named_buffers():
+                if name in mine:
+                    buf.copy_(mine[name])
         grads = ckpt.get("accumulated_grads", {}).get("ranks")
         if grads and self.optim_wrapper is not None:
             if same_world:
@@ -386,10 +406,16 @@ class Runner:
             pending = self.optim_wrapper.pending_grads(self.model)
             if pending is not None:  # saved inside a gradient-accumulation window
                 ckpt["accumulated_grads"] = {"ranks": dist.all_gather_object(pending)}
+        if self.world_size > 1:
+            # buffers (BN statistics) drift apart between syncs: each rank resumes with its own
+            ckpt["rank_buffers"] = {"ranks": dist.all_gather_object(
+                {n: b.detach().cpu().clone() for n, b in self.model.named_buffers()})}
         if save_param_scheduler:
             ckpt["param_schedulers"] = [s.state_dict() for s in self.param_schedulers]
         self.call_hook("before_save_checkpoint", checkpoint=ckpt)
         path = Path(out_dir) / filename
         if self.rank == 0:
             atomic_save(ckpt, path)
+        for callback in self.checkpoint_callbacks:
+            callback(self, path, ckpt["meta"])
         return path

@@ -13,9 +13,10 @@ from .param_scheduler_hook import ParamSchedulerHook
 from .priority import Priority, get_priority
 from .runtime_info_hook import RuntimeInfoHook
 from .sampler_seed_hook import DistSamplerSeedHook
+from .sync_buffers_hook import SyncBuffersHook
 
 __all__ = [
     "HOOKS", "Hook", "MOUNT_POINTS", "Priority", "get_priority",
     "CheckpointHook", "DistSamplerSeedHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook",
-    "RuntimeInfoHook",
+    "RuntimeInfoHook", "SyncBuffersHook",
 ]

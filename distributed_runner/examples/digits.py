@@ -66,6 +66,8 @@ class DigitsCNN(nn.Module):
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None,
                 mode: str = "predict") -> dict | torch.Tensor:
+        if inputs.dim() == 2:  # flat 64-pixel rows (the Parquet copy of the data)
+            inputs = inputs.view(-1, 1, 8, 8)
         x = F.relu(self.bn1(self.conv1(inputs)))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         logits = self.fc2(self.drop(F.relu(self.fc1(x.flatten(1)))))

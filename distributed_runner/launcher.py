@@ -1,0 +1,225 @@
+"""Launchers: run a config in this process (``launcher='none'``) or on Ray Train workers.
+
+``launcher=dict(type='ray', num_workers=2, use_gpu=False, resources_per_worker=None,
+placement_strategy='PACK', address=None, storage_path=None, name=None, max_failures=0)``
+
+On Ray the driver only loads and checks: it validates the config (every ``type`` resolves, every
+argument exists) and the resource request against the cluster — a request the cluster cannot meet
+is a one-line error within seconds rather than a trainer waiting forever — and then runs a Ray
+Train ``TorchTrainer`` whose workers each build the Runner from the plain config dict
+(:func:`distributed_runner.ray_worker.train_worker`). The driver never builds the model.
+
+* no ``address`` and no ``RAY_ADDRESS``: a local Ray is started in this process;
+  ``address='auto'`` (or ``RAY_ADDRESS``) joins a running cluster (``ray start --head``).
+* ``storage_path`` defaults to ``work_dir/ray_storage``; multi-node runs point it at shared storage
+  (an NFS path or ``s3://``). ``name`` defaults to the work_dir's folder name, so rerunning the same
+  config continues the run from its last reported checkpoint instead of starting over.
+* ``max_failures``: how many times Ray restarts the worker group after a worker dies; each restart
+  resumes exactly from the last checkpoint Ray holds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import import_custom_modules, to_plain
+from .errors import ConfigError, did_you_mean
+from .registry import check_arguments
+
+RAY_DEFAULTS: dict[str, Any] = {
+    "type": "ray", "num_workers": 1, "use_gpu": False, "resources_per_worker": None,
+    "placement_strategy": "PACK", "address": None, "storage_path": None, "name": None,
+    "max_failures": 0,
+}
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def normalize_launcher(spec: Any) -> dict | None:
+    """The launcher config with defaults filled in, or None for the single-process path."""
+    if spec is None or spec == "none" or (isinstance(spec, dict) and spec.get("type") == "none"):
+        return None
+    if spec == "ray":
+        spec = {"type": "ray"}
+    if not isinstance(spec, dict):
+        raise ConfigError("launcher", f"expected 'none', 'ray' or dict(type='ray', ...), got "
+                                      f"{spec!r}")
+    if spec.get("type", "ray") != "ray":
+        raise ConfigError("launcher.type", f"unknown launcher {spec['type']!r}: use 'none' or "
+                                           f"'ray'")
+    for key in spec:
+        if key not in RAY_DEFAULTS:
+            raise ConfigError(f"launcher.{key}", f"unknown option{did_you_mean(key, RAY_DEFAULTS)};"
+                                                 f" the ray launcher takes "
+                                                 f"{', '.join(k for k in RAY_DEFAULTS if k != 'type')}")
+    out = {**RAY_DEFAULTS, **spec}
+    if not isinstance(out["num_workers"], int) or out["num_workers"] < 1:
+        raise ConfigError("launcher.num_workers", "must be an int >= 1")
+    if not isinstance(out["max_failures"], int) or out["max_failures"] < -1:
+        raise ConfigError("launcher.max_failures", "must be an int >= 0 (or -1: no limit)")
+    if out["placement_strategy"] not in PLACEMENT_STRATEGIES:
+        raise ConfigError("launcher.placement_strategy",
+                          f"must be one of {', '.join(PLACEMENT_STRATEGIES)}")
+    res = out["resources_per_worker"]
+    if res is not None and (not isinstance(res, dict)
+                            or not all(isinstance(v, (int, float)) for v in res.values())):
+        raise ConfigError("launcher.resources_per_worker", "must be a dict like {'CPU': 2}")
+    return out
+
+
+def validate_config(cfg: dict) -> None:
+    """Check, without building the model or the data, that the config's parts resolve.
+
+    Hooks are cheap and built for real (their priorities and arguments checked); models, datasets,
+    optimizers, schedulers and metrics are only resolved and their arguments matched against the
+    constructors' signatures.
+    """
+    from . import registry
+    from .hook_builder import resolve_hooks
+
+    for key in ("work_dir", "model"):
+        if cfg.get(key) is None:
+            raise ConfigError(key, f"missing: set {key} in the config")
+    resolve_hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"))
+
+    def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
+        if isinstance(spec, dict):
+            if "type" not in spec:
+                raise ConfigError(key, "missing 'type'")
+            cls = reg.resolve(spec["type"], key)
+            check_arguments(cls, {k: v for k, v in spec.items() if k != "type"}, key,
+                            supplied=supplied)
+
+    check(registry.MODELS, cfg["model"], "model")
+    for stage in ("train", "val", "test"):
+        loader = cfg.get(f"{stage}_dataloader")
+        if isinstance(loader, dict) and loader.get("type") != "RayDataLoader":
+            check(registry.DATASETS, loader.get("dataset"), f"{stage}_dataloader.dataset")
+        evaluator = cfg.get(f"{stage}_evaluator")
+        for i, metric in enumerate(evaluator if isinstance(evaluator, list) else [evaluator]):
+            check(registry.METRICS, metric, f"{stage}_evaluator" + (f"[{i}]" if
+                                                                    isinstance(evaluator, list)
+                                                                    else ""))
+    optim = cfg.get("optim_wrapper")
+    if isinstance(optim, dict):
+        check(registry.OPTIMIZERS, optim.get("optimizer"), "optim_wrapper.optimizer",
+              supplied=("params",))
+    schedulers = cfg.get("param_scheduler")
+    for i, sched in enumerate(schedulers if isinstance(schedulers, list) else [schedulers]):
+        if isinstance(sched, dict) and "type" in sched:
+            registry.PARAM_SCHEDULERS.resolve(sched["type"], f"param_scheduler[{i}]")
+
+
+def run(cfg: dict) -> int:
+    """Train ``cfg`` with the launcher it names; returns the process exit status."""
+    launcher = normalize_launcher(cfg.get("launcher"))
+    if launcher is None:
+        from .runner import Runner
+        Runner.from_cfg(cfg).train()
+        return 0
+    return RayLauncher(cfg, launcher).train()
+
+
+class RayLauncher:
+    """Driver side of a Ray Train run."""
+
+    def __init__(self, cfg: dict, launcher: dict) -> None:
+        self.cfg = cfg
+        self.opts = launcher
+        self.work_dir = Path(cfg["work_dir"]).expanduser().resolve()
+        self.storage_path = str(launcher["storage_path"] or self.work_dir / "ray_storage")
+        if "://" not in self.storage_path:
+            self.storage_path = str(Path(self.storage_path).expanduser().resolve())
+        self.name = launcher["name"] or self.work_dir.name
+
+    # -- cluster -------------------------------------------------------------------------------
+    def connect(self) -> None:
+        import ray
+        if ray.is_initialized():
+            return
+        address = self.opts["address"] or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(include_dashboard=False)
+
+    def worker_resources(self) -> dict[str, float]:
+        res = dict(self.opts["resources_per_worker"] or {})
+        res.setdefault("CPU", 1)
+        if self.opts["use_gpu"]:
+            res.setdefault("GPU", 1)
+        return res
+
+    def check_resources(self, total: dict[str, float]) -> None:
+        """One-line errors for a request the cluster cannot meet (Ray would wait forever)."""
+        n = self.opts["num_workers"]
+        for resource, each in self.worker_resources().items():
+            have = float(total.get(resource, 0))
+            if each * n > have:
+                key = "launcher.use_gpu" if resource == "GPU" else "launcher.num_workers"
+                raise ConfigError(key, f"{n} workers x {each:g} {resource} need {each * n:g} "
+                                       f"{resource}, the cluster has {have:g}: lower "
+                                       f"num_workers/resources_per_worker or add nodes")
+        if self._uses_ray_data():
+            spare = float(total.get("CPU", 0)) - self.worker_resources()["CPU"] * n
+            if spare < 1:
+                raise ConfigError("launcher.num_workers",
+                                  f"the training workers take all {total.get('CPU', 0):g} CPUs "
+                                  f"and Ray Data would starve (it needs CPUs of its own to read "
+                                  f"and shuffle): lower num_workers or add CPUs")
+
+    def _uses_ray_data(self) -> bool:
+        loader = self.cfg.get("train_dataloader")
+        return isinstance(loader, dict) and loader.get("type") == "RayDataLoader"
+
+    # -- the run -------------------------------------------------------------------------------
+    def build_trainer(self) -> Any:
+        import ray.train
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        from .ray_data import build_ray_datasets
+        from .ray_worker import train_worker
+
+        plain = to_plain(self.cfg)
+        plain["work_dir"] = str(self.work_dir)
+        datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
+        return TorchTrainer(
+            train_worker,
+            train_loop_config={"cfg": plain},
+            scaling_config=ray.train.ScalingConfig(
+                num_workers=self.opts["num_workers"], use_gpu=self.opts["use_gpu"],
+                resources_per_worker=self.opts["resources_per_worker"],
+                placement_strategy=self.opts["placement_strategy"]),
+            run_config=ray.train.RunConfig(
+                name=self.name, storage_path=self.storage_path,
+                failure_config=ray.train.FailureConfig(max_failures=self.opts["max_failures"])),
+            torch_config=TorchConfig(backend="nccl" if self.opts["use_gpu"] else "gloo"),
+            datasets=datasets,
+        )
+
+    def train(self) -> int:
+        import ray
+        from ray.train import TrainingFailedError
+
+        import_custom_modules(self.cfg.get("custom_imports"))
+        validate_config(self.cfg)
+        self.connect()
+        self.check_resources(ray.cluster_resources())
+        print(f"distributed-runner on Ray: {self.opts['num_workers']} workers"
+              f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
+              f"{self.storage_path}/{self.name} | work_dir {self.work_dir}", flush=True)
+        trainer = self.build_trainer()
+        try:
+            self.result = trainer.fit()
+        except TrainingFailedError as e:
+            print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
+            return 1
+        print(f"distributed-runner on Ray: finished; checkpoints in "
+              f"{self.storage_path}/{self.name}", flush=True)
+        return 0
+
+
+def _first_lines(error: BaseException, n: int = 12) -> str:
+    text = str(error).strip().splitlines()
+    return "\n".join(text[:n])

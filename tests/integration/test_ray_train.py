@@ -1,0 +1,151 @@
+"""Real Ray Train runs (CPU, gloo, 2 workers): DDP equivalence, rank-aware hooks, master-only
+checkpoints reported to Ray, exact resume after a worker dies and after a driver rerun."""
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from distributed_runner import Runner
+from distributed_runner.errors import ConfigError
+from distributed_runner.launcher import RayLauncher, normalize_launcher
+from tests.toy import base_cfg
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+DATA = dict(train_dataloader=dict(dataset=dict(type="ToyDataset", n=40, with_index=True),
+                                  batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True)))
+
+
+def ray_cfg(work_dir, workers=2, **overrides):
+    cfg = base_cfg(work_dir, **DATA)
+    cfg.update(custom_imports=dict(imports=["tests.ray_probe"]),
+               launcher=dict(type="ray", num_workers=workers),
+               default_hooks=dict(logger=dict(type="LoggerHook", interval=5, sinks=["jsonl"]),
+                                  checkpoint=dict(type="CheckpointHook", interval=7,
+                                                  by_epoch=False)))
+    cfg.update(overrides)
+    return cfg
+
+
+def fit(cfg):
+    launcher = RayLauncher(cfg, normalize_launcher(cfg["launcher"]))
+    start = time.perf_counter()
+    status = launcher.train()
+    return status, launcher, time.perf_counter() - start
+
+
+def dumps(work_dir):
+    return [torch.load(Path(work_dir) / f"dump_rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+
+def equal_states(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_cluster, tmp_path_factory):
+    """3 epochs on 2 workers with SyncBuffersHook; a checkpoint every 7 iterations."""
+    wd = tmp_path_factory.mktemp("uninterrupted")
+    status, launcher, _ = fit(ray_cfg(wd, custom_hooks=[dict(type="SyncBuffersHook"),
+                                                        dict(type="DieOnceHook"),
+                                                        dict(type="RankDumpHook")]))
+    assert status == 0
+    return wd, launcher
+
+
+def test_ranks_see_disjoint_covering_shards_reshuffled_each_epoch(uninterrupted):
+    wd, _ = uninterrupted
+    seen = [d["seen"] for d in dumps(wd)]
+    for epoch in range(3):
+        parts = [s[epoch * 20:(epoch + 1) * 20] for s in seen]
+        assert not set(parts[0]) & set(parts[1])
+        assert sorted(parts[0] + parts[1]) == list(range(40))
+    assert seen[0][:20] != seen[0][20:40]  # a new order every epoch
+
+
+def test_sync_buffers_makes_bn_statistics_identical(uninterrupted):
+    wd, _ = uninterrupted
+    r0, r1 = (d["state"] for d in dumps(wd))
+    assert torch.equal(r0["bn.running_mean"], r1["bn.running_mean"])
+    assert torch.equal(r0["bn.running_var"], r1["bn.running_var"])
+    assert equal_states(r0, r1)
+
+
+def test_only_rank_0_writes_and_ray_lists_the_checkpoints(uninterrupted):
+    wd, launcher = uninterrupted
+    writes = (wd / "writes.txt").read_text().split("\n")
+    ranks = {line.split()[0] for line in writes if line}
+    assert ranks == {"0"}
+    # 20 samples per rank, batch 4: 5 iterations an epoch, 15 in all; a checkpoint every 7
+    names = [line.split()[1] for line in writes if line]
+    assert names == ["iter_7.pth", "iter_14.pth", "last.pth"]
+    storage = Path(launcher.storage_path) / launcher.name
+    reported = sorted(p.name.rsplit("-", 1)[0] for p in storage.iterdir() if p.is_dir())
+    assert reported == ["iter_14", "iter_7", "last"]
+    assert launcher.result.checkpoint is not None and launcher.result.metrics["iter"] == 15
+
+
+def test_worker_death_mid_epoch_resumes_exactly(uninterrupted, tmp_path):
+    ref_wd, _ = uninterrupted
+    cfg = ray_cfg(tmp_path, custom_hooks=[dict(type="SyncBuffersHook"),
+                                          dict(type="DieOnceHook", at_iter=9),
+                                          dict(type="RankDumpHook")])
+    cfg["launcher"]["max_failures"] = 1
+    status, _, _ = fit(cfg)
+    assert status == 0 and (tmp_path / "died_once").read_text() == "9"
+    after, ref = dumps(tmp_path), dumps(ref_wd)
+    assert equal_states(after[0]["state"], ref[0]["state"])
+    assert equal_states(after[1]["state"], ref[1]["state"])
+    # restarted from iter_7, 2 batches into epoch 2: the rest of the run, no batch replayed
+    for rank in (0, 1):
+        assert after[rank]["seen"] == ref[rank]["seen"][7 * 4:]
+
+
+def test_second_driver_run_with_the_same_name_resumes(ray_cluster, tmp_path):
+    hooks = [dict(type="RankDumpHook")]
+    status, first, _ = fit(ray_cfg(tmp_path, custom_hooks=hooks,
+                                   train_cfg=dict(by_epoch=True, max_epochs=2)))
+    assert status == 0
+    r0, r1 = (d["state"] for d in dumps(tmp_path))
+    # without SyncBuffersHook each rank keeps its own BN statistics
+    assert not torch.equal(r0["bn.running_mean"], r1["bn.running_mean"])
+    status, second, _ = fit(ray_cfg(tmp_path, custom_hooks=hooks,
+                                    train_cfg=dict(by_epoch=True, max_epochs=3)))
+    assert status == 0 and second.name == first.name
+    rerun = dumps(tmp_path)[0]
+    assert rerun["iter"] == 15 and len(rerun["seen"]) == 20  # only the third epoch was trained
+
+
+def test_ddp_matches_one_process_with_the_double_batch(ray_cluster, tmp_path):
+    common = dict(model=dict(type="ToyLinear"), val_dataloader=None, val_evaluator=None,
+                  val_cfg=None, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.5)),
+                  train_cfg=dict(by_epoch=True, max_epochs=2),
+                  train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4))
+    status, _, _ = fit(ray_cfg(tmp_path / "ddp", custom_hooks=[dict(type="RankDumpHook")],
+                               **common))
+    assert status == 0
+    ddp = dumps(tmp_path / "ddp")[0]["state"]
+    import tests.ray_probe  # noqa: F401  (ToyLinear in this process)
+    single = base_cfg(tmp_path / "single", **common)
+    single["train_dataloader"] = dict(dataset=dict(type="ToyDataset", n=40), batch_size=8)
+    runner = Runner.from_cfg(single)
+    runner.train()
+    for k, v in runner.model.state_dict().items():
+        assert torch.allclose(v, ddp[k], atol=1e-5), k
+
+
+def test_impossible_requests_fail_fast_with_one_line(ray_cluster, tmp_path):
+    for launcher, key in ((dict(type="ray", num_workers=2, use_gpu=True), "launcher.use_gpu"),
+                          (dict(type="ray", num_workers=9), "launcher.num_workers")):
+        start = time.perf_counter()
+        with pytest.raises(ConfigError) as err:
+            fit(ray_cfg(tmp_path, launcher=launcher))
+        assert time.perf_counter() - start < 10
+        assert str(err.value).startswith(key + ":") and "\n" not in str(err.value)
+
+
+def test_worker_errors_make_the_driver_fail(ray_cluster, tmp_path):
+    cfg = ray_cfg(tmp_path, custom_hooks=[dict(type="DieOnceHook", at_iter=3)])
+    status, _, _ = fit(cfg)
+    assert status == 1

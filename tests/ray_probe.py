@@ -1,0 +1,79 @@
+"""Test-only helpers imported on Ray workers through ``custom_imports=['tests.ray_probe']``:
+per-rank state dumps, a worker that dies once, and a record of which rank writes checkpoints."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import distributed_runner.runner as runner_module
+import tests.toy  # noqa: F401  (registers ToyDataset / ToyModel on the worker)
+from distributed_runner.registry import HOOKS, MODELS
+from hooks import Hook
+
+_original_save = runner_module.atomic_save
+
+
+def _recording_save(obj, path):
+    """Every checkpoint write, with the rank that made it, appended to work_dir/writes.txt."""
+    path = Path(path)
+    rank = int(os.environ.get("RANK", torch.distributed.get_rank()
+                              if torch.distributed.is_initialized() else 0))
+    with open(path.parent / "writes.txt", "a") as f:
+        f.write(f"{rank} {path.name}\n")
+    return _original_save(obj, path)
+
+
+runner_module.atomic_save = _recording_save
+
+
+@MODELS.register_module(force=True)
+class ToyLinear(nn.Module):
+    """No BN, no dropout: DDP over 2 ranks with batch b equals one process with batch 2b."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, inputs, labels=None, mode="predict"):
+        logits = self.fc2(torch.tanh(self.fc1(inputs)))
+        if mode == "loss":
+            return {"loss": F.cross_entropy(logits, labels)}
+        return logits
+
+
+@HOOKS.register_module(force=True)
+class RankDumpHook(Hook):
+    """After training, each rank saves its weights, buffers and the samples it trained on."""
+
+    priority = "LOWEST"
+
+    def after_train(self, runner) -> None:
+        seen = getattr(runner.model, "seen", [])
+        torch.save({"state": {k: v.detach().cpu() for k, v in runner.model.state_dict().items()},
+                    "seen": list(seen), "iter": runner.iter, "world_size": runner.world_size},
+                   Path(runner.work_dir) / f"dump_rank{runner.rank}.pt")
+
+
+@HOOKS.register_module(force=True)
+class DieOnceHook(Hook):
+    """Rank ``rank`` kills its process after iteration ``at_iter`` — once per work_dir.
+
+    It waits ``delay`` seconds first: Ray's controller learns of a reported checkpoint when it
+    next polls the workers, and a worker that dies before that restarts from the checkpoint
+    before it (which resume handles too, but the test wants the mid-epoch one).
+    """
+
+    def __init__(self, at_iter: int = -1, rank: int = 1, delay: float = 1.0) -> None:
+        self.at_iter, self.rank, self.delay = at_iter, rank, delay
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        marker = Path(runner.work_dir) / "died_once"
+        if runner.iter + 1 == self.at_iter and runner.rank == self.rank and not marker.exists():
+            marker.write_text(str(self.at_iter))
+            time.sleep(self.delay)
+            os._exit(1)
