@@ -108,19 +108,10 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 def cmd_hooks(args: argparse.Namespace) -> int:
     from .config import Config
-    from .dispatch import HookDispatcher
-    from .hook_builder import resolve_hooks
+    from .hook_builder import HookPlanOwner, build_dispatcher
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
-
-    class _NoRunner:  # the dispatcher only needs something to hold weakly
-        pass
-
-    holder = _NoRunner()
-    dispatcher = HookDispatcher(holder)
-    for name, hook, priority, key in resolve_hooks(cfg.get("default_hooks"),
-                                                   cfg.get("custom_hooks")):
-        dispatcher.register(hook, name, priority, key)
-    print(dispatcher.plan_text())
+    owner = HookPlanOwner()
+    print(build_dispatcher(owner, cfg.get("default_hooks"), cfg.get("custom_hooks")).plan_text())
     return 0
 
 

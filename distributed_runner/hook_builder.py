@@ -113,3 +113,18 @@ def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
         taken.add(name)
         out.append((name, hook, reserved.get("priority"), key))
     return out
+
+
+def build_dispatcher(owner: Any, default_hooks: dict | None, custom_hooks: list | None):
+    """A HookDispatcher for ``owner`` with every configured hook registered and checked
+    (priorities, mount-point names) — what the Runner, the Ray driver and ``drun hooks`` use."""
+    from .dispatch import HookDispatcher
+
+    dispatcher = HookDispatcher(owner)
+    for name, hook, priority, key in resolve_hooks(default_hooks, custom_hooks):
+        dispatcher.register(hook, name, priority, key)
+    return dispatcher
+
+
+class HookPlanOwner:
+    """Stands in for the runner when hooks are only planned (``drun hooks``, driver checks)."""

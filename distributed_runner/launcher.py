@@ -76,12 +76,13 @@ def validate_config(cfg: dict) -> None:
     constructors' signatures.
     """
     from . import registry
-    from .hook_builder import resolve_hooks
+    from .hook_builder import HookPlanOwner, build_dispatcher
 
     for key in ("work_dir", "model"):
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing: set {key} in the config")
-    resolve_hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"))
+    owner = HookPlanOwner()
+    build_dispatcher(owner, cfg.get("default_hooks"), cfg.get("custom_hooks"))
 
     def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
         if isinstance(spec, dict):

@@ -26,10 +26,9 @@ from .checkpoint import atomic_save, capture_rng, load_file, model_state_from, r
     restore_rng
 from .config import Config, dumps_json, import_custom_modules, to_config_dict
 from .data import build_dataloader
-from .dispatch import HookDispatcher
 from .errors import ConfigError, closest
 from .evaluator import Evaluator
-from .hook_builder import resolve_hooks
+from .hook_builder import build_dispatcher
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
@@ -74,10 +73,8 @@ class Runner:
         self.logger = setup_logger(self.work_dir, self.rank, log_level)
         self.message_hub = MessageHub()
         # hooks and checkpoint paths first: their mistakes should not wait for data to load
-        self._hooks = HookDispatcher(self)
+        self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
         self.call_hook = self._hooks.call  # the hot path: skip one call layer per mount point
-        for name, hook, priority, key in resolve_hooks(default_hooks, custom_hooks):
-            self._hooks.register(hook, name, priority, key)
         self._load_from = load_from
         self._resume = resume
         self._has_loaded = False
