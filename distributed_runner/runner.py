@@ -13,7 +13,6 @@ dataloaders, ``epoch``, ``iter``, ``max_epochs``, ``max_iters``, ``work_dir``, `
 from __future__ import annotations
 
 import logging
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,8 @@ import torch
 from torch import nn
 
 from . import __version__, dist
-from .checkpoint import atomic_save, capture_rng, load_file, model_state_from, read_pointer, \
-    restore_rng
-from .config import Config, dumps_json, import_custom_modules, to_config_dict
+from .checkpoint import atomic_save, load_file, model_state_from, read_pointer
+from .config import Config, import_custom_modules, to_config_dict
 from .data import build_dataloader
 from .errors import ConfigError, closest
 from .evaluator import Evaluator
@@ -36,6 +34,7 @@ from .optim import OptimWrapper, build_optim_wrapper
 from .randomness import set_random_seed
 from .registry import LOOPS, MODELS, accepts, check_arguments
 from .schedulers import build_param_schedulers
+from .training_state import collect_training_state, restore_training_state
 
 RUNNER_KEYS = (
     "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
@@ -247,6 +246,11 @@ class Runner:
     def hook_plan(self) -> str:
         return self._hooks.plan_text()
 
+    def stateful_hooks(self) -> dict[str, Any]:
+        """Registered name -> hook, for the hooks whose state a checkpoint keeps."""
+        return {e.name: e.hook for e in self._hooks.entries
+                if callable(getattr(e.hook, "state_dict", None))}
+
     def get_hook(self, name: str) -> Any:
         """The hook registered under ``name`` (e.g. ``'checkpoint'``), or None."""
         return self._hooks.hook_named(name)
@@ -320,53 +324,7 @@ class Runner:
                 raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
                                             f"training checkpoint; use load_from= for weights")
         meta = ckpt["meta"]
-        self.model.load_state_dict(model_state_from(ckpt))
-        if self.optim_wrapper is not None:
-            if "optimizer" in ckpt:
-                self.optim_wrapper.load_state_dict(ckpt["optimizer"])
-            else:
-                self.logger.warning("%s has no optimizer state (save_optimizer=False): the "
-                                    "optimizer starts fresh", path)
-            self.optim_wrapper.load_scaler_state_dict(ckpt.get("scaler"))
-        states = ckpt.get("param_schedulers", [])
-        if len(states) == len(self.param_schedulers):
-            for sched, state in zip(self.param_schedulers, states):
-                sched.load_state_dict(state)
-        else:
-            self.logger.warning("%s has %d scheduler states for %d schedulers: schedulers start "
-                                "fresh", path, len(states), len(self.param_schedulers))
-        self.message_hub.load_state_dict(ckpt.get("message_hub", {}))
-        for name, state in ckpt.get("hooks", {}).items():
-            hook = self.get_hook(name)
-            if hook is not None and hasattr(hook, "load_state_dict"):
-                hook.load_state_dict(state)
-        same_world = int(meta.get("world_size", 1)) == self.world_size
-        if self.train_loop is not None:
-            position = dict(meta)
-            sampler_state = ckpt.get("sampler", {}).get("ranks")
-            if same_world and sampler_state:
-                position["iter_in_epoch"] = sampler_state[self.rank]["iter_in_epoch"]
-            self.train_loop.resume_from(position)
-        rank_buffers = ckpt.get("rank_buffers", {}).get("ranks")
-        if same_world and rank_buffers:
-            mine = rank_buffers[self.rank]
-            for name, buf in self.model.named_buffers():
-                if name in mine:
-                    buf.copy_(mine[name])
-        grads = ckpt.get("accumulated_grads", {}).get("ranks")
-        if grads and self.optim_wrapper is not None:
-            if same_world:
-                self.optim_wrapper.restore_pending_grads(self.model, grads[self.rank])
-            else:
-                self.logger.warning("%s was saved inside a gradient-accumulation window with "
-                                    "another world size: the window's gradients are dropped", path)
-        rng_ranks = ckpt.get("rng", {}).get("ranks")
-        if same_world and rng_ranks:
-            restore_rng(rng_ranks[self.rank])
-        elif rng_ranks:
-            self.logger.warning("%s was saved with %s ranks, this run has %d: random states are "
-                                "not restored (the run continues, not bit-exactly)", path,
-                                meta.get("world_size"), self.world_size)
+        restore_training_state(self, ckpt, path)
         self.logger.info("resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"),
                          meta.get("iter"))
         self.call_hook("after_load_checkpoint", checkpoint=ckpt)
@@ -378,37 +336,7 @@ class Runner:
 
         Must be called on every rank (it gathers each rank's RNG and sampler position).
         """
-        position = self.train_loop.position() if self.train_loop is not None else {}
-        info = {**position, "seed": self.seed, "world_size": self.world_size,
-                "experiment_name": self.experiment_name, "time": time.time(),
-                "config": dumps_json(self.cfg),
-                "versions": {"distributed_runner": __version__, "torch": str(torch.__version__),
-                             "python": platform.python_version()}}
-        info.update(meta or {})
-        sampler_pos = {"epoch": position.get("epoch", 0),
-                       "iter_in_epoch": position.get("iter_in_epoch", 0)}
-        ckpt: dict[str, Any] = {
-            "meta": info,
-            "state_dict": self.model.state_dict(),
-            "message_hub": self.message_hub.state_dict(),
-            "hooks": {e.name: e.hook.state_dict() for e in self._hooks.entries
-                      if callable(getattr(e.hook, "state_dict", None))},
-            "rng": {"ranks": dist.all_gather_object(capture_rng())},
-            "sampler": {"ranks": dist.all_gather_object(sampler_pos)},
-        }
-        if self.optim_wrapper is not None:
-            if save_optimizer:
-                ckpt["optimizer"] = self.optim_wrapper.state_dict()
-            ckpt["scaler"] = self.optim_wrapper.scaler_state_dict()
-            pending = self.optim_wrapper.pending_grads(self.model)
-            if pending is not None:  # saved inside a gradient-accumulation window
-                ckpt["accumulated_grads"] = {"ranks": dist.all_gather_object(pending)}
-        if self.world_size > 1:
-            # buffers (BN statistics) drift apart between syncs: each rank resumes with its own
-            ckpt["rank_buffers"] = {"ranks": dist.all_gather_object(
-                {n: b.detach().cpu().clone() for n, b in self.model.named_buffers()})}
-        if save_param_scheduler:
-            ckpt["param_schedulers"] = [s.state_dict() for s in self.param_schedulers]
+        ckpt = collect_training_state(self, save_optimizer, save_param_scheduler, meta)
         self.call_hook("before_save_checkpoint", checkpoint=ckpt)
         path = Path(out_dir) / filename
         if self.rank == 0:

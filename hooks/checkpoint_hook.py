@@ -5,7 +5,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
     atomic_write_text, load_file
