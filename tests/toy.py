@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from distributed_runner.registry import DATASETS, MODELS
+from distributed_runner.sinks import LogSink
 from hooks import HOOKS, MOUNT_POINTS, Hook
 
 
@@ -112,5 +113,20 @@ def assert_state_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"{k} differs"
 
 
-__all__ = ["HOOKS", "RecorderHook", "ToyDataset", "ToyModel", "base_cfg", "make_runner",
+__all__ = ["HOOKS", "ListSink", "RecorderHook", "ToyDataset", "ToyModel", "base_cfg", "make_runner",
            "params_of", "assert_state_equal"]
+
+
+
+class ListSink(LogSink):
+    """Keeps LoggerHook's records in memory."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.closed = False
+
+    def write(self, record) -> None:
+        self.records.append(record)
+
+    def close(self) -> None:
+        self.closed = True

@@ -4,21 +4,9 @@ import json
 import torch
 
 from distributed_runner.message_hub import HistoryBuffer, MessageHub
-from distributed_runner.sinks import LogRecord, LogSink
+from distributed_runner.sinks import LogRecord
 from distributed_runner.sinks.terminal import format_record
-from tests.toy import make_runner
-
-
-class ListSink(LogSink):
-    def __init__(self):
-        self.records = []
-        self.closed = False
-
-    def write(self, record):
-        self.records.append(record)
-
-    def close(self):
-        self.closed = True
+from tests.toy import ListSink, make_runner
 
 
 def test_logger_interval_records_and_jsonl(tmp_path):
