@@ -1,8 +1,9 @@
 """MessageHub: where hooks leave runtime info and scalar histories for each other.
 
-Scalars may be recorded as 0-dim tensors and are turned into floats only when read. On a GPU this
-keeps the step free of a device sync per logged value: the logger pays one conversion per logging
-interval instead of the step paying one per iteration.
+Scalars may be recorded as 0-dim tensors. A GPU tensor is kept as it is and turned into a float
+only when read: the step stays free of a device sync per logged value, and the logger pays one
+conversion per logging interval. A CPU tensor is converted at once (no sync to avoid there), so the
+history does not keep a thousand small tensors alive.
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class HistoryBuffer:
         self._counts: deque | None = None
 
     def update(self, value: Any, count: int = 1) -> None:
+        if type(value) is torch.Tensor and not value.is_cuda:
+            value = value.item()  # cheap on the CPU, and no tensor kept alive per step
         self._values.append(value)
         if self._counts is not None:
             self._counts.append(count)
