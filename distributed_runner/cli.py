@@ -5,6 +5,7 @@
                 [--name NAME] [--max-failures K]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...]
+    drun plot  WORK_DIR [--out curves.png]
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
 (``--debug`` shows its traceback); anything else is a bug and keeps its traceback.
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     hooks = sub.add_parser("hooks", help="print the resolved hook plan without training")
     hooks.add_argument("config")
     hooks.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
+    plot = sub.add_parser("plot", help="draw loss, lr and validation curves of a run")
+    plot.add_argument("work_dir")
+    plot.add_argument("--out", help="image file (default WORK_DIR/curves.png)")
     return parser
 
 
@@ -115,9 +119,19 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot
+    try:
+        path = plot(args.work_dir, args.out)
+    except FileNotFoundError as e:
+        raise ConfigError(args.work_dir, str(e)) from None
+    print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"train": cmd_train, "test": cmd_test, "hooks": cmd_hooks}
+    commands = {"train": cmd_train, "test": cmd_test, "hooks": cmd_hooks, "plot": cmd_plot}
     try:
         return commands[args.command](args)
     except ConfigError as e:

@@ -31,6 +31,7 @@ from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .optim import OptimWrapper, build_optim_wrapper
+from .redact import redact
 from .randomness import set_random_seed
 from .registry import LOOPS, MODELS, accepts, check_arguments
 from .schedulers import build_param_schedulers
@@ -124,7 +125,7 @@ class Runner:
         args = {k: cfg[k] for k in RUNNER_KEYS if k in cfg and k != "cfg"}
         runner = cls(**args, cfg=cfg)
         if runner.rank == 0:
-            (runner.work_dir / "config.py").write_text(cfg.pretty_text())
+            (runner.work_dir / "config.py").write_text(Config(redact(cfg)).pretty_text())
         return runner
 
     def _default_device(self) -> torch.device:

@@ -17,6 +17,7 @@ import torch
 from . import __version__, dist
 from .checkpoint import capture_rng, model_state_from, restore_rng
 from .config import dumps_json
+from .redact import redact
 
 
 def collect_training_state(runner: Any, save_optimizer: bool, save_param_scheduler: bool,
@@ -25,7 +26,7 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
     position = runner.train_loop.position() if runner.train_loop is not None else {}
     info = {**position, "seed": runner.seed, "world_size": runner.world_size,
             "experiment_name": runner.experiment_name, "time": time.time(),
-            "config": dumps_json(runner.cfg),
+            "config": dumps_json(redact(runner.cfg)),
             "versions": {"distributed_runner": __version__, "torch": str(torch.__version__),
                          "python": platform.python_version()}}
     info.update(meta or {})

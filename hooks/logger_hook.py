@@ -108,6 +108,10 @@ class LoggerHook(Hook):
         for sink in self.sinks:
             sink.write(record)
 
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        for sink in self.sinks:
+            sink.flush()
+
     def after_run(self, runner) -> None:
         for sink in self.sinks:
             sink.close()

@@ -1,10 +1,14 @@
 """Where LoggerHook's records go. A sink is built from ``LoggerHook(sinks=[...])`` by name.
 
-Built in: ``terminal`` (:class:`TerminalSink`), ``jsonl`` (:class:`JsonlSink`). A new sink subclasses
+Built in: ``terminal`` (:class:`TerminalSink`), ``jsonl`` (:class:`JsonlSink`), ``tensorboard``
+(:class:`TensorBoardSink`), ``parquet`` (:class:`ParquetSink`). A new sink subclasses
 :class:`LogSink`, registers with ``@LOG_SINKS.register_module()`` and is named in the config.
 """
 from .base import LogRecord, LogSink, build_sink
 from .jsonl import JsonlSink
+from .parquet import ParquetSink, read_scalars
+from .tensorboard import TensorBoardSink
 from .terminal import TerminalSink
 
-__all__ = ["LogRecord", "LogSink", "build_sink", "JsonlSink", "TerminalSink"]
+__all__ = ["LogRecord", "LogSink", "build_sink", "JsonlSink", "ParquetSink", "TensorBoardSink",
+           "TerminalSink", "read_scalars"]

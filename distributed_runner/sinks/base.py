@@ -34,11 +34,16 @@ class LogSink:
     def write(self, record: LogRecord) -> None:
         raise NotImplementedError
 
+    def flush(self) -> None:
+        """Make everything written so far durable; called before each checkpoint is saved, so
+        a resumed run finds every record up to its checkpoint."""
+
     def close(self) -> None:
         """Called at ``after_run``."""
 
 
-_ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink"}
+_ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink",
+            "tensorboard": "TensorBoardSink", "parquet": "ParquetSink"}
 
 
 def build_sink(spec: Any, key: str) -> LogSink:

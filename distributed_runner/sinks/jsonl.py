@@ -40,6 +40,10 @@ class JsonlSink(LogSink):
             self._file.flush()
             self._flushed = now
 
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

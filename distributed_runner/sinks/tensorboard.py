@@ -1,0 +1,59 @@
+"""TensorBoardSink: scalars under stable tags, the config as text, hparams at the end."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config import to_plain
+from ..redact import flatten, redact
+from ..registry import LOG_SINKS
+from .base import LogRecord, LogSink
+
+
+@LOG_SINKS.register_module()
+class TensorBoardSink(LogSink):
+    """Event files in ``work_dir/<log_dir>`` (``tensorboard --logdir work_dir/logs/tensorboard``).
+
+    Tags are ``<mode>/<name>`` — ``train/loss``, ``train/lr``, ``val/accuracy`` — with the number
+    of completed training iterations as the step, so a resumed run continues its curves. The
+    (redacted) config is written once as text; at the end the config's scalar values are written as
+    hparams with the last validation metrics, for TensorBoard's HPARAMS tab.
+    """
+
+    def __init__(self, log_dir: str = "logs/tensorboard", hparams: bool = True) -> None:
+        self.log_dir = log_dir
+        self.hparams = hparams
+        self._writer: Any = None
+        self._last_val: dict[str, float] = {}
+
+    def open(self, runner: Any) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = Path(runner.work_dir) / self.log_dir
+        self._writer = SummaryWriter(str(self.path))
+        self._config = redact(to_plain(runner.cfg))
+        text = "\n".join(f"    {k} = {v!r}" for k, v in flatten(self._config).items())
+        self._writer.add_text("config", text or "    (empty)", 0)
+
+    def write(self, record: LogRecord) -> None:
+        if self._writer is None:
+            return
+        for name, value in record.scalars.items():
+            self._writer.add_scalar(f"{record.mode}/{name}", value, record.step)
+        if record.mode == "val":
+            self._last_val = {f"hparam/val/{k}": v for k, v in record.scalars.items()
+                              if k not in ("time", "data_time")}
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        if self.hparams and self._last_val:
+            params = {k: v for k, v in flatten(self._config).items()
+                      if isinstance(v, (int, float, str, bool))}
+            self._writer.add_hparams(params, self._last_val, run_name="hparams")
+        self._writer.close()
+        self._writer = None

@@ -1,0 +1,98 @@
+"""TensorBoard and Parquet sinks read back with their own readers; secrets never reach any
+output; ``drun plot`` draws the Parquet table."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from distributed_runner.redact import REDACTED, flatten, is_secret_key, redact
+from distributed_runner.sinks import read_scalars
+from tests.toy import make_runner
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "hunter2-very-secret-value"
+SINKS = ["jsonl", "parquet", "tensorboard"]
+
+
+def train(work_dir, epochs=2, resume=False, **extra):
+    runner = make_runner(work_dir, train_cfg=dict(by_epoch=True, max_epochs=epochs),
+                         default_hooks=dict(logger=dict(type="LoggerHook", interval=5,
+                                                        sinks=SINKS)),
+                         resume=resume, **extra)
+    runner.train()
+    return runner
+
+
+def test_tensorboard_events_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tmp_path)
+    acc = EventAccumulator(str(tmp_path / "logs" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/time", "val/accuracy"} <= tags
+    assert [e.step for e in acc.Scalars("train/loss")] == [5, 10, 15, 20]
+    assert [e.step for e in acc.Scalars("val/accuracy")] == [10, 20]
+    assert "config/text_summary" in acc.Tags()["tensors"]
+    assert (tmp_path / "logs" / "tensorboard" / "hparams").is_dir()
+
+
+def test_parquet_table_and_resume_keeps_one_row_per_step(tmp_path):
+    first = train(tmp_path, epochs=2)
+    losses = first.message_hub.get_scalar("train/loss").values()
+    table = read_scalars(tmp_path)
+    assert set(table.column_names) >= {"mode", "tag", "step", "epoch", "value", "wall_time"}
+    rows = table.to_pylist()
+    train_loss = [(r["step"], r["value"]) for r in rows if r["mode"] == "train"
+                  and r["tag"] == "loss"]
+    assert [s for s, _ in train_loss] == [5, 10, 15, 20]
+    assert train_loss[0][1] == sum(losses[:5]) / 5
+    # resume from epoch 1 and run to 3: steps 15, 20 are logged again, then 25, 30
+    train(tmp_path, epochs=3, resume=str(tmp_path / "epoch_1.pth"))
+    rows = read_scalars(tmp_path).to_pylist()
+    steps = [r["step"] for r in rows if r["mode"] == "train" and r["tag"] == "loss"]
+    assert steps == [5, 10, 15, 20, 25, 30]
+    val = [r["step"] for r in rows if r["mode"] == "val" and r["tag"] == "accuracy"]
+    assert val == [10, 20, 30]
+
+
+def test_secrets_never_reach_any_output(tmp_path):
+    runner = train(tmp_path, epochs=1,
+                   mlflow=dict(tracking_token=SECRET, password=SECRET, api_key=SECRET),
+                   experiment_name="secret-test")
+    assert runner.cfg["mlflow"]["password"] == SECRET  # the run itself still has it
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.suffix != ".pth":
+            assert SECRET.encode() not in path.read_bytes(), path
+    ckpt = torch.load(tmp_path / "epoch_1.pth", weights_only=True)
+    assert SECRET not in ckpt["meta"]["config"]
+    assert json.loads(ckpt["meta"]["config"])["mlflow"]["api_key"] == REDACTED
+    assert f"'password': '{REDACTED}'" in (tmp_path / "config.py").read_text()
+
+
+def test_redaction_rules():
+    assert all(is_secret_key(k) for k in ("token", "MLFLOW_TRACKING_TOKEN", "password",
+                                          "db_passwd", "client_secret", "aws_access_key",
+                                          "api_key", "apikey", "key", "credentials"))
+    assert not any(is_secret_key(k) for k in ("label_key", "pred_key", "monitor", "keys",
+                                              "max_keep_ckpts", "published_keys"))
+    assert redact({"a": {"token": "x", "n": 1}, "l": [{"secret": 2}]}) == \
+        {"a": {"token": REDACTED, "n": 1}, "l": [{"secret": REDACTED}]}
+    assert flatten({"a": {"b": 1}, "c": [2, 3], "d": []}) == {"a.b": 1, "c.0": 2, "c.1": 3,
+                                                              "d": "[]"}
+
+
+def test_drun_plot_draws_the_curves(tmp_path):
+    train(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot", str(tmp_path),
+                          "--out", str(tmp_path / "c.png")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    png = (tmp_path / "c.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    empty = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot",
+                            str(tmp_path / "nothing")], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    assert empty.returncode == 2 and "no Parquet scalars" in empty.stderr
