@@ -40,6 +40,7 @@ def default_name(hook_type: Any) -> str:
     """``CheckInvalidLossHook`` -> ``check_invalid_loss``; ``EMAHook`` -> ``ema``."""
     name = hook_type if isinstance(hook_type, str) else getattr(hook_type, "__name__", "hook")
     name = re.sub(r"Hook$", "", name) or name
+    name = name.replace("MLflow", "Mlflow")  # a brand, not an acronym followed by a word
     name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
     return name.lower()
 

@@ -9,6 +9,7 @@ from .checkpoint_hook import CheckpointHook
 from .hook import MOUNT_POINTS, Hook
 from .iter_timer_hook import IterTimerHook
 from .logger_hook import LoggerHook
+from .mlflow_checkpoint_hook import MLflowCheckpointHook
 from .param_scheduler_hook import ParamSchedulerHook
 from .priority import Priority, get_priority
 from .runtime_info_hook import RuntimeInfoHook
@@ -17,6 +18,7 @@ from .sync_buffers_hook import SyncBuffersHook
 
 __all__ = [
     "HOOKS", "Hook", "MOUNT_POINTS", "Priority", "get_priority",
-    "CheckpointHook", "DistSamplerSeedHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook",
+    "CheckpointHook", "DistSamplerSeedHook", "IterTimerHook", "LoggerHook", "MLflowCheckpointHook",
+    "ParamSchedulerHook",
     "RuntimeInfoHook", "SyncBuffersHook",
 ]

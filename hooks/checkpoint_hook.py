@@ -107,6 +107,7 @@ class CheckpointHook(Hook):
         self.kept: list[str] = []
         self.last_file: Optional[str] = None
         self.last_saved_iter = -1
+        self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
     def _infer_rule(self, key: str) -> str:
@@ -209,6 +210,7 @@ class CheckpointHook(Hook):
                 + list(self.best_files.values())
             for name in dict.fromkeys(names):
                 published = self.publish(self.out_dir / name)
+                self.published.append(published.name)
                 runner.logger.info("published %s", published)
 
     def publish(self, path: Path) -> Path:
@@ -220,6 +222,14 @@ class CheckpointHook(Hook):
         final = path.with_name(f"{path.stem}-{digest}.pth")
         os.replace(tmp, final)
         return final
+
+    def saved_files(self) -> dict[str, list[Path]]:
+        """The checkpoints a finished run keeps: ``last``, ``best`` and ``published`` (rank 0)."""
+        def existing(names):
+            return [self.out_dir / n for n in names if n and (self.out_dir / n).is_file()]
+        return {"last": existing([self.last_file] if self.save_last else []),
+                "best": existing(self.best_files.values()),
+                "published": existing(self.published)}
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -108,6 +108,20 @@ class LoggerHook(Hook):
         for sink in self.sinks:
             sink.write(record)
 
+    def sink_of_type(self, cls: type) -> object | None:
+        """The first configured sink that is a ``cls`` (rank 0; None elsewhere)."""
+        return next((s for s in self.sinks if isinstance(s, cls)), None)
+
+    def state_dict(self) -> dict:
+        """Sinks that must survive resume (the MLflow run id) keep their state here."""
+        return {"sinks": [s.state_dict() if hasattr(s, "state_dict") else None
+                          for s in self.sinks]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for sink, sink_state in zip(self.sinks, state.get("sinks", [])):
+            if sink_state is not None and hasattr(sink, "load_state_dict"):
+                sink.load_state_dict(sink_state)
+
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         for sink in self.sinks:
             sink.flush()

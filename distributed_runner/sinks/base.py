@@ -43,7 +43,7 @@ class LogSink:
 
 
 _ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink",
-            "tensorboard": "TensorBoardSink", "parquet": "ParquetSink"}
+            "tensorboard": "TensorBoardSink", "parquet": "ParquetSink", "mlflow": "MLflowSink"}
 
 
 def build_sink(spec: Any, key: str) -> LogSink:

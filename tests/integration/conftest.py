@@ -19,3 +19,64 @@ def ray_cluster():
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+class MlflowServer:
+    """``mlflow server`` on 127.0.0.1 with a SQLite store; can be stopped and started again."""
+
+    def __init__(self, root: Path) -> None:
+        import socket
+
+        self.root = root
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self, wait: bool = True) -> None:
+        import subprocess
+        import sys
+
+        log = open(self.root / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+             f"sqlite:///{self.root / 'mlflow.db'}", "--artifacts-destination",
+             str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
+             "--workers", "1"], stdout=log, stderr=log, start_new_session=True)
+        if wait:
+            self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        import time
+        import urllib.request
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.root / "server.log").read_text()[-2000:])
+            time.sleep(0.5)
+        raise TimeoutError(f"mlflow server at {self.uri} not healthy after {timeout}s")
+
+    def stop(self) -> None:
+        import os
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    server.start()
+    yield server
+    server.stop()

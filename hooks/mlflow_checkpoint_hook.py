@@ -1,0 +1,43 @@
+"""MLflowCheckpointHook: the run's kept checkpoints as artifacts of its MLflow run."""
+from __future__ import annotations
+
+from distributed_runner.registry import HOOKS
+from distributed_runner.sinks.mlflow import MLflowSink
+
+from .hook import Hook
+
+
+@HOOKS.register_module()
+class MLflowCheckpointHook(Hook):
+    """After training, upload the last, best and published checkpoints (CheckpointHook's
+    ``saved_files()``) to the MLflow run of LoggerHook's MLflow sink, under ``checkpoints/``, so
+    the run is complete in MLflow alone. ``kinds`` picks which (default all three).
+
+    Needs ``logger`` to have an MLflow sink and ``checkpoint`` to be a CheckpointHook. Runs after
+    CheckpointHook (LOWEST), on rank 0 only. The weights are plain ``state_dict`` checkpoints (no
+    pickled model class), loadable with ``torch.load(weights_only=True)`` anywhere.
+    """
+
+    priority = "LOWEST"
+
+    def __init__(self, kinds: tuple[str, ...] = ("last", "best", "published"),
+                 artifact_path: str = "checkpoints") -> None:
+        self.kinds = tuple(kinds)
+        self.artifact_path = artifact_path
+        self.uploaded: list[str] = []
+
+    def after_train(self, runner) -> None:
+        if runner.rank != 0:
+            return
+        logger_hook, checkpoint_hook = runner.get_hook("logger"), runner.get_hook("checkpoint")
+        sink = logger_hook.sink_of_type(MLflowSink) if logger_hook is not None else None
+        if sink is None or checkpoint_hook is None or not hasattr(checkpoint_hook, "saved_files"):
+            runner.logger.warning("MLflowCheckpointHook needs default_hooks.logger with an "
+                                  "'mlflow' sink and default_hooks.checkpoint: nothing uploaded")
+            return
+        files = checkpoint_hook.saved_files()
+        for kind in self.kinds:
+            for path in files.get(kind, []):
+                sink.log_artifact(path, self.artifact_path)
+                self.uploaded.append(path.name)
+        runner.logger.info("MLflow: uploaded %s", ", ".join(self.uploaded) or "no checkpoints")

@@ -1,0 +1,132 @@
+"""A real ``mlflow server`` (SQLite, 127.0.0.1): one run per training run, whole — params,
+continuous metrics, checkpoint artifacts — through a resume, a server outage and Ray."""
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from distributed_runner import Config, Runner
+from distributed_runner.launcher import RayLauncher, normalize_launcher
+from hooks import HOOKS, Hook
+from tests.toy import base_cfg
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mlflow_sink(server, **extra):
+    return dict(type="MLflowSink", tracking_uri=server.uri, **extra)
+
+
+def runs_of(server, experiment):
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+
+
+def steps(client, run_id, key):
+    return [m.step for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_digits_example_logs_params_metrics_and_checkpoints(mlflow_server, tmp_path):
+    name = f"digits-{uuid.uuid4().hex[:6]}"
+    cfg = Config.fromfile(ROOT / "configs" / "digits_cnn.py", cfg_options=[
+        f"work_dir={tmp_path}", "train_cfg.max_epochs=3", f"experiment_name={name}"])
+    cfg.default_hooks.logger.sinks = ["terminal", mlflow_sink(mlflow_server)]
+    cfg.default_hooks.checkpoint.published_keys = ["meta", "state_dict"]
+    cfg.custom_hooks = [dict(type="MLflowCheckpointHook")]
+    Runner.from_cfg(cfg).train()
+    client, runs = runs_of(mlflow_server, name)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.type"] == "DigitsCNN"
+    assert run.data.params["optim_wrapper.optimizer.lr"] == "0.003"
+    assert run.data.tags["world_size"] == "1" and run.data.tags["launcher"] == "none"
+    assert steps(client, run.info.run_id, "train/loss") == [20, 40, 65, 85, 110, 130]
+    assert steps(client, run.info.run_id, "val/accuracy") == [45, 90, 135]
+    artifacts = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "checkpoints")}
+    assert "last.pth" in artifacts and any(a.startswith("best_accuracy_epoch_") for a in artifacts)
+    assert any(a.startswith("last-") for a in artifacts)  # the published one
+
+
+@HOOKS.register_module(force=True)
+class CrashAtHook(Hook):
+    def __init__(self, at_iter: int) -> None:
+        self.at_iter = at_iter
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 == self.at_iter:
+            raise RuntimeError("simulated crash")
+
+
+def test_interrupted_and_resumed_run_is_one_run_with_continuous_steps(mlflow_server, tmp_path):
+    name = f"resume-{uuid.uuid4().hex[:6]}"
+    hooks = dict(logger=dict(type="LoggerHook", interval=2, sinks=[mlflow_sink(mlflow_server)]),
+                 checkpoint=dict(type="CheckpointHook", interval=1))
+    cfg = base_cfg(tmp_path, default_hooks=hooks, experiment_name=name,
+                   custom_hooks=[dict(type="CrashAtHook", at_iter=17)])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Runner.from_cfg(cfg).train()
+    # the crashed run logged steps 12..16 after its last checkpoint (epoch 1 = step 10)
+    cfg = base_cfg(tmp_path, default_hooks=hooks, experiment_name=name, resume=True)
+    Runner.from_cfg(cfg).train()
+    client, runs = runs_of(mlflow_server, name)
+    assert len(runs) == 1
+    run_id = runs[0].info.run_id
+    assert steps(client, run_id, "train/loss") == list(range(2, 31, 2))  # no gap, no duplicate
+    assert steps(client, run_id, "val/accuracy") == [10, 20, 30]
+    assert runs[0].info.status == "FINISHED"
+
+
+@HOOKS.register_module(force=True)
+class ServerOutageHook(Hook):
+    """Stops the server after iteration ``stop_at`` and starts it again in the background."""
+
+    def __init__(self, server, stop_at: int) -> None:
+        self.server, self.stop_at = server, stop_at
+        self.restarter = None
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 == self.stop_at:
+            self.server.stop()
+            self.restarter = threading.Thread(target=lambda: (time.sleep(2),
+                                                              self.server.start(wait=False)))
+            self.restarter.start()
+
+
+def test_server_outage_mid_run_training_finishes_and_metrics_arrive(mlflow_server, tmp_path,
+                                                                    caplog):
+    name = f"outage-{uuid.uuid4().hex[:6]}"
+    outage = ServerOutageHook(mlflow_server, stop_at=6)
+    cfg = base_cfg(tmp_path, experiment_name=name, custom_hooks=[outage],
+                   default_hooks=dict(logger=dict(type="LoggerHook", interval=2, sinks=[
+                       mlflow_sink(mlflow_server, close_timeout=150)])))
+    start = time.perf_counter()
+    Runner.from_cfg(cfg).train()  # waits at the end, up to close_timeout, for the server
+    outage.restarter.join()
+    mlflow_server.wait_healthy()
+    client, runs = runs_of(mlflow_server, name)
+    assert len(runs) == 1
+    assert steps(client, runs[0].info.run_id, "train/loss") == list(range(2, 31, 2))
+    assert time.perf_counter() - start < 200
+
+
+def test_under_ray_two_workers_make_one_run_logged_by_rank_0(ray_cluster, mlflow_server,
+                                                             tmp_path):
+    name = f"ray-{uuid.uuid4().hex[:6]}"
+    cfg = base_cfg(tmp_path, experiment_name=name,
+                   custom_imports=dict(imports=["tests.ray_probe"]),
+                   launcher=dict(type="ray", num_workers=2),
+                   default_hooks=dict(logger=dict(type="LoggerHook", interval=2,
+                                                  sinks=[mlflow_sink(mlflow_server)])))
+    assert RayLauncher(cfg, normalize_launcher(cfg["launcher"])).train() == 0
+    client, runs = runs_of(mlflow_server, name)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.tags["world_size"] == "2" and run.data.tags["launcher"] == "ray"
+    # 20 samples per rank, batch 4: 5 iterations an epoch; batches 2 and 4 of each are logged
+    assert steps(client, run.info.run_id, "train/loss") == [2, 4, 7, 9, 12, 14]
