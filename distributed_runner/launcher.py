@@ -184,6 +184,8 @@ class RayLauncher:
 
         plain = to_plain(self.cfg)
         plain["work_dir"] = str(self.work_dir)
+        # the resolved run name travels too: sinks tag the run with it
+        plain["launcher"] = {**self.opts, "name": self.name, "storage_path": self.storage_path}
         datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
         return TorchTrainer(
             train_worker,
@@ -209,7 +211,8 @@ class RayLauncher:
         self.check_resources(ray.cluster_resources())
         print(f"distributed-runner on Ray: {self.opts['num_workers']} workers"
               f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
-              f"{self.storage_path}/{self.name} | work_dir {self.work_dir}", flush=True)
+              f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
+              flush=True)
         trainer = self.build_trainer()
         try:
             self.result = trainer.fit()
@@ -219,6 +222,19 @@ class RayLauncher:
         print(f"distributed-runner on Ray: finished; checkpoints in "
               f"{self.storage_path}/{self.name}", flush=True)
         return 0
+
+
+    def _mlflow_note(self) -> str:
+        """`` | MLflow <uri>`` when the logger has an MLflow sink."""
+        logger = (self.cfg.get("default_hooks") or {}).get("logger")
+        sinks = logger.get("sinks", []) if isinstance(logger, dict) else []
+        for sink in sinks:
+            spec = {"type": sink} if isinstance(sink, str) else sink
+            if isinstance(spec, dict) and spec.get("type") in ("mlflow", "MLflowSink"):
+                uri = spec.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or \
+                    f"sqlite:///{self.work_dir / 'mlflow.db'}"
+                return f" | MLflow {uri}"
+        return ""
 
 
 def _first_lines(error: BaseException, n: int = 12) -> str:

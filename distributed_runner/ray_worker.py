@@ -74,7 +74,6 @@ def train_worker(config: dict) -> None:
     import_custom_modules(cfg.get("custom_imports"))
     ctx = ray.train.get_context()
     cfg["device"] = str(ray.train.torch.get_device())
-    cfg["launcher"] = "ray"
     restored = restore_from_ray(cfg["work_dir"], ctx.get_world_rank())
     if restored is not None:
         cfg["resume"] = restored

@@ -51,6 +51,17 @@ def _git_commit(folder: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _ray_job_id() -> str | None:
+    """The Ray job this process belongs to (``ray job submit``), if any."""
+    try:
+        import ray
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_job_id()
+    except Exception:
+        return None
+    return None
+
+
 @LOG_SINKS.register_module()
 class MLflowSink(LogSink):
     """See the module docstring."""
@@ -76,6 +87,7 @@ class MLflowSink(LogSink):
         self._stop = False
         self._warned = False
         self._deadline = 0.0
+        self._flush_wanted = False
         self._logged: set[tuple[str, int]] = set()  # (key, step) MLflow already had on resume
         self.client: Any = None
 
@@ -101,6 +113,9 @@ class MLflowSink(LogSink):
         launcher = runner.cfg.get("launcher") if hasattr(runner.cfg, "get") else None
         if isinstance(launcher, dict) and launcher.get("name"):
             self._runner_info["tags"]["ray_run_name"] = str(launcher["name"])
+        job_id = _ray_job_id()
+        if job_id:
+            self._runner_info["tags"]["ray_job_id"] = job_id
         self._stop = False
         self._thread = threading.Thread(target=self._sender, name="mlflow-sink", daemon=True)
         self._thread.start()
@@ -184,17 +199,21 @@ class MLflowSink(LogSink):
                     self._buffer.popleft()
                     self.dropped += 1
                 self._buffer.append(m)
-            self._lock.notify_all()
+            if len(self._buffer) >= 1000:
+                self._lock.notify_all()
 
     def _sender(self) -> None:
-        """Background thread: send buffered metrics in batches; retry while the server is down."""
+        """Background thread: every ``flush_interval`` (or at 1,000 buffered metrics, or when a
+        flush is asked for) send the buffer in batches; retry while the server is down."""
         backoff = 0.5
         while True:
             with self._lock:
                 if not self._buffer and self._stop:
                     return
-                if not self._buffer:
+                if len(self._buffer) < 1000 and not self._stop and not self._flush_wanted:
                     self._lock.wait(self.flush_interval)
+                if not self._buffer:
+                    self._flush_wanted = False
                     continue
                 batch = [self._buffer.popleft() for _ in range(min(1000, len(self._buffer)))]
                 self._inflight = len(batch)
@@ -240,6 +259,7 @@ class MLflowSink(LogSink):
         """Wait until everything buffered is sent (True) or ``timeout`` passes (False)."""
         end = time.monotonic() + (timeout if timeout is not None else 1e9)
         with self._lock:
+            self._flush_wanted = True
             self._lock.notify_all()
             while self._buffer or self._inflight:
                 left = end - time.monotonic()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import sys
 from typing import Any
 
 from ..registry import LOG_SINKS
@@ -40,10 +41,63 @@ def format_record(record: LogRecord) -> str:
 
 @LOG_SINKS.register_module()
 class TerminalSink(LogSink):
-    """Plain lines through ``runner.logger`` (so they also land in ``work_dir/logs/run.log``)."""
+    """One line per record through ``runner.logger`` (so also in ``work_dir/logs/run.log``).
+
+    ``progress='auto'`` (default): on an interactive terminal a rich progress bar with the ETA
+    and the latest values replaces the scrolling training lines (validation lines still print
+    above it); when stdout is not a TTY — CI, ``ray job`` logs, a file — plain lines. ``True``
+    or ``False`` force it. The log file always gets the plain lines.
+    """
+
+    def __init__(self, progress: str | bool = "auto", console: Any = None) -> None:
+        if progress not in ("auto", True, False):
+            from ..errors import ConfigError
+            raise ConfigError("default_hooks.logger.sinks", "TerminalSink(progress=...) takes "
+                                                            "'auto', True or False")
+        self.progress = progress
+        self.console = console
+        self._bar: Any = None
 
     def open(self, runner: Any) -> None:
         self._logger = runner.logger
+        use_bar = self.progress is True or (self.progress == "auto" and sys.stdout.isatty())
+        if use_bar:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeRemainingColumn)
+
+            console = self.console or Console()
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[values]}"), console=console,
+                                 transient=False)
+            self._task = self._bar.add_task("train", total=max(runner.max_iters, 1),
+                                            completed=runner.iter, values="")
+            self._bar.start()
 
     def write(self, record: LogRecord) -> None:
-        self._logger.info(format_record(record))
+        line = format_record(record)
+        if self._bar is None:
+            self._logger.info(line)
+            return
+        _to_file_only(self._logger, line)
+        if record.mode == "train":
+            values = "  ".join(f"{k}: {format_value(k, v)}" for k, v in record.scalars.items()
+                               if k not in ("time", "data_time"))
+            self._bar.update(self._task, completed=record.step,
+                             description=f"epoch {record.epoch}", values=values)
+        else:
+            self._bar.console.print(line, markup=False, highlight=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _to_file_only(logger: Any, line: str) -> None:
+    """Log ``line`` to the logger's file handlers only (the bar owns the terminal)."""
+    record = logger.makeRecord(logger.name, 20, __file__, 0, line, None, None)
+    for handler in logger.handlers:
+        if hasattr(handler, "baseFilename"):
+            handler.handle(record)

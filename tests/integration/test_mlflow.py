@@ -128,5 +128,6 @@ def test_under_ray_two_workers_make_one_run_logged_by_rank_0(ray_cluster, mlflow
     assert len(runs) == 1
     run = runs[0]
     assert run.data.tags["world_size"] == "2" and run.data.tags["launcher"] == "ray"
+    assert run.data.tags["ray_run_name"] == tmp_path.name and run.data.tags["ray_job_id"]
     # 20 samples per rank, batch 4: 5 iterations an epoch; batches 2 and 4 of each are logged
     assert steps(client, run.info.run_id, "train/loss") == [2, 4, 7, 9, 12, 14]

@@ -96,3 +96,32 @@ def test_drun_plot_draws_the_curves(tmp_path):
                             str(tmp_path / "nothing")], capture_output=True, text=True,
                            timeout=120, cwd=ROOT)
     assert empty.returncode == 2 and "no Parquet scalars" in empty.stderr
+
+
+def test_terminal_progress_bar_on_a_tty_plain_lines_otherwise(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from distributed_runner.sinks import TerminalSink
+
+    screen = io.StringIO()
+    bar = TerminalSink(progress=True, console=Console(file=screen, force_terminal=True,
+                                                      width=120))
+    runner = make_runner(tmp_path / "bar", train_cfg=dict(by_epoch=True, max_epochs=2),
+                         log_level="INFO",
+                         default_hooks=dict(logger=dict(type="LoggerHook", interval=5,
+                                                        sinks=[bar])))
+    runner.train()
+    shown = screen.getvalue()
+    assert "20/20" in shown and "loss:" in shown and "Epoch(val) [2]" in shown
+    log = (tmp_path / "bar" / "logs" / "run.log").read_text()
+    assert "Epoch(train) [2][10/10]" in log  # the file still gets the plain lines
+    plain = TerminalSink()  # 'auto' under pytest: stdout is not a TTY
+    runner = make_runner(tmp_path / "plain", train_cfg=dict(by_epoch=True, max_epochs=1),
+                         log_level="INFO",
+                         default_hooks=dict(logger=dict(type="LoggerHook", interval=5,
+                                                        sinks=[plain])))
+    runner.train()
+    assert plain._bar is None
+    assert "Epoch(train) [1][ 5/10]" in (tmp_path / "plain" / "logs" / "run.log").read_text()
