@@ -38,6 +38,7 @@ def test_digits_example_logs_params_metrics_and_checkpoints(mlflow_server, tmp_p
     cfg.default_hooks.logger.sinks = ["terminal", mlflow_sink(mlflow_server)]
     cfg.default_hooks.checkpoint.published_keys = ["meta", "state_dict"]
     cfg.custom_hooks = [dict(type="MLflowCheckpointHook")]
+    cfg.storage = dict(access_token="tok-123-do-not-log")
     Runner.from_cfg(cfg).train()
     client, runs = runs_of(mlflow_server, name)
     assert len(runs) == 1
@@ -45,6 +46,8 @@ def test_digits_example_logs_params_metrics_and_checkpoints(mlflow_server, tmp_p
     assert run.info.status == "FINISHED"
     assert run.data.params["model.type"] == "DigitsCNN"
     assert run.data.params["optim_wrapper.optimizer.lr"] == "0.003"
+    assert run.data.params["storage.access_token"] == "******"
+    assert "tok-123-do-not-log" not in str(run.data.params)
     assert run.data.tags["world_size"] == "1" and run.data.tags["launcher"] == "none"
     assert steps(client, run.info.run_id, "train/loss") == [20, 40, 65, 85, 110, 130]
     assert steps(client, run.info.run_id, "val/accuracy") == [45, 90, 135]

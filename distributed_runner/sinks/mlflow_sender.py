@@ -1,0 +1,192 @@
+"""The MLflow sender: a separate process that owns the MlflowClient and the metric buffer.
+
+Why a process and not a thread: MLflow's client (and its SQLite store) spend their time in
+Python; a sender thread would take the GIL away from the training loop for a large part of every
+second when metrics are logged each iteration. In its own process it runs on another core and the
+step only pays for putting a small tuple on a queue.
+
+Protocol (all through two multiprocessing queues): the sink puts ``("m", [(key, value,
+timestamp_ms, step), ...])`` for metrics and ``(request_id, command, args)`` for requests; the
+sender answers requests with ``(request_id, ok, result)`` on the reply queue. Commands:
+``ensure_run`` (create the run, or adopt a restored one and learn which steps it has), ``flush``,
+``artifact``, ``close``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import sys
+import time
+from collections import deque
+from typing import Any
+
+_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+BATCH = 1000
+
+
+class _Sender:
+    def __init__(self, uri: str, settings: dict) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+        self.uri = uri
+        self.settings = settings
+        self.buffer: deque = deque()
+        self.max_buffer = settings["max_buffer"]
+        self.dropped = 0
+        self.down = False
+        self.run_id: str | None = None
+        self.pending: tuple | None = None  # an ensure_run that failed: retried before sending
+        self.logged: set[tuple[str, int]] = set()
+        self.log = logging.getLogger("distributed_runner.mlflow")
+
+    # -- requests ----------------------------------------------------------------------------
+    def ensure_run(self, run_id: str | None, info: dict) -> str:
+        if self.run_id is not None:
+            return self.run_id
+        if run_id is not None:
+            run = self.client.get_run(run_id)
+            for key in run.data.metrics:
+                for m in self.client.get_metric_history(run_id, key):
+                    self.logged.add((key, m.step))
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id
+            return run_id
+        experiment = self.client.get_experiment_by_name(info["experiment"])
+        experiment_id = experiment.experiment_id if experiment else \
+            self.client.create_experiment(info["experiment"])
+        run = self.client.create_run(experiment_id, run_name=info["run_name"], tags=info["tags"])
+        self.run_id = run.info.run_id
+        if info["params"] is not None:
+            from mlflow.entities import Param
+            params = [Param(_KEY_CHARS.sub("_", k)[:250], str(v)[:6000])
+                      for k, v in info["params"].items()]
+            for i in range(0, len(params), 100):
+                self.client.log_batch(self.run_id, params=params[i:i + 100])
+        return self.run_id
+
+    # -- metrics -----------------------------------------------------------------------------
+    def add(self, metrics: list) -> None:
+        for m in metrics:
+            if len(self.buffer) >= self.max_buffer:
+                self.buffer.popleft()
+                self.dropped += 1
+            self.buffer.append(m)
+
+    def send_some(self) -> bool:
+        """Send up to one batch; False (and the batch kept) when the server does not answer."""
+        from mlflow.entities import Metric
+
+        if not self.buffer or self.run_id is None:
+            return self.run_id is not None or not self.buffer
+        batch = [self.buffer.popleft() for _ in range(min(BATCH, len(self.buffer)))]
+        todo = [Metric(k, v, ts, step) for k, v, ts, step in batch
+                if (k, step) not in self.logged]
+        try:
+            if todo:
+                self.client.log_batch(self.run_id, metrics=todo)
+        except Exception as e:
+            self.buffer.extendleft(reversed(batch))
+            while len(self.buffer) > self.max_buffer:
+                self.buffer.pop()
+                self.dropped += 1
+            if not self.down:
+                self.log.warning("MLflow at %s is unreachable (%s); training goes on and "
+                                 "metrics are buffered (up to %d)", self.uri,
+                                 str(e).splitlines()[0][:160], self.max_buffer)
+                self.down = True
+            return False
+        if self.down:
+            self.log.warning("MLflow at %s answers again: buffered metrics sent", self.uri)
+            self.down = False
+        return True
+
+    def retry_pending(self) -> None:
+        """Open the run the sink asked for while the server was down, once it answers."""
+        if self.run_id is None and self.pending is not None:
+            try:
+                self.ensure_run(*self.pending)
+                self.pending = None
+            except Exception:
+                pass
+
+    def drain(self, deadline: float) -> bool:
+        """Send everything (retrying) until ``deadline``; True if the buffer is empty."""
+        backoff = 0.5
+        while self.buffer and time.monotonic() < deadline:
+            self.retry_pending()
+            if self.run_id is None or not self.send_some():
+                time.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+                backoff = min(backoff * 2, 5.0)
+        return not self.buffer
+
+
+def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
+    """Entry point of the sender process."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # we retry, not mlflow
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%m/%d %H:%M:%S")
+    sender = _Sender(uri, settings)
+    interval = settings["flush_interval"]
+    next_send = time.monotonic() + interval
+    backoff = 0.5
+    while True:
+        timeout = max(next_send - time.monotonic(), 0.0)
+        try:
+            message = inbox.get(timeout=timeout)
+        except queue.Empty:
+            message = None
+        if message is not None and message[0] == "m":
+            sender.add(message[1])
+            if len(sender.buffer) < BATCH:
+                continue
+        elif message is not None:
+            request_id, command, args = message
+            try:
+                if command == "ensure_run":
+                    try:
+                        result: Any = sender.ensure_run(*args)
+                    except Exception:
+                        sender.pending = args  # keep buffering; open it when the server answers
+                        raise
+                elif command == "flush":
+                    # a server known to be down gets one try, not the whole wait: a checkpoint
+                    # must not stall training during an outage
+                    sender.drain(time.monotonic() + (0.0 if sender.down else args[0]))
+                    if sender.down:
+                        sender.retry_pending()
+                        if sender.run_id is not None:
+                            sender.send_some()
+                    result = sender.run_id
+                elif command == "artifact":
+                    sender.client.log_artifact(sender.run_id, *args)
+                    result = None
+                elif command == "close":
+                    sent = sender.drain(time.monotonic() + args[0])
+                    if sender.run_id is None:
+                        sent = False
+                    if sent and sender.run_id is not None:
+                        sender.client.set_terminated(sender.run_id, "FINISHED")
+                    outbox.put((request_id, True, {"sent": sent, "unsent": len(sender.buffer),
+                                                   "dropped": sender.dropped,
+                                                   "run_id": sender.run_id}))
+                    return
+                else:
+                    raise ValueError(f"unknown command {command!r}")
+                outbox.put((request_id, True, result))
+            except Exception as e:
+                outbox.put((request_id, False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                            if str(e) else type(e).__name__))
+            continue
+        if time.monotonic() >= next_send or len(sender.buffer) >= BATCH:
+            sender.retry_pending()
+            ok = True
+            while ok and sender.buffer and sender.run_id is not None:
+                ok = sender.send_some()
+                if len(sender.buffer) < BATCH:
+                    break
+            backoff = 0.5 if ok else min(backoff * 2, 5.0)
+            next_send = time.monotonic() + (interval if ok else backoff)
