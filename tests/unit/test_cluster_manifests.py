@@ -1,0 +1,140 @@
+"""The KubeRay manifests validate against KubeRay's CRD schemas (defaults applied first, as the API
+server does) and agree with the code: the entrypoint's config exists, --num-workers fits the
+worker group, and every Ray version equals the one pyproject.toml pins."""
+import copy
+import functools
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT.parent / "shared" / "kuberay-crds"
+MANIFESTS = {"raycluster.yaml": ("ray.io_rayclusters.yaml", "RayCluster"),
+             "rayjob.yaml": ("ray.io_rayjobs.yaml", "RayJob")}
+
+
+def pinned_ray() -> str:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pin = next(d for d in deps if d.startswith("ray["))
+    return pin.split("==")[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _load_crd(crd_file: str) -> dict:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are 1-1.4 MB of YAML
+    crd = yaml.load((CRDS / crd_file).read_text(), Loader=loader)
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return version["schema"]["openAPIV3Schema"]
+
+
+def crd_schema(crd_file: str) -> dict:
+    if not (CRDS / crd_file).is_file():
+        pytest.skip(f"{CRDS / crd_file} is not beside the checkout")
+    return _load_crd(crd_file)
+
+
+def apply_defaults(instance, schema):
+    """Fill in schema defaults the way the Kubernetes API server does before validating."""
+    if isinstance(instance, dict) and schema.get("type") == "object":
+        for name, prop in schema.get("properties", {}).items():
+            if name not in instance and "default" in prop:
+                instance[name] = copy.deepcopy(prop["default"])
+            if name in instance:
+                apply_defaults(instance[name], prop)
+    elif isinstance(instance, list) and "items" in schema:
+        for item in instance:
+            apply_defaults(item, schema["items"])
+    return instance
+
+
+def validate(manifest: dict, crd_file: str) -> None:
+    schema = crd_schema(crd_file)
+    jsonschema.validate(apply_defaults(copy.deepcopy(manifest), schema), schema)
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "cluster" / "kuberay" / name).read_text())
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_manifest_is_schema_valid(name):
+    crd_file, kind = MANIFESTS[name]
+    manifest = load(name)
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == kind
+    validate(manifest, crd_file)
+
+
+def cluster_spec(name: str) -> dict:
+    manifest = load(name)
+    return manifest["spec"]["rayClusterSpec"] if manifest["kind"] == "RayJob" else manifest["spec"]
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_broken_manifests_fail_the_check(name):
+    crd_file, _ = MANIFESTS[name]
+    wrong_type = load(name)
+    spec = wrong_type["spec"]["rayClusterSpec"] if wrong_type["kind"] == "RayJob" \
+        else wrong_type["spec"]
+    spec["workerGroupSpecs"][0]["replicas"] = "two"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(wrong_type, crd_file)
+    no_container = load(name)
+    spec = no_container["spec"]["rayClusterSpec"] if no_container["kind"] == "RayJob" \
+        else no_container["spec"]
+    del spec["headGroupSpec"]["template"]["spec"]["containers"]
+    with pytest.raises(jsonschema.ValidationError, match="containers"):
+        validate(no_container, crd_file)
+
+
+def drun_args(entrypoint: str) -> list[str]:
+    args = shlex.split(entrypoint)
+    assert args[:2] == ["drun", "train"], entrypoint
+    return args
+
+
+def test_rayjob_entrypoint_is_consistent_with_the_code_and_the_cluster():
+    job = load("rayjob.yaml")
+    args = drun_args(job["spec"]["entrypoint"])
+    assert (ROOT / args[2]).is_file(), f"entrypoint config {args[2]} does not exist"
+    from distributed_runner.cli import build_parser
+    parsed = build_parser().parse_args(args[1:])
+    assert parsed.launcher == "ray" and parsed.address == "auto"
+    assert parsed.name and parsed.storage_path, "retries resume only with a fixed name and storage"
+    group = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    container = group["template"]["spec"]["containers"][0]
+    gpus = int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
+    slots = group["replicas"] * (gpus if parsed.gpu else 1)
+    assert parsed.num_workers <= slots, f"{parsed.num_workers} workers > {slots} slots"
+    assert job["spec"]["shutdownAfterJobFinishes"] is True
+    assert job["spec"]["backoffLimit"] >= 1
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_cluster_head_takes_no_training_and_gpus_are_tolerated(name):
+    spec = cluster_spec(name)
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    for group in spec["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        gpus = pod["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
+        if gpus:
+            assert any(t["key"] == "nvidia.com/gpu" for t in pod.get("tolerations", []))
+
+
+def test_every_ray_version_is_the_pinned_one():
+    pin = pinned_ray()
+    for name in MANIFESTS:
+        assert cluster_spec(name)["rayVersion"] == pin, name
+    dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
+    assert re.search(rf"^ARG RAY_VERSION={re.escape(pin)}$", dockerfile, re.M)
+    assert "FROM rayproject/ray:${RAY_VERSION}" in dockerfile
+
+
+def test_runtime_env_keeps_heavy_folders_out_of_the_upload():
+    env = yaml.safe_load((ROOT / "cluster" / "runtime_env.yaml").read_text())
+    assert {".git", "work_dirs", "data", "*.pth"} <= set(env["excludes"])
+    assert all(isinstance(v, str) for v in env["env_vars"].values())
