@@ -105,6 +105,11 @@ def test_rayjob_entrypoint_is_consistent_with_the_code_and_the_cluster():
     parsed = build_parser().parse_args(args[1:])
     assert parsed.launcher == "ray" and parsed.address == "auto"
     assert parsed.name and parsed.storage_path, "retries resume only with a fixed name and storage"
+    from distributed_runner import Config
+    from distributed_runner.launcher import validate_config
+    cfg = Config.fromfile(ROOT / args[2], cfg_options=parsed.cfg_options)
+    validate_config(cfg)  # the entrypoint's config, with its overrides, builds
+    assert "mlflow" in cfg.default_hooks.logger.sinks  # the Secret's tracking URI is used
     group = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     container = group["template"]["spec"]["containers"][0]
     gpus = int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
