@@ -143,3 +143,32 @@ def test_runtime_env_keeps_heavy_folders_out_of_the_upload():
     env = yaml.safe_load((ROOT / "cluster" / "runtime_env.yaml").read_text())
     assert {".git", "work_dirs", "data", "*.pth"} <= set(env["excludes"])
     assert all(isinstance(v, str) for v in env["env_vars"].values())
+
+
+def test_dockerfile_lints_clean():
+    """What can be checked without building: instructions, COPY sources, extras, ARG use."""
+    text = (ROOT / "cluster" / "Dockerfile").read_text()
+    logical, current = [], ""
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        current += " " + line.strip().rstrip("\\")
+        if not line.rstrip().endswith("\\"):
+            logical.append(current.strip())
+            current = ""
+    assert not current, "a continuation line ends the file"
+    for instruction in logical:
+        word = instruction.split()[0]
+        assert word in {"ARG", "FROM", "RUN", "WORKDIR", "COPY", "ENV"}, instruction
+        if word == "COPY":
+            parts = [p for p in instruction.split()[1:] if not p.startswith("--")]
+            for src in parts[:-1]:
+                assert (ROOT / src).exists(), f"COPY source {src} does not exist"
+    assert sum(i.startswith("FROM ") for i in logical) == 1
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in re.findall(r'"\.\[(\w+)\]"', text):
+        assert extra in extras
+    used = set(re.findall(r"\$\{(\w+)\}", text))
+    declared = set(re.findall(r"^ARG (\w+)=", text, re.M))
+    assert used <= declared, f"undeclared build args: {used - declared}"
+    assert "--no-cache-dir" in text
