@@ -1,4 +1,11 @@
 #!/usr/bin/env bash
-# Stop the Ray processes this machine runs (head or worker node).
+# Stop Ray on this machine. With RAY_TEMP_DIR set (as given to start_head.sh), stop only the
+# cluster that lives there; otherwise every Ray process of this machine (ray stop --force).
 set -euo pipefail
-ray stop --force
+if [ -n "${RAY_TEMP_DIR:-}" ]; then
+    pkill -TERM -f -- "$RAY_TEMP_DIR" || true
+    sleep 2
+    pkill -KILL -f -- "$RAY_TEMP_DIR" || true
+else
+    ray stop --force
+fi

@@ -4,6 +4,7 @@ submission resumes from the first one's checkpoint instead of starting over."""
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def head_node(tmp_path_factory):
     temp = Path("/tmp") / f"drun-ray-{os.getpid()}"  # short: Ray's socket paths have a limit
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_PORT=str(free_port()),
-               RAY_DASHBOARD_PORT=str(free_port()), RAY_TEMP_DIR=str(temp))
+    # its own ports and temp dir: another Ray (the session's in-process cluster) may be running
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_TEMP_DIR=str(temp),
+               **{name: str(free_port()) for name in (
+                   "RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT",
+                   "RAY_AGENT_GRPC_PORT", "RAY_RUNTIME_ENV_AGENT_PORT",
+                   "RAY_METRICS_EXPORT_PORT")})
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(["bash", str(ROOT / "cluster/local/start_head.sh"), "2"], env=env,
                          capture_output=True, text=True, timeout=120)
@@ -33,6 +38,16 @@ def head_node(tmp_path_factory):
 
 
 def submit(env, address, work_dir, epochs):
+    """``ray job submit``; retried while the new head's job agent is still registering."""
+    deadline = time.monotonic() + 90
+    while True:
+        out = _submit(env, address, work_dir, epochs)
+        if "No available agent" not in out.stderr or time.monotonic() > deadline:
+            return out
+        time.sleep(3)
+
+
+def _submit(env, address, work_dir, epochs):
     return subprocess.run(
         ["ray", "job", "submit", "--address", address, "--working-dir", ".",
          "--runtime-env", "cluster/runtime_env.yaml", "--",
