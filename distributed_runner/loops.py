@@ -108,6 +108,7 @@ class _TrainLoopBase:
         self._batch_in_epoch = 0  # completed batches of the current epoch
         self._pending: str | None = None  # 'iter' / 'epoch' while its after_* hooks run
         self._resume_val = False
+        self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
 
     @property
     def epoch(self) -> int:
@@ -141,8 +142,6 @@ class _TrainLoopBase:
                 "train_dataloader's sampler cannot start mid-epoch; the consumed batches of "
                 "this epoch are skipped by iterating over them (use DefaultSampler to avoid it)")
             self._skip_by_iterating = self._batch_in_epoch
-
-    _skip_by_iterating = 0
 
     def _val_due_after_epoch(self) -> bool:
         return False

@@ -83,7 +83,6 @@ class Runner:
             if path and not Path(path).expanduser().is_file():
                 raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
         self.seed = set_random_seed(randomness)
-        self._randomness = dict(randomness or {})
         self.device = torch.device(device) if device is not None else self._default_device()
 
         self._model = self._build_model(model)
