@@ -8,7 +8,8 @@
     drun plot  WORK_DIR [--out curves.png]
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
-(``--debug`` shows its traceback); anything else is a bug and keeps its traceback.
+(``--debug`` shows its traceback); anything else is a bug and keeps its traceback. A run stopped by
+SIGTERM after writing its checkpoint exits with 143 (see :mod:`distributed_runner.preemption`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import ConfigError
+from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -139,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"drun: error: {e}", file=sys.stderr)
         return 2
+    except TrainingPreempted as e:
+        print(f"drun: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
 
 
 if __name__ == "__main__":  # pragma: no cover

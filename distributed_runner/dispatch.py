@@ -1,21 +1,34 @@
 """Hook dispatch: who runs at which mount point, decided once at registration.
 
-For every mount point the dispatcher keeps the ordered tuple of bound methods of the hooks that
-override it. Calling a mount point walks that tuple: no ``getattr``/``hasattr`` per call and no cost
-for hooks that do not implement it (50 registered hooks of which 2 implement a mount point cost
-what 2 cost). Order: priority value ascending, then registration order.
+For every mount point the dispatcher keeps the ordered tuple of ``(bound method, slot)`` of the
+hooks that override it. Calling a mount point walks that tuple: no ``getattr``/``hasattr`` per call
+and no cost for hooks that do not implement it (50 registered hooks of which 2 implement a mount
+point cost what 2 cost).
 
-This module is the one place that calls hooks; per-hook timing, error policy and ordering
-constraints belong here.
+This module is the one place that calls hooks, so three cross-cutting policies live here:
+
+* **Order.** Priority value ascending, then registration order; ``before=['checkpoint']`` /
+  ``after=['ema']`` (registered names) refine the order *inside* one priority. A constraint that
+  contradicts the priorities, names an unknown hook or closes a cycle is a one-line error.
+* **Timing, always on.** Every call adds its wall time to its (hook, mount point) slot — two
+  ``perf_counter_ns`` reads per call. Times are inclusive: a checkpoint hook's time includes the
+  ``before_save_checkpoint`` hooks it triggers.
+* **Error policy.** ``on_error`` per hook (config key, else the class attribute, else ``'raise'``):
+  ``'raise'`` re-raises with a note naming the hook and mount point; ``'warn'`` logs the first
+  failure of each (hook, mount point) with its traceback, counts the rest and goes on;
+  ``'disable'`` logs once and removes the hook from every table on this rank. ``disable`` is
+  local to the rank that failed: do not use it for a hook that runs collectives.
 """
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import re
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any, Callable, Iterator, Sequence
 
 from hooks.hook import MOUNT_POINTS, Hook, overrides
 from hooks.priority import get_priority, priority_name
@@ -23,16 +36,36 @@ from hooks.priority import get_priority, priority_name
 from .errors import ConfigError, did_you_mean
 
 _LOOKS_LIKE_MOUNT_POINT = re.compile(r"^(before|after)_")
+ERROR_POLICIES = ("raise", "warn", "disable")
+_log = logging.getLogger("distributed_runner")
 
 
 @dataclass
 class HookEntry:
-    """A registered hook: its name in the config, resolved priority and registration index."""
+    """A registered hook: its name in the config, resolved priority, registration index and
+    dispatch policies."""
 
     name: str
     hook: Hook
     priority: int
     index: int
+    on_error: str = "raise"
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    key: str = ""
+    disabled: bool = False
+    errors: dict[str, int] = field(default_factory=dict)  # mount point -> failures
+
+
+@dataclass
+class HookTiming:
+    """Cumulative wall time of one hook at one mount point."""
+
+    name: str
+    mount: str
+    seconds: float
+    calls: int
+    errors: int
 
 
 def check_mount_point_names(hook: Hook, key: str) -> None:
@@ -51,6 +84,75 @@ def check_mount_point_names(hook: Hook, key: str) -> None:
                                        f"prefix it with '_' if it is a helper")
 
 
+def _names(value: Any, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigError(key, "must be a hook name or a list of hook names, e.g. ['ema']")
+
+
+def order_entries(entries: Sequence[HookEntry], strict: bool = True) -> list[HookEntry]:
+    """Priority order, refined by ``before``/``after`` constraints (a stable topological sort).
+
+    ``strict=False`` ignores constraints naming hooks not registered yet (registration is
+    incremental; the final check is strict).
+    """
+    by_name = {e.name: e for e in entries}
+    succ: dict[str, set[str]] = {e.name: set() for e in entries}
+    for e in entries:
+        for attr, pairs in (("after", [(o, e.name) for o in e.after]),
+                            ("before", [(e.name, o) for o in e.before])):
+            for first, then in pairs:
+                other = then if first == e.name else first
+                if other not in by_name:
+                    if strict:
+                        raise ConfigError(f"{e.key}.{attr}", f"no hook named {other!r}"
+                                          f"{did_you_mean(other, list(by_name))}; registered: "
+                                          f"{', '.join(by_name)}")
+                    continue
+                a, b = by_name[first], by_name[then]
+                if a.priority > b.priority:
+                    raise ConfigError(f"{e.key}.{attr}", f"{a.name!r} ({priority_name(a.priority)}"
+                                      f") cannot run before {b.name!r} ({priority_name(b.priority)})"
+                                      f": constraints only order hooks of equal priority; change "
+                                      f"a priority instead")
+                succ[first].add(then)
+    indegree = {n: 0 for n in by_name}
+    for n in succ:
+        for m in succ[n]:
+            indegree[m] += 1
+    ready = [(e.priority, e.index, e.name) for e in entries if indegree[e.name] == 0]
+    heapq.heapify(ready)
+    ordered: list[HookEntry] = []
+    while ready:
+        *_, name = heapq.heappop(ready)
+        ordered.append(by_name[name])
+        for m in succ[name]:
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                heapq.heappush(ready, (by_name[m].priority, by_name[m].index, m))
+    if len(ordered) < len(entries):
+        cycle = _find_cycle({n: s for n, s in succ.items() if indegree[n] > 0})
+        raise ConfigError(f"{by_name[cycle[0]].key}.before/after",
+                          f"ordering constraints form a cycle: {' -> '.join(cycle)}; "
+                          f"remove one of them")
+    return ordered
+
+
+def _find_cycle(succ: dict[str, set[str]]) -> list[str]:
+    start = next(iter(succ))
+    path, seen = [start], {start: 0}
+    while True:
+        nxt = sorted(m for m in succ[path[-1]] if m in succ)[0]
+        if nxt in seen:
+            return path[seen[nxt]:] + [nxt]
+        seen[nxt] = len(path)
+        path.append(nxt)
+
+
 class HookDispatcher:
     """Ordered hooks and per-mount-point call tables for one runner."""
 
@@ -59,11 +161,19 @@ class HookDispatcher:
         # each other alive.
         self._runner = weakref.proxy(runner)
         self._entries: list[HookEntry] = []
-        self._tables: dict[str, tuple[Callable, ...]] = {m: () for m in MOUNT_POINTS}
+        self._tables: dict[str, tuple[tuple[Callable, int], ...]] = {m: () for m in MOUNT_POINTS}
+        # per (entry, mount point) slot: cumulative nanoseconds and call counts
+        self._slots: list[tuple[HookEntry, str]] = []
+        self._slot_of: dict[tuple[int, str], int] = {}
+        self._ns: list[int] = []
+        self._calls: list[int] = []
 
     # -- registration --------------------------------------------------------------------------
-    def register(self, hook: Hook, name: str, priority: Any = None, key: str | None = None) -> None:
-        """Add ``hook`` under ``name``; ``priority`` (if given) wins over the hook's own."""
+    def register(self, hook: Hook, name: str, priority: Any = None, key: str | None = None,
+                 on_error: str | None = None, before: Any = None, after: Any = None,
+                 strict: bool = True) -> None:
+        """Add ``hook`` under ``name``; ``priority``/``on_error`` (if given) win over the hook's
+        own. ``strict=False`` defers the check of ``before``/``after`` names to :meth:`check`."""
         key = key or name
         if not isinstance(hook, Hook):
             raise ConfigError(key, f"{type(hook).__name__} is not a Hook: subclass hooks.Hook")
@@ -73,24 +183,66 @@ class HookDispatcher:
         check_mount_point_names(hook, key)
         source = priority if priority is not None else getattr(hook, "priority", "NORMAL")
         value = get_priority(source, f"{key}.priority")
+        policy = on_error if on_error is not None else getattr(hook, "on_error", "raise")
+        if policy not in ERROR_POLICIES:
+            raise ConfigError(f"{key}.on_error", f"unknown policy {policy!r}: use "
+                                                 f"{', '.join(map(repr, ERROR_POLICIES))}")
         hook.priority = value
-        self._entries.append(HookEntry(name, hook, value, len(self._entries)))
-        self._rebuild()
+        self._entries.append(HookEntry(name, hook, value, len(self._entries), policy,
+                                       _names(before, f"{key}.before"),
+                                       _names(after, f"{key}.after"), key))
+        self._rebuild(strict)
 
-    def _rebuild(self) -> None:
-        ordered = sorted(self._entries, key=lambda e: (e.priority, e.index))
-        self._entries = ordered
-        self._tables = {
-            mount: tuple(getattr(e.hook, mount) for e in ordered if overrides(e.hook, mount))
-            for mount in MOUNT_POINTS
-        }
+    def check(self) -> None:
+        """Validate every ordering constraint now that all hooks are registered."""
+        self._rebuild(strict=True)
+
+    def _rebuild(self, strict: bool = True) -> None:
+        self._entries = order_entries(self._entries, strict)
+        tables = {}
+        for mount in MOUNT_POINTS:
+            row = []
+            for e in self._entries:
+                if e.disabled or not overrides(e.hook, mount):
+                    continue
+                slot = self._slot_of.get((id(e), mount))
+                if slot is None:
+                    slot = self._slot_of[(id(e), mount)] = len(self._slots)
+                    self._slots.append((e, mount))
+                    self._ns.append(0)
+                    self._calls.append(0)
+                row.append((getattr(e.hook, mount), slot))
+            tables[mount] = tuple(row)
+        self._tables = tables
 
     # -- calling -------------------------------------------------------------------------------
     def call(self, mount: str, **kwargs: Any) -> None:
-        """Run ``mount`` on every hook that implements it, in order."""
-        runner = self._runner
-        for fn in self._tables[mount]:
-            fn(runner, **kwargs)
+        """Run ``mount`` on every hook that implements it, in order, timing each call."""
+        runner, ns, calls = self._runner, self._ns, self._calls
+        for fn, slot in self._tables[mount]:
+            start = perf_counter_ns()
+            try:
+                fn(runner, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the hook's policy decides
+                self._failed(slot, exc)
+            ns[slot] += perf_counter_ns() - start
+            calls[slot] += 1
+
+    def _failed(self, slot: int, exc: Exception) -> None:
+        entry, mount = self._slots[slot]
+        entry.errors[mount] = entry.errors.get(mount, 0) + 1
+        where = f"hook {entry.name!r} ({type(entry.hook).__name__}) at {mount}"
+        if entry.on_error == "raise":
+            exc.add_note(f"raised in {where}; set on_error='warn' in its config to keep training")
+            raise exc
+        if entry.on_error == "disable":
+            _log.warning("%s failed and is disabled for the rest of this run (on_error="
+                         "'disable'): %s: %s", where, type(exc).__name__, exc, exc_info=exc)
+            entry.disabled = True
+            self._rebuild()
+        elif entry.errors[mount] == 1:
+            _log.warning("%s failed (on_error='warn'; later failures there are only counted): "
+                         "%s: %s", where, type(exc).__name__, exc, exc_info=exc)
 
     @contextlib.contextmanager
     def bracket(self, before: str, after: str) -> Iterator[None]:
@@ -106,8 +258,7 @@ class HookDispatcher:
             try:
                 self.call(after)
             except Exception:
-                logging.getLogger("distributed_runner").exception(
-                    "%s failed while handling an earlier error", after)
+                _log.exception("%s failed while handling an earlier error", after)
             raise
         self.call(after)
 
@@ -122,24 +273,40 @@ class HookDispatcher:
                 return e.hook
         return None
 
+    def timings(self) -> list[HookTiming]:
+        """Cumulative time per (hook, mount point) that was called, slowest first."""
+        out = [HookTiming(e.name, mount, self._ns[i] / 1e9, self._calls[i], e.errors.get(mount, 0))
+               for i, (e, mount) in enumerate(self._slots) if self._calls[i] or e.errors]
+        return sorted(out, key=lambda t: -t.seconds)
+
+    def seconds_by_hook(self) -> dict[str, float]:
+        """Cumulative time per hook over all its mount points."""
+        total: dict[str, float] = {}
+        for i, (e, _) in enumerate(self._slots):
+            total[e.name] = total.get(e.name, 0.0) + self._ns[i] / 1e9
+        return total
+
     def plan(self) -> dict[str, list[tuple[str, int]]]:
         """Mount point -> [(hook name, priority)] in call order, only non-empty mount points."""
-        by_hook = {id(e.hook): e for e in self._entries}
         plan: dict[str, list[tuple[str, int]]] = {}
         for mount in MOUNT_POINTS:
             calls = self._tables[mount]
             if calls:
-                plan[mount] = [(by_hook[id(fn.__self__)].name, by_hook[id(fn.__self__)].priority)
-                               for fn in calls]
+                plan[mount] = [(self._slots[slot][0].name, self._slots[slot][0].priority)
+                               for _, slot in calls]
         return plan
 
     def plan_text(self) -> str:
         """The hook plan as the runner logs it and ``drun hooks`` prints it."""
         width = max((len(e.name) for e in self._entries), default=4)
-        lines = ["Hooks (in priority order):"]
+        lines = ["Hooks (in call order):"]
         for e in self._entries:
+            extra = [f"on_error={e.on_error}"] if e.on_error != "raise" else []
+            extra += [f"after={','.join(e.after)}"] if e.after else []
+            extra += [f"before={','.join(e.before)}"] if e.before else []
+            extra += ["DISABLED"] if e.disabled else []
             lines.append(f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
-                         f"{priority_name(e.priority)}")
+                         f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip())
         lines.append("Mount points:")
         for mount, calls in self.plan().items():
             lines.append(f"  {mount:<22} " + " -> ".join(f"{n} ({p})" for n, p in calls))

@@ -9,9 +9,13 @@ Override rules for ``default_hooks`` (a dict keyed by name):
 * a new name              adds a hook (after the defaults, before ``custom_hooks``).
 
 ``custom_hooks`` is a list of dicts or ``Hook`` instances registered after the defaults. Reserved
-keys in a hook's dict, taken out before the hook is built: ``priority`` and ``name`` (the registered
-name; default: the class name in snake_case without ``Hook``, e.g. ``CheckInvalidLossHook`` ->
-``check_invalid_loss``).
+keys in a hook's dict, taken out before the hook is built and handled by the dispatcher:
+
+* ``priority`` — wins over the class attribute;
+* ``name`` — the registered name (default: the class name in snake_case without ``Hook``, e.g.
+  ``CheckInvalidLossHook`` -> ``check_invalid_loss``);
+* ``on_error`` — ``'raise'`` / ``'warn'`` / ``'disable'`` (wins over the class attribute);
+* ``before`` / ``after`` — registered names this hook must run before / after (same priority).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ DEFAULT_HOOKS: dict[str, dict] = {
     "checkpoint": {"type": "CheckpointHook", "interval": 1},
 }
 
-RESERVED_KEYS = ("priority", "name")
+RESERVED_KEYS = ("priority", "name", "on_error", "before", "after")
 
 
 def default_name(hook_type: Any) -> str:
@@ -73,7 +77,7 @@ def merge_default_hooks(user: dict | None) -> dict[str, Any]:
 
 
 def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
-    """Build one hook; returns the hook and its reserved keys (``priority``, ``name``)."""
+    """Build one hook; returns the hook and its reserved keys (see :data:`RESERVED_KEYS`)."""
     if isinstance(spec, Hook):
         return spec, {}
     if not isinstance(spec, dict):
@@ -87,15 +91,16 @@ def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
 
 
 def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
-                  ) -> list[tuple[str, Hook, Any, str]]:
-    """All hooks to register: ``(name, hook, priority or None, config key)`` in registration order."""
+                  ) -> list[tuple[str, Hook, dict, str]]:
+    """All hooks to register: ``(name, hook, reserved keys, config key)`` in registration order."""
     import hooks  # noqa: F401  (registers the built-in hooks by name)
 
-    out: list[tuple[str, Hook, Any, str]] = []
+    out: list[tuple[str, Hook, dict, str]] = []
     for name, spec in merge_default_hooks(default_hooks).items():
         key = f"default_hooks.{name}"
         hook, reserved = build_hook(spec, key)
-        out.append((name, hook, reserved.get("priority"), key))
+        reserved.pop("name", None)  # a default hook's name is its key
+        out.append((name, hook, reserved, key))
     if custom_hooks is None:
         return out
     if not isinstance(custom_hooks, (list, tuple)):
@@ -112,7 +117,8 @@ def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
             while name in taken:
                 name, n = f"{base}_{n}", n + 1
         taken.add(name)
-        out.append((name, hook, reserved.get("priority"), key))
+        reserved.pop("name", None)
+        out.append((name, hook, reserved, key))
     return out
 
 
@@ -122,8 +128,9 @@ def build_dispatcher(owner: Any, default_hooks: dict | None, custom_hooks: list 
     from .dispatch import HookDispatcher
 
     dispatcher = HookDispatcher(owner)
-    for name, hook, priority, key in resolve_hooks(default_hooks, custom_hooks):
-        dispatcher.register(hook, name, priority, key)
+    for name, hook, reserved, key in resolve_hooks(default_hooks, custom_hooks):
+        dispatcher.register(hook, name, key=key, strict=False, **reserved)
+    dispatcher.check()
     return dispatcher
 
 

@@ -10,9 +10,13 @@ A whole ``Runner.train()``::
         before_train_epoch
         for batch_idx, data_batch in dataloader:            # resumed epochs skip consumed batches
             before_train_iter(batch_idx, data_batch)
-            outputs = train_step(data_batch)                # forward(mode='loss'), backward, step
+            outputs = train_step(data_batch)                # forward(mode='loss'), step guards
+                                                            # (agreed by all ranks), backward, step
             after_train_iter(batch_idx, data_batch, outputs)
             iter += 1
+            act on requests                                 # agreed by all ranks: checkpoint,
+                                                            # validation, stop, preempt
+            if stop_training: break
         after_train_epoch                                   # periodic checkpoints are saved here
         epoch += 1
         if validation is due:                               # every val_interval epochs from val_begin
@@ -24,9 +28,13 @@ A whole ``Runner.train()``::
             metrics = evaluator.evaluate()                   # gathered from all ranks
             after_val_epoch(metrics)                         # save-best, early stopping
             after_val
+            act on requests                                 # early stopping's stop lands here
         if stop_training: break
     after_train                                             # also when training raised
     after_run                                               # also when training raised
+
+A step guard that rejects the step (NonFiniteLossHook) skips backward and step on every rank, or
+rolls every rank back to the newest checkpoint, where the loop continues.
 
 ``before_save_checkpoint(checkpoint)`` fires inside ``Runner.save_checkpoint`` wherever a hook
 saves. ``Runner.test()`` is ``before_run -> load -> before_test -> before_test_epoch -> iters ->
@@ -43,9 +51,19 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from . import dist
 from .data import resume_sampler
 from .errors import ConfigError
+from .preemption import TrainingPreempted
 from .registry import LOOPS
+
+
+class RollbackRequested(Exception):
+    """Raised inside the step when a step guard asks for a rollback; the loop restores."""
+
+    def __init__(self, guard: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.guard, self.reason = guard, reason
 
 
 def move_to(data: Any, device: torch.device) -> Any:
@@ -109,6 +127,10 @@ class _TrainLoopBase:
         self._pending: str | None = None  # 'iter' / 'epoch' while its after_* hooks run
         self._resume_val = False
         self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
+        # objects with check_loss(loss) -> bool and reject_step(runner, loss) -> 'skip' |
+        # 'rollback' (or raise); NonFiniteLossHook adds itself here
+        self.step_guards: list = []
+        self._agree = dist.is_distributed()  # requests need an all-reduce every iteration
 
     @property
     def epoch(self) -> int:
@@ -163,6 +185,41 @@ class _TrainLoopBase:
         self._pending = None
         self._iter += 1
         self._batch_in_epoch += 1
+        if self._agree or runner.requests.pending:
+            self.act_on_requests()
+
+    def act_on_requests(self, allow_val: bool = True) -> None:
+        """Resolve requests across ranks (collective when distributed) and act on them."""
+        runner = self.runner
+        agreed = runner.requests.resolve()
+        if not agreed:
+            return
+        record = runner.requests.record
+        if "checkpoint" in agreed or "preempt" in agreed:
+            reasons = agreed.get("preempt", ()) + agreed.get("checkpoint", ())
+            record(self._iter, "checkpoint", reasons, runner.logger)
+            path = runner.save_requested_checkpoint("; ".join(reasons))
+            if "preempt" in agreed:
+                record(self._iter, "preempt", agreed["preempt"], runner.logger)
+                raise TrainingPreempted(agreed["preempt"], path)
+        if "val" in agreed:
+            if runner.val_loop is None or not allow_val:
+                runner.logger.warning("validation requested (%s) but %s", "; ".join(agreed["val"]),
+                                      "no val_dataloader is configured" if runner.val_loop is None
+                                      else "a validation just ran")
+            else:
+                record(self._iter, "val", agreed["val"], runner.logger)
+                self._validate()
+                runner.wrapped_model.train()
+                self.act_on_requests(allow_val=False)  # what that validation requested
+        if "stop" in agreed:
+            record(self._iter, "stop", agreed["stop"], runner.logger)
+            self.stop_training = True
+
+    def rollback(self, request: RollbackRequested) -> None:
+        """Restore the newest checkpoint on every rank and let the guard adjust (LR scale)."""
+        self.runner.rollback(request.reason)
+        request.guard.after_rollback(self.runner)
 
     def train_step(self, data_batch: Any) -> dict:
         runner = self.runner
@@ -173,11 +230,30 @@ class _TrainLoopBase:
         with optim_wrapper.optim_context(model):
             losses = call_model(model, data_batch, "loss")
         loss, log_vars = parse_losses(losses)
+        if self.step_guards and not self._step_allowed(loss):
+            optim_wrapper.skip_update()
+            log_vars["skipped_steps"] = 1.0
+            return log_vars
         optim_wrapper.update_params(loss)
         if optim_wrapper.last_grad_norm is not None:
             log_vars["grad_norm"] = optim_wrapper.last_grad_norm
             optim_wrapper.last_grad_norm = None
         return log_vars
+
+    def _step_allowed(self, loss: torch.Tensor) -> bool:
+        """Every guard's verdict, combined over ranks (one all-reduce MIN when distributed)."""
+        verdicts = [bool(guard.check_loss(loss)) for guard in self.step_guards]
+        if self._agree:
+            verdicts = [bool(v) for v in dist.all_reduce(
+                torch.tensor(verdicts, dtype=torch.int32), "min").tolist()]
+        for guard, ok in zip(self.step_guards, verdicts):
+            if not ok:
+                action = guard.reject_step(self.runner, loss)
+                if action == "rollback":
+                    raise RollbackRequested(guard, f"{type(guard).__name__} at iteration "
+                                                   f"{self._iter + 1}")
+                return False
+        return True
 
     def _batches(self) -> Iterator[tuple[int, Any]]:
         """This epoch's remaining batches with their in-epoch index."""
@@ -223,7 +299,10 @@ class EpochBasedTrainLoop(_TrainLoopBase):
                 self._resume_val = False
                 self._validate()
             while self._epoch < self._max_epochs and not self.stop_training:
-                self.run_epoch()
+                try:
+                    self.run_epoch()
+                except RollbackRequested as request:
+                    self.rollback(request)
 
     def run_epoch(self) -> None:
         runner = self.runner
@@ -241,6 +320,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         self._batch_in_epoch = 0
         if val_due:
             self._validate()
+            self.act_on_requests(allow_val=False)
 
 
 class _EndlessBatches:
@@ -316,10 +396,16 @@ class IterBasedTrainLoop(_TrainLoopBase):
                 data_batch = batches.next()
                 val_due = self._val_due_after_iter()
                 # as in MMEngine, an iteration-based loop's batch_idx is the global iteration
-                self.run_iter(self._iter, data_batch)
+                try:
+                    self.run_iter(self._iter, data_batch)
+                except RollbackRequested as request:
+                    self.rollback(request)
+                    batches = _EndlessBatches(self)
+                    continue
                 if val_due:
                     self._validate()
                     runner.wrapped_model.train()
+                    self.act_on_requests(allow_val=False)
             self._pending = "epoch"
             runner.call_hook("after_train_epoch")
             self._pending = None

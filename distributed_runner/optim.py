@@ -79,6 +79,12 @@ class OptimWrapper:
             self.step()
             self.zero_grad()
 
+    def skip_update(self) -> None:
+        """Count this iteration but drop its update (a rejected step): no backward, no step, and
+        the gradients accumulated so far in this window are discarded."""
+        self._inner_count += 1
+        self.zero_grad()
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 

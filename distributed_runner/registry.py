@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
 from .errors import ConfigError, did_you_mean
+
+
+_BUILTIN_PACKAGES = ("hooks", "distributed_runner")
 
 
 class Registry:
@@ -43,7 +47,10 @@ class Registry:
         """Register ``module`` (or decorate a class/function) under ``name`` or its ``__name__``.
 
         ``force=True`` replaces an existing entry; otherwise a second registration of a different
-        object under the same name is an error (two plugins fighting over a name should be loud).
+        object under the same name is an error (two plugins fighting over a name should be loud) —
+        except that a user's class replaces a *built-in* of the same name (from ``hooks`` or
+        ``distributed_runner``), with a log line: the seeds' ``CheckInvalidLossHook`` example, which
+        we also ship, must keep working as written.
         """
         if name is not None and not isinstance(name, str):
             raise TypeError(f"{self.name} registry: name must be a str, got {type(name).__name__}")
@@ -57,7 +64,12 @@ class Registry:
                 same_origin = (getattr(existing, "__module__", None) == getattr(obj, "__module__", 1)
                                and getattr(existing, "__qualname__", None)
                                == getattr(obj, "__qualname__", 2))
-                if not same_origin:
+                builtin = str(getattr(existing, "__module__", "")).split(".")[0] in _BUILTIN_PACKAGES
+                if builtin and not same_origin:
+                    logging.getLogger("distributed_runner").info(
+                        "%s registry: %s.%s replaces the built-in %r", self.name,
+                        getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", key), key)
+                elif not same_origin:
                     raise KeyError(f"{key!r} is already registered in the {self.name} registry "
                                    f"(by {existing.__module__}); pass force=True to replace it")
             self._table[key] = obj

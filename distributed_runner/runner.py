@@ -6,8 +6,10 @@ MessageHub, logger handlers and hook tables) and ``work_dir`` is made absolute a
 
 Hooks see the public surface below (``model``, ``optim_wrapper``, ``param_schedulers``, the
 dataloaders, ``epoch``, ``iter``, ``max_epochs``, ``max_iters``, ``work_dir``, ``cfg``,
-``message_hub``, ``logger``, ``rank``, ``world_size``, ``train_loop``, ``save_checkpoint()``,
-``load_checkpoint()``); the loop's order of mount points is documented in
+``message_hub``, ``logger``, ``rank``, ``world_size``, ``train_loop``, ``wrapped_model`` (what the
+loops call; PrepareTTAHook swaps it), ``save_checkpoint()``, ``load_checkpoint()``, the requests
+``request_stop/request_checkpoint/request_val(reason)`` (:mod:`distributed_runner.control`) and
+``hook_timings()``); the loop's order of mount points is documented in
 :mod:`distributed_runner.loops`.
 """
 from __future__ import annotations
@@ -21,8 +23,10 @@ import torch
 from torch import nn
 
 from . import __version__, dist
-from .checkpoint import atomic_save, load_file, model_state_from, read_pointer
+from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, atomic_write_text, load_file, \
+    model_state_from, read_pointer
 from .config import Config, import_custom_modules, to_config_dict
+from .control import ControlRequests
 from .data import build_dataloader
 from .errors import ConfigError, closest
 from .evaluator import Evaluator
@@ -31,6 +35,7 @@ from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .optim import OptimWrapper, build_optim_wrapper
+from .preemption import parse_preemption, preemption_signals
 from .redact import redact
 from .randomness import set_random_seed
 from .registry import LOOPS, MODELS, accepts, check_arguments
@@ -41,7 +46,7 @@ RUNNER_KEYS = (
     "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
     "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
     "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
-    "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg",
+    "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg", "preemption",
 )
 # top-level config keys the Runner does not take but other parts of the project read
 OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg")
@@ -61,7 +66,7 @@ class Runner:
                  randomness: dict | None = None, launcher: Any = "none",
                  device: str | torch.device | None = None, log_level: str = "INFO",
                  experiment_name: str | None = None, model_wrapper_cfg: dict | None = None,
-                 cfg: dict | None = None) -> None:
+                 preemption: Any = True, cfg: dict | None = None) -> None:
         self.cfg = cfg if cfg is not None else Config()
         self.launcher = launcher
         self.rank = dist.get_rank()
@@ -72,6 +77,8 @@ class Runner:
         self.experiment_name = experiment_name or self.work_dir.name
         self.logger = setup_logger(self.work_dir, self.rank, log_level)
         self.message_hub = MessageHub()
+        self.requests = ControlRequests()
+        self._preemption = parse_preemption(preemption)
         # hooks and checkpoint paths first: their mistakes should not wait for data to load
         self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
         self.call_hook = self._hooks.call  # the hot path: skip one call layer per mount point
@@ -255,12 +262,63 @@ class Runner:
         """The hook registered under ``name`` (e.g. ``'checkpoint'``), or None."""
         return self._hooks.hook_named(name)
 
+    def hook_timings(self) -> list:
+        """Cumulative time per (hook, mount point), slowest first (:class:`HookTiming` rows)."""
+        return self._hooks.timings()
+
+    def hook_seconds(self) -> dict[str, float]:
+        """Cumulative time per registered hook name, over all its mount points."""
+        return self._hooks.seconds_by_hook()
+
+    # -- requests (hooks request, the loop acts; see distributed_runner.control) ---------------
+    def request_stop(self, reason: str) -> None:
+        """End training after the current iteration (or validation), on every rank."""
+        self.requests.request("stop", reason)
+
+    def request_checkpoint(self, reason: str) -> None:
+        """Save a checkpoint after the current iteration, on every rank."""
+        self.requests.request("checkpoint", reason)
+
+    def request_val(self, reason: str) -> None:
+        """Run validation after the current iteration, on every rank."""
+        self.requests.request("val", reason)
+
+    def save_requested_checkpoint(self, reason: str) -> Path:
+        """Save a checkpoint for a request: through the hook that manages checkpoints (one with a
+        ``save_on_request(runner, reason)`` method, i.e. CheckpointHook) so retention and the
+        ``last_checkpoint`` pointer stay right; else ``work_dir/iter_{N}.pth`` directly."""
+        for entry in self._hooks.entries:
+            save = getattr(entry.hook, "save_on_request", None)
+            if callable(save):
+                return save(self, reason)
+        path = self.save_checkpoint(self.work_dir, f"iter_{self.iter}.pth")
+        if self.rank == 0:
+            atomic_write_text(str(path), self.work_dir / LAST_CHECKPOINT_POINTER)
+        return path
+
+    def rollback(self, reason: str) -> Path:
+        """Restore the newest checkpoint on every rank (rank 0 reads it and sends it, so ranks on
+        other machines need not see ``work_dir``). Used by NonFiniteLossHook(policy='rollback')."""
+        path = dist.broadcast_object(str(self.find_latest_checkpoint() or "")
+                                     if self.rank == 0 else None)
+        if not path:
+            raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
+                                     f"save earlier (default_hooks.checkpoint.interval) or use "
+                                     f"policy='skip'")
+        ckpt = load_file(path, "rollback") if self.rank == 0 else None
+        ckpt = dist.broadcast_object(ckpt)
+        self.logger.warning("rolling back to %s: %s", path, reason)
+        self._restore(ckpt, path)
+        self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+        return Path(path)
+
     # -- entry points --------------------------------------------------------------------------
     def train(self) -> nn.Module:
         if self.train_loop is None:
             raise ConfigError("train_dataloader", "train() needs train_dataloader, train_cfg and "
                                                   "optim_wrapper in the config")
-        with self.hook_bracket("before_run", "after_run"):
+        with preemption_signals(self._preemption, self.requests, self.logger), \
+                self.hook_bracket("before_run", "after_run"):
             self._load_or_resume()
             self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
             self.train_loop.run()
@@ -323,12 +381,15 @@ class Runner:
             if key not in ckpt:
                 raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
                                             f"training checkpoint; use load_from= for weights")
+        self._restore(ckpt, path)
         meta = ckpt["meta"]
-        restore_training_state(self, ckpt, path)
         self.logger.info("resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"),
                          meta.get("iter"))
-        self.call_hook("after_load_checkpoint", checkpoint=ckpt)
         return ckpt
+
+    def _restore(self, ckpt: dict, path: str | Path) -> None:
+        restore_training_state(self, ckpt, path)
+        self.call_hook("after_load_checkpoint", checkpoint=ckpt)
 
     def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
                         save_param_scheduler: bool = True, meta: dict | None = None) -> Path:

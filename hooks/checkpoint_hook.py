@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Union
 from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
     atomic_write_text, load_file
 from distributed_runner.errors import ConfigError
+from distributed_runner.interval import Interval
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
@@ -17,7 +18,7 @@ from .hook import DataBatch, Hook
 GREATER_KEYS = ["acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc"]
 LESS_KEYS = ["loss"]
 CHECKPOINT_KEYS = ("meta", "state_dict", "optimizer", "param_schedulers", "scaler",
-                   "message_hub", "hooks", "rng", "sampler")
+                   "message_hub", "hooks", "rng", "sampler", "ema_state_dict")
 KEY = "default_hooks.checkpoint"
 
 
@@ -33,7 +34,9 @@ class CheckpointHook(Hook):
 
     * ``interval`` / ``by_epoch`` / ``save_begin``: save after every ``interval`` epochs (or
       iterations) counted from ``save_begin`` — ``interval=2, save_begin=5`` over 10 epochs saves
-      epochs 5, 7 and 9. ``interval <= 0`` saves no periodic checkpoints.
+      epochs 5, 7 and 9. ``interval <= 0`` saves no periodic checkpoints. ``interval`` may also
+      be ``'500it'``, ``'2ep'`` or a wall time, ``'30min'``/``'1h'`` (decided on rank 0,
+      checked after every iteration, saved as ``iter_{N}.pth``).
     * ``max_keep_ckpts``: keep only the newest N periodic checkpoints (best ones are kept apart).
     * ``save_last``: when training completes and its final state is not already in a periodic
       checkpoint, save it as ``last.pth`` (a file of its own, like Lightning's ``last.ckpt``, so
@@ -41,19 +44,21 @@ class CheckpointHook(Hook):
     * ``save_best``: ``'auto'`` (the first validation metric), a metric key, or a list of keys;
       ``rule`` ``'greater'``/``'less'`` (or a list), else inferred from ``greater_keys`` /
       ``less_keys`` by substring; the best is ``best_{key}_epoch_{N}.pth`` and replaces the
-      previous best.
+      previous best. ``save_topk=K`` keeps the K best checkpoints of each key instead of one.
     * ``published_keys``: after training, the last and best checkpoints are also written with only
       these keys as ``{name}-{sha256[:8]}.pth``.
     * ``out_dir`` (default ``work_dir``), ``filename_tmpl`` (default ``epoch_{}.pth`` /
       ``iter_{}.pth``), ``save_optimizer``, ``save_param_scheduler``.
 
     ``work_dir/last_checkpoint`` (and ``out_dir/last_checkpoint``) names the newest periodic or
-    last checkpoint; ``resume=True`` starts from it.
+    last checkpoint; ``resume=True`` starts from it. ``runner.request_checkpoint(reason)`` and
+    preemption save through :meth:`save_on_request` (``iter_{N}.pth``, kept like periodic ones).
     """
 
     priority = "VERY_LOW"
 
-    def __init__(self, interval: int = -1, by_epoch: bool = True, save_optimizer: bool = True,
+    def __init__(self, interval: Union[int, str] = -1, by_epoch: bool = True,
+                 save_optimizer: bool = True,
                  save_param_scheduler: bool = True, out_dir: Optional[str] = None,
                  max_keep_ckpts: int = -1, save_last: bool = True,
                  save_best: Union[str, Sequence[str], None] = None,
@@ -62,9 +67,13 @@ class CheckpointHook(Hook):
                  less_keys: Optional[Sequence[str]] = None,
                  filename_tmpl: Optional[str] = None,
                  published_keys: Union[str, Sequence[str], None] = None,
-                 save_begin: int = 0) -> None:
-        self.interval = int(interval)
+                 save_begin: int = 0, save_topk: int = 1) -> None:
+        self.every = Interval.parse(interval, bool(by_epoch), f"{KEY}.interval")
+        self.interval = interval
         self.by_epoch = bool(by_epoch)
+        self.save_topk = int(save_topk)
+        if self.save_topk < 1:
+            raise ConfigError(f"{KEY}.save_topk", "must be >= 1")
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
         self.out_dir_arg = out_dir
@@ -73,7 +82,8 @@ class CheckpointHook(Hook):
         self.save_begin = int(save_begin)
         if self.save_begin < 0:
             raise ConfigError(f"{KEY}.save_begin", "must be >= 0")
-        self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if self.by_epoch else "iter_{}.pth")
+        by_epoch_names = self.every.kind == "epoch" or (self.every.never and self.by_epoch)
+        self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch_names else "iter_{}.pth")
         if "{}" not in self.filename_tmpl:
             raise ConfigError(f"{KEY}.filename_tmpl", "needs a '{}' for the epoch/iteration number")
         self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
@@ -104,6 +114,7 @@ class CheckpointHook(Hook):
         # state that survives resume (state_dict below)
         self.best_scores: dict[str, float] = {}
         self.best_files: dict[str, str] = {}
+        self.top: dict[str, list] = {}  # key -> [[score, file], ...], best first (save_topk)
         self.kept: list[str] = []
         self.last_file: Optional[str] = None
         self.last_saved_iter = -1
@@ -129,20 +140,32 @@ class CheckpointHook(Hook):
         self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.by_epoch and self.interval > 0 and not getattr(runner.train_loop, "by_epoch", True):
+        if self.every.kind == "epoch" and not getattr(runner.train_loop, "by_epoch", True):
             runner.logger.warning("default_hooks.checkpoint.by_epoch is True but training is "
-                                  "iteration-based: set by_epoch=False to save every %d "
+                                  "iteration-based: set by_epoch=False to save every %s "
                                   "iterations", self.interval)
+        self.every.start_clock()
 
     # -- periodic ------------------------------------------------------------------------------
     def after_train_epoch(self, runner) -> None:
-        if self.by_epoch and self.every_n_epochs(runner, self.interval, self.save_begin):
+        if self.every.due_after_epoch(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.epoch + 1))
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        if not self.by_epoch and self.every_n_train_iters(runner, self.interval, self.save_begin):
+        if self.every.due_after_iter(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.iter + 1))
+
+    def save_on_request(self, runner, reason: str) -> Path:
+        """Save now (a request or preemption, between iterations) as ``iter_{N}.pth``."""
+        done = runner.train_loop.position()["iter"]
+        if self.last_saved_iter == done and self.last_file:
+            return self.out_dir / self.last_file  # this very state was just saved
+        name = f"iter_{done}.pth"
+        self._save_periodic(runner, name)
+        if runner.rank == 0:
+            runner.logger.info("saved %s (%s)", name, reason)
+        return self.out_dir / name
 
     def _save(self, runner, filename: str, meta: Optional[dict] = None) -> Path:
         return runner.save_checkpoint(self.out_dir, filename, save_optimizer=self.save_optimizer,
@@ -178,19 +201,24 @@ class CheckpointHook(Hook):
                 raise ConfigError(f"{KEY}.save_best", f"{key!r} is not a validation metric; "
                                                       f"the evaluator reports: {', '.join(metrics)}")
             value = float(metrics[key])
-            best = self.best_scores.get(key)
-            if best is not None and not (value > best if rule == "greater" else value < best):
+            top = self.top.setdefault(key, [[self.best_scores[key], self.best_files[key]]]
+                                      if key in self.best_files else [])
+            better = (lambda a, b: a > b) if rule == "greater" else (lambda a, b: a < b)
+            if len(top) >= self.save_topk and not better(value, top[-1][0]):
                 continue
-            self.best_scores[key] = value
-            runner.message_hub.update_info(f"best_score/{key}", value)
-            old = self.best_files.get(key)
             unit, n = ("epoch", runner.epoch) if self.by_epoch else ("iter", runner.iter)
             name = f"best_{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}_{unit}_{n}.pth"
-            self.best_files[key] = name
+            place = next((i for i, (score, _) in enumerate(top) if better(value, score)), len(top))
+            top.insert(place, [value, name])
+            dropped = [f for _, f in top[self.save_topk:] if f != name]
+            del top[self.save_topk:]
+            self.best_scores[key], self.best_files[key] = top[0]
+            runner.message_hub.update_info(f"best_score/{key}", top[0][0])
             self._save(runner, name, meta={"best": {key: value}})
             if runner.rank == 0:
-                runner.logger.info("new best %s = %.4f: saved %s", key, value, name)
-                if old and old != name:
+                runner.logger.info("%s %s = %.4f: saved %s", "new best" if place == 0 else
+                                   f"top-{self.save_topk}", key, value, name)
+                for old in dropped:
                     (self.out_dir / old).unlink(missing_ok=True)
 
     # -- end of training -----------------------------------------------------------------------
@@ -227,13 +255,15 @@ class CheckpointHook(Hook):
         """The checkpoints a finished run keeps: ``last``, ``best`` and ``published`` (rank 0)."""
         def existing(names):
             return [self.out_dir / n for n in names if n and (self.out_dir / n).is_file()]
+        best = [f for top in self.top.values() for _, f in top] or list(self.best_files.values())
         return {"last": existing([self.last_file] if self.save_last else []),
-                "best": existing(self.best_files.values()),
+                "best": existing(best),
                 "published": existing(self.published)}
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"best_scores": dict(self.best_scores), "best_files": dict(self.best_files),
+                "top": {k: [list(e) for e in v] for k, v in self.top.items()},
                 "kept": list(self.kept), "last_file": self.last_file,
                 "last_saved_iter": self.last_saved_iter, "save_best": list(self.save_best),
                 "rules": list(self.rules)}
@@ -241,6 +271,7 @@ class CheckpointHook(Hook):
     def load_state_dict(self, state: dict) -> None:
         self.best_scores = dict(state.get("best_scores", {}))
         self.best_files = dict(state.get("best_files", {}))
+        self.top = {k: [list(e) for e in v] for k, v in state.get("top", {}).items()}
         self.kept = list(state.get("kept", []))
         self.last_file = state.get("last_file")
         self.last_saved_iter = int(state.get("last_saved_iter", -1))

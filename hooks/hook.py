@@ -51,11 +51,14 @@ class Hook:
     """Base class of every hook. Override any mount point; the rest cost nothing at dispatch.
 
     ``priority`` may be set as a class attribute (a :class:`~hooks.Priority`, its name, or an int);
-    a ``priority=`` key in the hook's config wins over it. A hook that must survive resume defines
-    ``state_dict()`` / ``load_state_dict(state)`` returning/accepting plain containers and tensors.
+    a ``priority=`` key in the hook's config wins over it. ``on_error`` (``'raise'``, ``'warn'``,
+    ``'disable'``) is what the dispatcher does when a mount point of this hook raises; the config
+    key of the same name wins. A hook that must survive resume defines ``state_dict()`` /
+    ``load_state_dict(state)`` returning/accepting plain containers and tensors.
     """
 
     priority: Any = "NORMAL"
+    on_error: str = "raise"
 
     # -- whole runs ---------------------------------------------------------------------------
     def before_run(self, runner) -> None:

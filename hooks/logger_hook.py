@@ -1,12 +1,16 @@
 """LoggerHook: turns the MessageHub's scalars into records for the configured sinks."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import logging
+import time
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
 from distributed_runner import dist
 from distributed_runner.errors import ConfigError
+from distributed_runner.interval import Interval
+from distributed_runner.log import LOGGER_NAME
 from distributed_runner.registry import HOOKS
 from distributed_runner.sinks import LogRecord, build_sink
 
@@ -19,23 +23,40 @@ class LoggerHook(Hook):
     to each sink: ``sinks=['terminal', 'jsonl']`` by default; any ``dict(type=...)`` from the
     LOG_SINKS registry or a ``LogSink`` instance also works.
 
+    ``interval``: an int or ``'Nit'`` counts batches of the epoch (MMEngine's rule); ``'2ep'``
+    logs at the end of every 2nd epoch; ``'30s'``/``'5min'`` by wall time (rank 0's clock).
     Training values are smoothed over the iterations since the last record (``lr`` is the current
     value) and averaged across ranks. ``ignore_last=False`` also logs the last iterations of an
     epoch that do not fill an interval.
+
+    Hook timing: each record carries the ``top_hooks`` slowest hooks of its window (µs per
+    iteration, from the dispatcher's always-on timing); a hook whose cumulative time exceeds
+    ``hook_time_warn_share`` of the training wall time is warned about once; the full table
+    (hook, mount point, calls, total, mean) is logged after training.
+
+    A sink that raises is reported once and skipped for that record; the others still write
+    (``on_error='warn'`` also covers the rest of this hook).
     Ranks: all compute (the cross-rank average is a collective); rank 0 writes.
     """
 
     priority = "BELOW_NORMAL"
+    on_error = "warn"
 
-    def __init__(self, interval: int = 10, ignore_last: bool = True,
-                 sinks: Sequence[Any] = ("terminal", "jsonl")) -> None:
-        if int(interval) < 1:
+    def __init__(self, interval: Union[int, str] = 10, ignore_last: bool = True,
+                 sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 3,
+                 hook_time_warn_share: float = 0.1) -> None:
+        self.every = Interval.parse(interval, by_epoch=False, key="default_hooks.logger.interval")
+        if self.every.never:
             raise ConfigError("default_hooks.logger.interval", "must be >= 1")
-        self.interval = int(interval)
+        self.interval = int(self.every.every) if self.every.kind == "iter" else 0
         self.ignore_last = ignore_last
         self.sink_specs = list(sinks)
         self.sinks: list = []
+        self.top_hooks = int(top_hooks)
+        self.hook_time_warn_share = float(hook_time_warn_share)
         self._last_logged = 0  # runner.iter when the last train record was written
+        self._sink_failures: dict[int, int] = {}
+        self._warned_hooks: set[str] = set()
 
     def before_run(self, runner) -> None:
         if runner.rank == 0:
@@ -49,13 +70,24 @@ class LoggerHook(Hook):
         self._by_epoch = getattr(runner.train_loop, "by_epoch", True)
         self._epoch_length = len(runner.train_dataloader)
         # the last batch of an epoch is logged even when it does not fill an interval
-        self._log_tail = self._by_epoch and (not self.ignore_last
-                                             or self._epoch_length <= self.interval)
+        self._log_tail = self._by_epoch and self.every.kind == "iter" and (
+            not self.ignore_last or self._epoch_length <= self.interval)
+        self.every.start_clock()
+        self._train_start = self._window_start = time.perf_counter()
+        self._hook_seconds = self._hook_seconds_at_start = dict(runner.hook_seconds())
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        if (batch_idx + 1) % self.interval == 0 or (
-                self._log_tail and batch_idx + 1 == self._epoch_length):
+        kind = self.every.kind
+        if kind == "iter":
+            due = (batch_idx + 1) % self.interval == 0 or (
+                self._log_tail and batch_idx + 1 == self._epoch_length)
+        elif kind == "epoch":
+            due = self._by_epoch and batch_idx + 1 == self._epoch_length and \
+                (runner.epoch + 1) % self.every.every == 0
+        else:
+            due = self.every.time_due()
+        if due:
             self._log_train(runner, batch_idx)
 
     def _log_train(self, runner, batch_idx: int) -> None:
@@ -81,6 +113,7 @@ class LoggerHook(Hook):
             scalars["memory"] = float(torch.cuda.max_memory_allocated(runner.device) // 2**20)
         info = {"by_epoch": self._by_epoch, "iter_in_epoch": batch_idx + 1,
                 "epoch_length": self._epoch_length, "max_iters": runner.max_iters}
+        info["hooks"] = self._top_hooks(runner, window)
         eta = hub.get_info("eta")
         if eta is not None:
             info["eta"] = eta
@@ -104,9 +137,40 @@ class LoggerHook(Hook):
     def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         self._log_eval(runner, "test", metrics)
 
+    def _top_hooks(self, runner, window: int) -> list[tuple[str, float]]:
+        """The slowest hooks of this window as (name, µs per iteration); warns once per hook
+        whose cumulative share of the training wall time exceeds ``hook_time_warn_share``."""
+        now_seconds = runner.hook_seconds()
+        delta = {n: s - self._hook_seconds.get(n, 0.0) for n, s in now_seconds.items()}
+        self._hook_seconds = now_seconds
+        now = time.perf_counter()
+        elapsed = now - self._train_start
+        self._window_start = now
+        for name, total in now_seconds.items():
+            share = (total - self._hook_seconds_at_start.get(name, 0.0)) / max(elapsed, 1e-9)
+            if share > self.hook_time_warn_share and name not in self._warned_hooks:
+                self._warned_hooks.add(name)
+                runner.logger.warning(
+                    "hook %r took %.0f%% of the training time so far (above "
+                    "default_hooks.logger.hook_time_warn_share=%.2f); see the hook time table "
+                    "at the end of training", name, 100 * share, self.hook_time_warn_share)
+        top = sorted(delta.items(), key=lambda kv: -kv[1])[:self.top_hooks]
+        return [(name, 1e6 * seconds / window) for name, seconds in top if seconds > 0]
+
+    def after_train(self, runner) -> None:
+        if runner.rank == 0:
+            runner.logger.info(format_hook_timings(runner.hook_timings()))
+
     def _write(self, record: LogRecord) -> None:
-        for sink in self.sinks:
-            sink.write(record)
+        for i, sink in enumerate(self.sinks):
+            try:
+                sink.write(record)
+            except Exception as exc:  # noqa: BLE001 - one broken sink must not silence the rest
+                self._sink_failures[i] = self._sink_failures.get(i, 0) + 1
+                if self._sink_failures[i] == 1:
+                    logging.getLogger(LOGGER_NAME).warning("sink %s failed (%s: %s); it is skipped for this record "
+                                         "and later failures are only counted",
+                                         type(sink).__name__, type(exc).__name__, exc)
 
     def sink_of_type(self, cls: type) -> object | None:
         """The first configured sink that is a ``cls`` (rank 0; None elsewhere)."""
@@ -130,3 +194,15 @@ class LoggerHook(Hook):
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def format_hook_timings(rows: list) -> str:
+    """The dispatcher's timing rows as the table logged after training."""
+    lines = ["Hook time (cumulative, inclusive of nested hook calls):",
+             f"  {'hook':<20} {'mount point':<24} {'calls':>8} {'total s':>9} {'mean us':>9}"
+             f" {'errors':>6}"]
+    for t in rows:
+        mean = 1e6 * t.seconds / t.calls if t.calls else 0.0
+        lines.append(f"  {t.name:<20} {t.mount:<24} {t.calls:>8} {t.seconds:>9.3f} "
+                     f"{mean:>9.1f} {t.errors:>6}")
+    return "\n".join(lines)

@@ -44,6 +44,11 @@ class TensorBoardSink(LogSink):
             self._last_val = {f"hparam/val/{k}": v for k, v in record.scalars.items()
                               if k not in ("time", "data_time")}
 
+    def add_image(self, tag: str, image: Any, step: int) -> None:
+        """An ``H x W x 3`` uint8 image under ``tag`` (VisualizationHook's predictions)."""
+        if self._writer is not None:
+            self._writer.add_image(tag, image, step, dataformats="HWC")
+
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()

@@ -36,6 +36,8 @@ def format_record(record: LogRecord) -> str:
     scalars = record.scalars
     for key in [k for k in _FIRST if k in scalars] + [k for k in scalars if k not in _FIRST]:
         parts.append(f"{key}: {format_value(key, scalars[key])}")
+    if info.get("hooks"):
+        parts.append("hooks(us/it): " + " ".join(f"{n} {us:.0f}" for n, us in info["hooks"]))
     return "  ".join(parts)
 
 

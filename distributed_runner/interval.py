@@ -1,0 +1,101 @@
+"""One interval spec for every periodic hook.
+
+``interval`` is an int — epochs when the hook's ``by_epoch`` is true, iterations otherwise — or a
+string with a unit: ``'500it'``, ``'2ep'``, ``'90s'``, ``'30min'``, ``'1h'``. ``0`` or a negative
+int means never.
+
+Wall-time intervals must fire on the same iteration on every rank (the hooks that use them save
+checkpoints or reduce logs, both collectives), and clocks differ between machines: rank 0 decides
+and the decision is broadcast — one one-element all-reduce per check, only for wall-time
+intervals in a distributed run.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import torch
+
+from . import dist
+from .errors import ConfigError
+
+_SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+_UNITS = {"it": ("iter", 1), "iter": ("iter", 1), "iters": ("iter", 1),
+          "ep": ("epoch", 1), "epoch": ("epoch", 1), "epochs": ("epoch", 1),
+          "s": ("time", 1.0), "sec": ("time", 1.0), "min": ("time", 60.0),
+          "h": ("time", 3600.0)}
+
+
+class Interval:
+    """A parsed interval: ``kind`` is ``'iter'``, ``'epoch'``, ``'time'`` or ``'never'``."""
+
+    def __init__(self, kind: str, every: float, text: str) -> None:
+        self.kind, self.every, self.text = kind, every, text
+        self._last: float | None = None
+
+    @classmethod
+    def parse(cls, value: Any, by_epoch: bool, key: str) -> "Interval":
+        if isinstance(value, Interval):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(key, f"expected an int or a string like '500it', '2ep', '30min', "
+                                   f"'1h'; got {value!r}")
+        if isinstance(value, int):
+            if value <= 0:
+                return cls("never", 0, str(value))
+            return cls("epoch" if by_epoch else "iter", value, str(value))
+        match = _SPEC.match(value.lower())
+        if not match or match.group(2) not in _UNITS:
+            raise ConfigError(key, f"cannot read interval {value!r}: use a number and one of the "
+                                   f"units it, ep, s, min, h (e.g. '500it', '2ep', '30min')")
+        kind, scale = _UNITS[match.group(2)]
+        amount = float(match.group(1)) * scale
+        if kind != "time":
+            if amount != int(amount) or amount < 1:
+                raise ConfigError(key, f"{value!r}: iterations and epochs must be whole numbers "
+                                       f">= 1")
+            amount = int(amount)
+        elif amount <= 0:
+            raise ConfigError(key, f"{value!r}: a wall-time interval must be positive")
+        return cls(kind, amount, value)
+
+    @property
+    def never(self) -> bool:
+        return self.kind == "never"
+
+    def due_after_iter(self, runner: Any, start: int = 0) -> bool:
+        """At ``after_train_iter``: an iteration interval or a wall-time interval is due."""
+        if self.kind == "iter":
+            done = runner.iter + 1 - start
+            return done >= 0 and done % self.every == 0
+        if self.kind == "time":
+            return self.time_due()
+        return False
+
+    def due_after_epoch(self, runner: Any, start: int = 0) -> bool:
+        """At ``after_train_epoch``: an epoch interval is due."""
+        if self.kind != "epoch":
+            return False
+        done = runner.epoch + 1 - start
+        return done >= 0 and done % self.every == 0
+
+    def start_clock(self) -> None:
+        """Start (or restart) a wall-time interval now — call it at ``before_train``."""
+        self._last = time.monotonic()
+
+    def time_due(self) -> bool:
+        """Rank 0's clock says the interval elapsed; the same answer on every rank."""
+        now = time.monotonic()
+        if self._last is None:
+            self._last = now
+        due = now - self._last >= self.every
+        if dist.is_distributed():
+            flag = torch.tensor([1 if due and dist.get_rank() == 0 else 0], dtype=torch.int32)
+            due = bool(dist.all_reduce(flag, "max").item())
+        if due:
+            self._last = now
+        return due
+
+    def __repr__(self) -> str:
+        return f"Interval({self.text!r})"

@@ -1,0 +1,104 @@
+"""EarlyStoppingHook: stop training when a validation metric stops improving."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from distributed_runner.errors import ConfigError
+from distributed_runner.registry import HOOKS
+
+from .checkpoint_hook import GREATER_KEYS, LESS_KEYS
+from .hook import Hook
+
+KEY = "custom_hooks.early_stopping"
+
+
+@HOOKS.register_module()
+class EarlyStoppingHook(Hook):
+    """After each validation, compare ``monitor`` with the best value so far.
+
+    * ``rule``: ``'greater'``/``'less'``; inferred from the key like CheckpointHook's save_best
+      (``acc``, ``mAP``... greater; ``loss`` less).
+    * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
+      training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
+      ``check_finite`` stops when it is NaN or infinite.
+    * ``strict=True`` makes a missing ``monitor`` an error; otherwise it is warned about once.
+
+    Stopping goes through ``runner.request_stop(reason)``: every rank stops after the same
+    validation and the reason is logged. ``best_score`` and ``wait_count`` are in the checkpoint,
+    so patience counts across resumes. Ranks: all decide, from metrics identical on every rank.
+    """
+
+    priority = "LOW"
+
+    def __init__(self, monitor: str, rule: Optional[str] = None, min_delta: float = 0.1,
+                 strict: bool = False, check_finite: bool = True, patience: int = 5,
+                 stopping_threshold: Optional[float] = None) -> None:
+        if rule is None:
+            low = monitor.lower()
+            if any(k.lower() in low for k in GREATER_KEYS):
+                rule = "greater"
+            elif any(k.lower() in low for k in LESS_KEYS):
+                rule = "less"
+            else:
+                raise ConfigError(f"{KEY}.rule", f"cannot tell whether a larger {monitor!r} is "
+                                                 f"better: set rule='greater' or rule='less'")
+        if rule not in ("greater", "less"):
+            raise ConfigError(f"{KEY}.rule", f"unknown rule {rule!r}: use 'greater' or 'less'")
+        if int(patience) < 1:
+            raise ConfigError(f"{KEY}.patience", "must be >= 1")
+        self.monitor, self.rule = monitor, rule
+        self.min_delta = abs(float(min_delta))
+        self.strict, self.check_finite = strict, check_finite
+        self.patience = int(patience)
+        self.stopping_threshold = stopping_threshold
+        self.best_score = -math.inf if rule == "greater" else math.inf
+        self.wait_count = 0
+        self._warned = False
+
+    def _improved(self, value: float) -> bool:
+        if self.rule == "greater":
+            return value - self.best_score > self.min_delta
+        return self.best_score - value > self.min_delta
+
+    def _reached(self, value: float) -> bool:
+        if self.stopping_threshold is None:
+            return False
+        return value >= self.stopping_threshold if self.rule == "greater" \
+            else value <= self.stopping_threshold
+
+    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        if runner.train_loop is None or metrics is None:
+            return
+        if self.monitor not in metrics:
+            if self.strict:
+                raise ConfigError(f"{KEY}.monitor", f"{self.monitor!r} is not a validation "
+                                  f"metric; the evaluator reports: {', '.join(metrics)}")
+            if not self._warned:
+                self._warned = True
+                runner.logger.warning("EarlyStoppingHook: %r is not among the validation metrics "
+                                      "(%s); not stopping early", self.monitor, ", ".join(metrics))
+            return
+        value = float(metrics[self.monitor])
+        if self.check_finite and not math.isfinite(value):
+            runner.request_stop(f"early stopping: {self.monitor} is {value}")
+            return
+        if self._reached(value):
+            runner.request_stop(f"early stopping: {self.monitor} = {value:.4f} reached "
+                                f"stopping_threshold {self.stopping_threshold}")
+            return
+        if self._improved(value):
+            self.best_score, self.wait_count = value, 0
+            return
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            runner.request_stop(f"early stopping: {self.monitor} has not improved by more than "
+                                f"{self.min_delta} for {self.wait_count} validations (best "
+                                f"{self.best_score:.4f})")
+
+    def state_dict(self) -> dict:
+        return {"best_score": self.best_score, "wait_count": self.wait_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_score = float(state.get("best_score", self.best_score))
+        self.wait_count = int(state.get("wait_count", 0))

@@ -1,0 +1,121 @@
+"""EMAHook: evaluate and test with a weight average of the model being trained."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+import distributed_runner.averaged_model  # noqa: F401  (registers the averages in MODELS)
+from distributed_runner.errors import ConfigError
+from distributed_runner.registry import HOOKS, MODELS, check_arguments
+
+from .hook import DataBatch, Hook
+
+
+@HOOKS.register_module()
+class EMAHook(Hook):
+    """Keep an averaged copy of the model (``ema_type``: ``'ExponentialMovingAverage'``,
+    ``'MomentumAnnealingEMA'``, ``'StochasticWeightAverage'`` or any registered
+    :class:`~distributed_runner.averaged_model.BaseAveragedModel`; other keyword arguments —
+    ``momentum``, ``interval``, ``update_buffers``, ``gamma`` — go to it).
+
+    * Updated after every training iteration once ``begin_iter`` iterations and ``begin_epoch``
+      epochs are done; before that it tracks the model exactly.
+    * Validation and testing run with the averaged weights (swapped in at ``before_val_epoch`` /
+      ``before_test_epoch``, back at ``after_*_epoch`` — before CheckpointHook's save-best — and
+      at ``after_val``/``after_test`` if an evaluation failed), so training never sees them.
+    * Checkpoints carry it as ``ema_state_dict`` (MMEngine's key) next to the training weights in
+      ``state_dict``; resume restores both, so the average continues exactly. ``load_from`` a
+      checkpoint without it starts the average from the loaded weights (``strict_load=True``
+      makes a missing or mismatching ``ema_state_dict`` an error).
+
+    Ranks: every rank keeps the same average (weights are identical after each step).
+    """
+
+    priority = "NORMAL"
+
+    def __init__(self, ema_type: str = "ExponentialMovingAverage", strict_load: bool = False,
+                 begin_iter: int = 0, begin_epoch: int = 0, **kwargs: Any) -> None:
+        if begin_iter < 0 or begin_epoch < 0:
+            raise ConfigError("custom_hooks.ema", "begin_iter and begin_epoch must be >= 0")
+        if begin_iter and begin_epoch:
+            raise ConfigError("custom_hooks.ema", "set begin_iter or begin_epoch, not both")
+        self.ema_cfg = dict(type=ema_type, **kwargs)
+        # a typo in the type or its arguments fails at registration, not after an epoch
+        check_arguments(MODELS.resolve(ema_type, "custom_hooks.ema.ema_type"), kwargs,
+                        "custom_hooks.ema", supplied=["model"])
+        self.strict_load = strict_load
+        self.begin_iter, self.begin_epoch = int(begin_iter), int(begin_epoch)
+        self.ema_model: Any = None
+        self._swapped = False
+
+    def before_run(self, runner) -> None:
+        self.ema_model = MODELS.build({**self.ema_cfg, "model": runner.model},
+                                      "custom_hooks.ema")
+        self._pairs = self.ema_model.swap_pairs(runner.model)
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        state = checkpoint.get("ema_state_dict")
+        if state is None:
+            if self.strict_load:
+                raise ConfigError("custom_hooks.ema.strict_load", "the checkpoint has no "
+                                  "ema_state_dict; set strict_load=False to start the average "
+                                  "from its weights")
+            runner.logger.warning("checkpoint has no ema_state_dict: the average starts from "
+                                  "the loaded weights")
+            self.ema_model.copy_from(runner.model)
+            self.ema_model.steps = 0
+            return
+        try:
+            mismatched = self.ema_model.load_state_dict(state, strict=self.strict_load)
+        except RuntimeError as e:
+            raise ConfigError("custom_hooks.ema.strict_load", f"ema_state_dict does not fit the "
+                              f"model: {str(e).splitlines()[0]}") from None
+        if mismatched:
+            runner.logger.warning("ema_state_dict: %d keys did not match (strict_load=False)",
+                                  len(mismatched))
+
+    def _started(self, runner) -> bool:
+        return runner.iter + 1 > self.begin_iter and runner.epoch + 1 > self.begin_epoch
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                         outputs: Optional[dict] = None) -> None:
+        if self._started(runner):
+            self.ema_model.update_parameters(runner.model)
+        else:
+            self.ema_model.copy_from(runner.model)
+
+    # -- evaluation with the averaged weights --------------------------------------------------
+    @torch.no_grad()
+    def _swap(self) -> None:
+        for source, averaged in self._pairs:
+            kept = source.detach().clone()
+            source.copy_(averaged)
+            averaged.copy_(kept)
+        self._swapped = not self._swapped
+
+    def before_val_epoch(self, runner) -> None:
+        self._swap()
+
+    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        if self._swapped:
+            self._swap()
+
+    def after_val(self, runner) -> None:
+        if self._swapped:  # the evaluation raised before after_val_epoch
+            self._swap()
+
+    def before_test_epoch(self, runner) -> None:
+        self._swap()
+
+    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        if self._swapped:
+            self._swap()
+
+    def after_test(self, runner) -> None:
+        if self._swapped:
+            self._swap()
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint["ema_state_dict"] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                                        for k, v in self.ema_model.state_dict().items()}

@@ -1,0 +1,46 @@
+"""PrepareTTAHook: test with test-time augmentation."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from distributed_runner.errors import ConfigError
+from distributed_runner.registry import MODELS, HOOKS, check_arguments
+from distributed_runner.tta import TTAModel
+
+from .hook import Hook
+
+
+@HOOKS.register_module()
+class PrepareTTAHook(Hook):
+    """Wrap the model the test loop calls in a TTA model at ``before_test`` and unwrap it at
+    ``after_test`` (also when testing failed): ``tta_cfg=dict(type='TTAModel',
+    transforms=['Identity', dict(type='Flip', dims=[-1])], merge='softmax_mean')``. Any
+    registered model taking ``module`` works as ``type``. Validation and training are untouched.
+    Ranks: every rank wraps its own model.
+    """
+
+    priority = "NORMAL"
+
+    def __init__(self, tta_cfg: Optional[dict] = None) -> None:
+        self.tta_cfg = dict(tta_cfg or {"type": "TTAModel"})
+        self.tta_cfg.setdefault("type", "TTAModel")
+        cls = MODELS.resolve(self.tta_cfg["type"], "custom_hooks.prepare_tta.tta_cfg")
+        check_arguments(cls, {k: v for k, v in self.tta_cfg.items() if k != "type"},
+                        "custom_hooks.prepare_tta.tta_cfg", supplied=["module"])
+        self._original: Any = None
+
+    def before_test(self, runner) -> None:
+        self._original = runner.wrapped_model
+        wrapped = MODELS.build({**self.tta_cfg, "module": self._original},
+                               "custom_hooks.prepare_tta.tta_cfg")
+        if not callable(wrapped):
+            raise ConfigError("custom_hooks.prepare_tta.tta_cfg", "did not build a model")
+        runner.wrapped_model = wrapped
+        if isinstance(wrapped, TTAModel):
+            runner.logger.info("testing with %d augmented views merged by %s",
+                               len(wrapped.transforms), wrapped.merge)
+
+    def after_test(self, runner) -> None:
+        if self._original is not None:
+            runner.wrapped_model = self._original
+            self._original = None

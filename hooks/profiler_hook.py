@@ -1,0 +1,140 @@
+"""ProfilerHook: torch.profiler over the first epochs or iterations, traces and an operator table."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from distributed_runner.errors import ConfigError
+from distributed_runner.registry import HOOKS
+
+from .hook import DataBatch, Hook
+
+KEY = "custom_hooks.profiler"
+
+
+@HOOKS.register_module()
+class ProfilerHook(Hook):
+    """Profile the first ``profile_times`` epochs (``by_epoch=True``) or iterations of training.
+
+    * activities: ``activity_with_cpu`` (default on), ``activity_with_cuda`` (on when CUDA is
+      used); ``record_shapes``, ``profile_memory``, ``with_stack``, ``with_flops``;
+    * ``schedule=dict(wait=1, warmup=1, active=3, repeat=1)``: torch.profiler's schedule, stepped
+      every iteration (or epoch) while profiling;
+    * ``on_trace_ready=dict(type='tb_trace')`` writes traces TensorBoard's profiler plugin reads to
+      ``work_dir/tf_tracing_logs`` (``dir_name=`` to change; one file per rank);
+      ``dict(type='log_trace')`` only logs the table; a callable gets the profiler;
+    * ``json_trace_path``: also export a Chrome trace (``chrome://tracing``, Perfetto); a relative
+      path is under ``work_dir``; ``{rank}`` in it is replaced;
+    * when profiling ends, the per-operator table (``sort_by``, ``row_limit``) goes to the log.
+
+    Ranks: every rank profiles itself (its trace file names carry the rank); rank 0 logs.
+    """
+
+    priority = "VERY_LOW"
+
+    def __init__(self, by_epoch: bool = True, profile_times: int = 1,
+                 activity_with_cpu: bool = True, activity_with_cuda: Optional[bool] = None,
+                 schedule: Optional[dict] = None,
+                 on_trace_ready: Union[Callable, dict, None] = None,
+                 record_shapes: bool = False, profile_memory: bool = False,
+                 with_stack: bool = False, with_flops: bool = False,
+                 json_trace_path: Optional[str] = None, sort_by: Optional[str] = None,
+                 row_limit: int = 20) -> None:
+        if int(profile_times) < 1:
+            raise ConfigError(f"{KEY}.profile_times", "must be >= 1")
+        if isinstance(on_trace_ready, dict) and on_trace_ready.get("type") not in ("tb_trace",
+                                                                                 "log_trace"):
+            raise ConfigError(f"{KEY}.on_trace_ready.type", "use 'tb_trace' or 'log_trace' (or "
+                                                           "pass a callable)")
+        if schedule is not None and not isinstance(schedule, dict):
+            raise ConfigError(f"{KEY}.schedule", "a dict of torch.profiler.schedule arguments, "
+                                                 "e.g. dict(wait=1, warmup=1, active=3)")
+        self.by_epoch, self.profile_times = bool(by_epoch), int(profile_times)
+        self.activity_with_cpu, self.activity_with_cuda = activity_with_cpu, activity_with_cuda
+        self.schedule, self.on_trace_ready = schedule, on_trace_ready
+        self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory,
+                            with_stack=with_stack, with_flops=with_flops)
+        self.json_trace_path, self.sort_by, self.row_limit = json_trace_path, sort_by, row_limit
+        self.profiler: Any = None
+        self.table: str = ""
+        self.trace_dir: Optional[Path] = None
+        self._steps = 0
+
+    def _activities(self, runner) -> list:
+        acts = []
+        if self.activity_with_cpu:
+            acts.append(torch.profiler.ProfilerActivity.CPU)
+        cuda = self.activity_with_cuda
+        if cuda is None:
+            cuda = runner.device.type == "cuda"
+        if cuda:
+            if not torch.cuda.is_available():
+                raise ConfigError(f"{KEY}.activity_with_cuda", "CUDA is not available here")
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        if not acts:
+            raise ConfigError(KEY, "no activity to profile: enable activity_with_cpu or "
+                                   "activity_with_cuda")
+        return acts
+
+    def _trace_handler(self, runner) -> Optional[Callable]:
+        spec = self.on_trace_ready
+        if callable(spec):
+            return spec
+        if isinstance(spec, dict) and spec["type"] == "tb_trace":
+            self.trace_dir = Path(runner.work_dir) / spec.get("dir_name", "tf_tracing_logs")
+            return torch.profiler.tensorboard_trace_handler(str(self.trace_dir),
+                                                            worker_name=f"rank{runner.rank}")
+        return None
+
+    def before_train(self, runner) -> None:
+        schedule = torch.profiler.schedule(**self.schedule) if self.schedule else None
+        self.profiler = torch.profiler.profile(
+            activities=self._activities(runner), schedule=schedule,
+            on_trace_ready=self._trace_handler(runner), **self.options)
+        self.profiler.__enter__()
+        self._steps = 0
+
+    def _step(self, runner) -> None:
+        if self.profiler is None:
+            return
+        self._steps += 1
+        if self.schedule:
+            self.profiler.step()
+        if self._steps >= self.profile_times:
+            self._stop(runner)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                         outputs: Optional[dict] = None) -> None:
+        if not self.by_epoch:
+            self._step(runner)
+
+    def after_train_epoch(self, runner) -> None:
+        if self.by_epoch:
+            self._step(runner)
+
+    def after_train(self, runner) -> None:
+        self._stop(runner)  # training ended before profile_times
+
+    def _stop(self, runner) -> None:
+        prof, self.profiler = self.profiler, None
+        if prof is None:
+            return
+        prof.__exit__(None, None, None)
+        if self.json_trace_path:
+            path = Path(self.json_trace_path.format(rank=runner.rank))
+            path = path if path.is_absolute() else Path(runner.work_dir) / path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+        try:
+            averages = prof.key_averages()
+        except (AssertionError, RuntimeError):  # a schedule whose active window never came
+            runner.logger.warning("ProfilerHook: nothing was recorded; check schedule= against "
+                                  "profile_times=%d", self.profile_times)
+            return
+        cuda = any(a == torch.profiler.ProfilerActivity.CUDA for a in prof.activities)
+        sort_by = self.sort_by or ("self_cuda_time_total" if cuda else "self_cpu_time_total")
+        self.table = averages.table(sort_by=sort_by, row_limit=self.row_limit)
+        runner.logger.info("profile of the first %d %s (rank %d):\n%s", self.profile_times,
+                           "epochs" if self.by_epoch else "iterations", runner.rank, self.table)
