@@ -57,7 +57,7 @@ class ControlRequests:
         flags = dist.all_reduce(flags, "max")
         if not int(flags.sum()):
             return {}
-        mine = {k: v for k, v in self._pending.items() if v}
+        mine = {k: list(v) for k, v in self._pending.items() if v}
         self.clear()
         agreed: dict[str, list[str]] = {}
         for rank, theirs in enumerate(dist.all_gather_object(mine)):

@@ -94,11 +94,12 @@ def _names(value: Any, key: str) -> tuple[str, ...]:
     raise ConfigError(key, "must be a hook name or a list of hook names, e.g. ['ema']")
 
 
-def order_entries(entries: Sequence[HookEntry], strict: bool = True) -> list[HookEntry]:
+def order_entries(entries: Sequence[HookEntry], strict: bool = True,
+                  strict_for: HookEntry | None = None) -> list[HookEntry]:
     """Priority order, refined by ``before``/``after`` constraints (a stable topological sort).
 
     ``strict=False`` ignores constraints naming hooks not registered yet (registration is
-    incremental; the final check is strict).
+    incremental; the final check is strict); ``strict_for`` checks only that entry's names.
     """
     by_name = {e.name: e for e in entries}
     succ: dict[str, set[str]] = {e.name: set() for e in entries}
@@ -108,7 +109,7 @@ def order_entries(entries: Sequence[HookEntry], strict: bool = True) -> list[Hoo
             for first, then in pairs:
                 other = then if first == e.name else first
                 if other not in by_name:
-                    if strict:
+                    if strict or e is strict_for:
                         raise ConfigError(f"{e.key}.{attr}", f"no hook named {other!r}"
                                           f"{did_you_mean(other, list(by_name))}; registered: "
                                           f"{', '.join(by_name)}")
@@ -188,10 +189,12 @@ class HookDispatcher:
             raise ConfigError(f"{key}.on_error", f"unknown policy {policy!r}: use "
                                                  f"{', '.join(map(repr, ERROR_POLICIES))}")
         hook.priority = value
-        self._entries.append(HookEntry(name, hook, value, len(self._entries), policy,
-                                       _names(before, f"{key}.before"),
-                                       _names(after, f"{key}.after"), key))
-        self._rebuild(strict)
+        entry = HookEntry(name, hook, value, len(self._entries), policy,
+                          _names(before, f"{key}.before"), _names(after, f"{key}.after"), key)
+        self._entries.append(entry)
+        self._rebuild(strict=False)
+        if strict:
+            order_entries(self._entries, strict=False, strict_for=entry)
 
     def check(self) -> None:
         """Validate every ordering constraint now that all hooks are registered."""

@@ -12,7 +12,7 @@ intervals in a distributed run.
 from __future__ import annotations
 
 import re
-import time
+from time import monotonic as _clock
 from typing import Any
 
 import torch
@@ -82,11 +82,11 @@ class Interval:
 
     def start_clock(self) -> None:
         """Start (or restart) a wall-time interval now — call it at ``before_train``."""
-        self._last = time.monotonic()
+        self._last = _clock()
 
     def time_due(self) -> bool:
         """Rank 0's clock says the interval elapsed; the same answer on every rank."""
-        now = time.monotonic()
+        now = _clock()
         if self._last is None:
             self._last = now
         due = now - self._last >= self.every

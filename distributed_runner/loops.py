@@ -219,7 +219,7 @@ class _TrainLoopBase:
     def rollback(self, request: RollbackRequested) -> None:
         """Restore the newest checkpoint on every rank and let the guard adjust (LR scale)."""
         self.runner.rollback(request.reason)
-        request.guard.after_rollback(self.runner)
+        request.guard.on_rollback(self.runner)
 
     def train_step(self, data_batch: Any) -> dict:
         runner = self.runner

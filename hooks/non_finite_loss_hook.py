@@ -74,7 +74,7 @@ class NonFiniteLossHook(Hook):
             self._kept = self.state_dict()
         return self.policy
 
-    def after_rollback(self, runner) -> None:
+    def on_rollback(self, runner) -> None:
         """The checkpoint restored older hook state: keep ours, then scale the LR."""
         if self._kept is not None:
             self.load_state_dict(self._kept)

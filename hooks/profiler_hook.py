@@ -1,13 +1,14 @@
 """ProfilerHook: torch.profiler over the first epochs or iterations, traces and an operator table."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 
 from distributed_runner.errors import ConfigError
-from distributed_runner.registry import HOOKS
+from distributed_runner.registry import HOOKS, accepts
 
 from .hook import DataBatch, Hook
 
@@ -29,10 +30,12 @@ class ProfilerHook(Hook):
       path is under ``work_dir``; ``{rank}`` in it is replaced;
     * when profiling ends, the per-operator table (``sort_by``, ``row_limit``) goes to the log.
 
+    ``on_error='warn'``: a profiling failure is reported, training goes on.
     Ranks: every rank profiles itself (its trace file names carry the rank); rank 0 logs.
     """
 
     priority = "VERY_LOW"
+    on_error = "warn"  # a profiling problem never stops training
 
     def __init__(self, by_epoch: bool = True, profile_times: int = 1,
                  activity_with_cpu: bool = True, activity_with_cuda: Optional[bool] = None,
@@ -90,9 +93,12 @@ class ProfilerHook(Hook):
 
     def before_train(self, runner) -> None:
         schedule = torch.profiler.schedule(**self.schedule) if self.schedule else None
+        # acc_events: the table covers every active cycle of the schedule, not just the last
+        extra = {"acc_events": True} if schedule is not None and accepts(
+            torch.profiler.profile, "acc_events") else {}
         self.profiler = torch.profiler.profile(
             activities=self._activities(runner), schedule=schedule,
-            on_trace_ready=self._trace_handler(runner), **self.options)
+            on_trace_ready=self._trace_handler(runner), **self.options, **extra)
         self.profiler.__enter__()
         self._steps = 0
 
@@ -126,7 +132,12 @@ class ProfilerHook(Hook):
             path = Path(self.json_trace_path.format(rank=runner.rank))
             path = path if path.is_absolute() else Path(runner.work_dir) / path
             path.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(path))
+            saved = sorted(self.trace_dir.glob(f"rank{runner.rank}*.json"),
+                           key=lambda p: p.stat().st_mtime) if self.trace_dir else []
+            if saved:  # the TensorBoard handler already wrote this Chrome-format trace
+                shutil.copyfile(saved[-1], path)
+            else:
+                prof.export_chrome_trace(str(path))
         try:
             averages = prof.key_averages()
         except (AssertionError, RuntimeError):  # a schedule whose active window never came

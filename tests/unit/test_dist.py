@@ -59,6 +59,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
+        torch.distributed.barrier()  # neither rank tears gloo down while the other still uses it
         torch.distributed.destroy_process_group()
 
 

@@ -1,0 +1,92 @@
+"""Test-only components for the hook library (also imported on Ray workers through
+``custom_imports=['tests.hook_probes']``): a metric that reports a scripted sequence, a model whose
+loss turns NaN at chosen steps, and hooks that raise requests or signals on one rank."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+import tests.toy  # noqa: F401  (ToyDataset / ToyModel)
+from distributed_runner.evaluator import BaseMetric
+from distributed_runner.registry import HOOKS, METRICS, MODELS
+from hooks import Hook
+from tests.toy import ToyModel
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+@METRICS.register_module(force=True)
+class SeqMetric(BaseMetric):
+    """Reports ``values[n]`` as ``score`` at its n-th evaluation (counted from ``start``)."""
+
+    def __init__(self, values=(), start: int = 0) -> None:
+        super().__init__()
+        self.values, self.n = list(values), int(start)
+
+    def process(self, data_batch, outputs) -> None:
+        self.results.append(0)
+
+    def compute(self, results) -> dict:
+        value = self.values[min(self.n, len(self.values) - 1)]
+        self.n += 1
+        return {"score": value}
+
+
+@MODELS.register_module(force=True)
+class NanModel(ToyModel):
+    """ToyModel whose training loss is NaN at the training forwards numbered in ``nan_at``
+    (1-based; the counter is not part of any checkpoint) on ``nan_rank`` (None: every rank)."""
+
+    def __init__(self, nan_at=(), nan_rank=None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nan_at, self.nan_rank, self.forwards = set(nan_at), nan_rank, 0
+
+    def forward(self, inputs, labels=None, index=None, mode="predict"):
+        out = super().forward(inputs, labels, index, mode)
+        if mode == "loss":
+            self.forwards += 1
+            if self.forwards in self.nan_at and self.nan_rank in (None, _rank()):
+                out["loss"] = out["loss"] * float("nan")
+        return out
+
+
+@HOOKS.register_module(force=True)
+class RequestHook(Hook):
+    """Calls ``runner.request_<kind>(reason)`` after iteration ``at_iter`` on rank ``rank``."""
+
+    def __init__(self, kind: str = "stop", at_iter: int = 1, rank=None) -> None:
+        self.kind, self.at_iter, self.rank = kind, at_iter, rank
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter + 1 == self.at_iter and self.rank in (None, runner.rank):
+            getattr(runner, f"request_{self.kind}")(f"test {self.kind} at {self.at_iter}")
+
+
+@HOOKS.register_module(force=True)
+class SignalHook(Hook):
+    """Sends ``sig`` to its own process after iteration ``at_iter`` (once per work_dir)."""
+
+    def __init__(self, at_iter: int = 1, sig: str = "SIGTERM") -> None:
+        self.at_iter, self.sig = at_iter, sig
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        marker = runner.work_dir / "signalled"
+        if runner.iter + 1 == self.at_iter and not marker.exists():
+            marker.write_text("1")
+            os.kill(os.getpid(), getattr(signal, self.sig))
+
+
+@HOOKS.register_module(force=True)
+class SleepHook(Hook):
+    """Sleeps ``seconds`` after every training iteration (a slow hook)."""
+
+    def __init__(self, seconds: float = 0.01) -> None:
+        self.seconds = seconds
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        time.sleep(self.seconds)
