@@ -50,6 +50,8 @@ class EMAHook(Hook):
         self._swapped = False
 
     def before_run(self, runner) -> None:
+        if self.ema_model is not None:  # train() then test() on one runner: keep the average
+            return
         self.ema_model = MODELS.build({**self.ema_cfg, "model": runner.model},
                                       "custom_hooks.ema")
         self._pairs = self.ema_model.swap_pairs(runner.model)

@@ -30,8 +30,8 @@ class LoggerHook(Hook):
     epoch that do not fill an interval.
 
     Hook timing: each record carries the ``top_hooks`` slowest hooks of its window (µs per
-    iteration, from the dispatcher's always-on timing); a hook whose cumulative time exceeds
-    ``hook_time_warn_share`` of the training wall time is warned about once; the full table
+    iteration, from the dispatcher's always-on timing); a hook whose cumulative time since the
+    first record exceeds ``hook_time_warn_share`` of the wall time is warned about once; the table
     (hook, mount point, calls, total, mean) is logged after training.
 
     A sink that raises is reported once and skipped for that record; the others still write
@@ -73,8 +73,8 @@ class LoggerHook(Hook):
         self._log_tail = self._by_epoch and self.every.kind == "iter" and (
             not self.ignore_last or self._epoch_length <= self.interval)
         self.every.start_clock()
-        self._train_start = self._window_start = time.perf_counter()
-        self._hook_seconds = self._hook_seconds_at_start = dict(runner.hook_seconds())
+        self._hook_seconds = dict(runner.hook_seconds())
+        self._share_base: tuple[float, dict] | None = None
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
@@ -144,10 +144,11 @@ class LoggerHook(Hook):
         delta = {n: s - self._hook_seconds.get(n, 0.0) for n, s in now_seconds.items()}
         self._hook_seconds = now_seconds
         now = time.perf_counter()
-        elapsed = now - self._train_start
-        self._window_start = now
-        for name, total in now_seconds.items():
-            share = (total - self._hook_seconds_at_start.get(name, 0.0)) / max(elapsed, 1e-9)
+        if self._share_base is None:  # first record: one-off start-up costs are not a trend
+            self._share_base = (now, dict(now_seconds))
+        elapsed = now - self._share_base[0]
+        for name, total in now_seconds.items() if elapsed > 0 else ():
+            share = (total - self._share_base[1].get(name, 0.0)) / elapsed
             if share > self.hook_time_warn_share and name not in self._warned_hooks:
                 self._warned_hooks.add(name)
                 runner.logger.warning(

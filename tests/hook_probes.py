@@ -90,3 +90,20 @@ class SleepHook(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         time.sleep(self.seconds)
+
+
+@HOOKS.register_module(force=True)
+class ControlDumpHook(Hook):
+    """After training, each rank writes what the loop acted on and its final weights."""
+
+    priority = "LOWEST"
+
+    def after_train(self, runner) -> None:
+        import json
+        guard = runner.get_hook("non_finite_loss")
+        out = {"iter": runner.iter, "log": [[i, k, list(r)] for i, k, r in runner.requests.log],
+               "events": guard.events if guard is not None else None,
+               "lr": runner.optim_wrapper.get_lr()[0],
+               "weights": {k: v.tolist() for k, v in runner.model.state_dict().items()
+                           if k.endswith("weight")}}
+        (runner.work_dir / f"control_rank{runner.rank}.json").write_text(json.dumps(out))

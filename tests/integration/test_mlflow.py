@@ -37,7 +37,8 @@ def test_digits_example_logs_params_metrics_and_checkpoints(mlflow_server, tmp_p
         f"work_dir={tmp_path}", "train_cfg.max_epochs=3", f"experiment_name={name}"])
     cfg.default_hooks.logger.sinks = ["terminal", mlflow_sink(mlflow_server)]
     cfg.default_hooks.checkpoint.published_keys = ["meta", "state_dict"]
-    cfg.custom_hooks = [dict(type="MLflowCheckpointHook")]
+    cfg.custom_hooks = [dict(type="MLflowCheckpointHook"),
+                        dict(type="VisualizationHook", interval=3, max_images=8)]
     cfg.storage = dict(access_token="tok-123-do-not-log")
     Runner.from_cfg(cfg).train()
     client, runs = runs_of(mlflow_server, name)
@@ -54,6 +55,8 @@ def test_digits_example_logs_params_metrics_and_checkpoints(mlflow_server, tmp_p
     artifacts = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "checkpoints")}
     assert "last.pth" in artifacts and any(a.startswith("best_accuracy_epoch_") for a in artifacts)
     assert any(a.startswith("last-") for a in artifacts)  # the published one
+    images = [Path(a.path).name for a in client.list_artifacts(run.info.run_id, "visualizations")]
+    assert images == ["val_iter_135.png"]  # every 3rd validation: the last of 3
 
 
 @HOOKS.register_module(force=True)

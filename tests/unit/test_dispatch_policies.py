@@ -72,6 +72,8 @@ def test_disable_removes_the_hook_after_its_first_failure(tmp_path):
     hook = runner.get_hook("failing")
     assert hook.calls == 4 and runner.iter == 30
     assert "DISABLED" in runner.hook_plan()
+    row = next(t for t in runner.hook_timings() if t.name == "failing")
+    assert (row.calls, row.errors) == (4, 1)
 
 
 def test_class_default_policy_and_config_key_wins(tmp_path):
@@ -155,18 +157,20 @@ def test_drun_hooks_prints_the_constrained_order(tmp_path, capsys):
 # -- timing --------------------------------------------------------------------------------------
 def test_timing_is_per_hook_and_mount_point_and_reported(tmp_path, runlog):
     sink = ListSink()
-    runner = make_runner(tmp_path, custom_hooks=[dict(type="SleepHook", seconds=0.004)],
+    runner = make_runner(tmp_path, custom_hooks=[dict(type="SleepHook", seconds=0.01)],
                          default_hooks=dict(logger=dict(type="LoggerHook", interval=5,
                                                         sinks=[sink], hook_time_warn_share=0.2)),
                          log_level="INFO")
     runner.train()
     rows = {(t.name, t.mount): t for t in runner.hook_timings()}
     sleep = rows[("sleep", "after_train_iter")]
-    assert sleep.calls == 30 and sleep.seconds >= 30 * 0.004
+    assert sleep.calls == 30 and sleep.seconds >= 30 * 0.01
     assert rows[("logger", "after_train_iter")].calls == 30
     assert runner.hook_timings()[0].name == "sleep"  # slowest first
     train = [r for r in sink.records if r.mode == "train"]
-    assert all(r.info["hooks"][0][0] == "sleep" and r.info["hooks"][0][1] >= 4000 for r in train)
+    for record in train:  # the slowest hooks of each window, in us per iteration
+        top = dict(record.info["hooks"])
+        assert len(top) == 3 and top["sleep"] >= 10_000
     messages = [r.getMessage() for r in runlog.records]
     assert sum("hook 'sleep' took" in m for m in messages) == 1
     table = next(m for m in messages if m.startswith("Hook time"))

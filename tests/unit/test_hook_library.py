@@ -71,6 +71,10 @@ def test_ema_evaluates_with_the_average_and_never_changes_training(tmp_path):
     ckpt = torch.load(tmp_path / "ema" / "epoch_3.pth", weights_only=True)
     assert int(ckpt["ema_state_dict"]["steps"]) == 30
     assert_state_equal(ckpt["state_dict"], params_of(runner.model))  # weights = training weights
+    runner.val()  # a later val()/test() on the same runner keeps the average
+    assert runner.get_hook("ema").ema_model.steps == 30
+    for name, _ in runner.model.named_parameters():
+        assert torch.equal(seen["val"][name], averaged[name])
 
 
 def test_ema_resume_continues_the_average_exactly(tmp_path):

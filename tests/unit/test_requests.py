@@ -301,3 +301,32 @@ def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(tmp_path):
     assert r0["events"] == r1["events"] == 1  # rank 1's NaN made both skip
     assert r0["weights"] == r1["weights"]  # the step was skipped on both: still in sync
     assert (tmp_path / "wd" / "iter_4.pth").is_file()
+
+
+def _rollback_worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        runner = Runner.from_cfg(base_cfg(
+            os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[8], nan_rank=1),
+            default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1)),
+            custom_hooks=[dict(type="NonFiniteLossHook", policy="rollback", lr_scale=0.5),
+                          dict(type="ControlDumpHook")]))
+        runner.train()
+        with open(os.path.join(out_dir, f"forwards{rank}.json"), "w") as f:
+            json.dump(runner.model.forwards, f)
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(tmp_path):
+    mp.start_processes(_rollback_worker, args=(_free_port(), str(tmp_path)), nprocs=2,
+                       join=True, start_method="spawn")
+    r0, r1 = (json.loads((tmp_path / "wd" / f"control_rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["events"] == r1["events"] == 1
+    assert r0["lr"] == r1["lr"] == pytest.approx(0.05)
+    assert r0["weights"] == r1["weights"] and r0["iter"] == r1["iter"] == 15
+    # 5 iterations an epoch: NaN at the 8th forward -> back to epoch_1 (iter 5), 3 redone
+    assert [json.loads((tmp_path / f"forwards{r}.json").read_text()) for r in (0, 1)] == [18, 18]
