@@ -2,11 +2,19 @@
 
 A hook calls ``runner.request_stop(reason)``, ``runner.request_checkpoint(reason)`` or
 ``runner.request_val(reason)`` on any rank, at any mount point. The training loop calls
-:meth:`ControlRequests.resolve` at its safe points — after every training iteration (counters
+:meth:`ControlRequests.resolve` at its safe points — after training iterations (counters
 advanced) and after every validation — on every rank. In a distributed run that is one
 all-reduce (MAX) of four flags, so a request raised on one rank only is seen by all ranks at the
 same iteration and nobody waits for a collective the others never enter. Reasons travel only when
 a flag is set (rare), with an ``all_gather_object``.
+
+How often ranks agree after iterations is ``train_cfg.agree_every``: an int, or ``'auto'`` (the
+default): every iteration for the first :data:`AUTO_PROBE` iterations while rank 0 times the
+agreement and the step, then every N iterations with N the smallest number that keeps agreeing
+under :data:`AUTO_SHARE` of the step time (at most :data:`AUTO_MAX`). Rank 0's N travels in the
+same all-reduce, so all ranks switch at the same iteration. On GPU clusters with real models
+N stays 1; on a small CPU model over gloo, where one collective costs as much as a step, a request
+waits a few more iterations instead of slowing every one.
 
 Acted in this order: checkpoint, validation, stop; ``preempt`` (SIGTERM, see
 :mod:`distributed_runner.preemption`) writes a checkpoint and ends the run unfinished.
@@ -21,6 +29,9 @@ import torch
 from . import dist
 
 KINDS = ("checkpoint", "val", "stop", "preempt")
+AUTO_PROBE = 20  # iterations timed before 'auto' picks its interval
+AUTO_SHARE = 0.01  # agreeing may cost at most this share of the step time
+AUTO_MAX = 50  # ... but requests wait at most this many iterations
 
 
 class ControlRequests:
@@ -29,6 +40,7 @@ class ControlRequests:
     def __init__(self) -> None:
         self._pending: dict[str, list[str]] = {k: [] for k in KINDS}
         self._any = False
+        self.agreed_extra = 0
         self.log: list[tuple[int, str, tuple[str, ...]]] = []  # (iter, kind, reasons) acted on
 
     def request(self, kind: str, reason: str) -> None:
@@ -42,10 +54,11 @@ class ControlRequests:
         """Whether this rank has an unresolved request (no collective)."""
         return self._any
 
-    def resolve(self) -> dict[str, tuple[str, ...]]:
+    def resolve(self, extra: int = 0) -> dict[str, tuple[str, ...]]:
         """Kind -> reasons for every kind requested on any rank; collective when distributed.
 
-        Every rank must call this equally often.
+        Every rank must call this equally often. ``extra`` (a non-negative int) rides along; the
+        largest value any rank sent is left in :attr:`agreed_extra`.
         """
         if not dist.is_distributed():
             if not self._any:
@@ -53,8 +66,11 @@ class ControlRequests:
             agreed = {k: tuple(v) for k, v in self._pending.items() if v}
             self.clear()
             return agreed
-        flags = torch.tensor([1 if self._pending[k] else 0 for k in KINDS], dtype=torch.int32)
+        flags = torch.tensor([1 if self._pending[k] else 0 for k in KINDS] + [int(extra)],
+                             dtype=torch.int32)
         flags = dist.all_reduce(flags, "max")
+        self.agreed_extra = int(flags[-1])
+        flags = flags[:-1]
         if not int(flags.sum()):
             return {}
         mine = {k: list(v) for k, v in self._pending.items() if v}

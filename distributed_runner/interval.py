@@ -5,9 +5,10 @@ string with a unit: ``'500it'``, ``'2ep'``, ``'90s'``, ``'30min'``, ``'1h'``. ``
 int means never.
 
 Wall-time intervals must fire on the same iteration on every rank (the hooks that use them save
-checkpoints or reduce logs, both collectives), and clocks differ between machines: rank 0 decides
-and the decision is broadcast — one one-element all-reduce per check, only for wall-time
-intervals in a distributed run.
+checkpoints or reduce logs, both collectives), and clocks differ between machines: rank 0
+decides. LoggerHook broadcasts the decision (one one-element all-reduce per check, only for
+wall-time intervals in a distributed run); CheckpointHook turns it into a checkpoint request,
+which the ranks agree on anyway (:mod:`distributed_runner.control`).
 """
 from __future__ import annotations
 
@@ -84,13 +85,15 @@ class Interval:
         """Start (or restart) a wall-time interval now — call it at ``before_train``."""
         self._last = _clock()
 
-    def time_due(self) -> bool:
-        """Rank 0's clock says the interval elapsed; the same answer on every rank."""
+    def time_due(self, agree: bool = True) -> bool:
+        """Rank 0's clock says the interval elapsed; the same answer on every rank (one
+        one-element all-reduce when distributed). ``agree=False``: this rank's clock only, no
+        collective — for a caller that makes the ranks agree itself (a request)."""
         now = _clock()
         if self._last is None:
             self._last = now
         due = now - self._last >= self.every
-        if dist.is_distributed():
+        if agree and dist.is_distributed():
             flag = torch.tensor([1 if due and dist.get_rank() == 0 else 0], dtype=torch.int32)
             due = bool(dist.all_reduce(flag, "max").item())
         if due:

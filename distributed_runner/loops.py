@@ -14,8 +14,9 @@ A whole ``Runner.train()``::
                                                             # (agreed by all ranks), backward, step
             after_train_iter(batch_idx, data_batch, outputs)
             iter += 1
-            act on requests                                 # agreed by all ranks: checkpoint,
-                                                            # validation, stop, preempt
+            act on requests                                 # agreed by all ranks (every
+                                                            # train_cfg.agree_every iterations):
+                                                            # checkpoint, validation, stop, preempt
             if stop_training: break
         after_train_epoch                                   # periodic checkpoints are saved here
         epoch += 1
@@ -51,7 +52,11 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+import math
+import time
+
 from . import dist
+from .control import AUTO_MAX, AUTO_PROBE, AUTO_SHARE
 from .data import resume_sampler
 from .errors import ConfigError
 from .preemption import TrainingPreempted
@@ -115,7 +120,7 @@ class _TrainLoopBase:
     """Shared state of both training loops: counters, resume position, the train step."""
 
     def __init__(self, runner: Any, dataloader: DataLoader, val_begin: int = 1,
-                 val_interval: int = 1) -> None:
+                 val_interval: int = 1, agree_every: int | str = "auto") -> None:
         self.runner = runner
         self.dataloader = dataloader
         self.val_begin = int(val_begin)
@@ -130,7 +135,15 @@ class _TrainLoopBase:
         # objects with check_loss(loss) -> bool and reject_step(runner, loss) -> 'skip' |
         # 'rollback' (or raise); NonFiniteLossHook adds itself here
         self.step_guards: list = []
-        self._agree = dist.is_distributed()  # requests need an all-reduce every iteration
+        self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
+        if agree_every != "auto" and (isinstance(agree_every, bool)
+                                      or not isinstance(agree_every, int) or agree_every < 1):
+            raise ConfigError("train_cfg.agree_every", "'auto' or an int >= 1 (iterations between "
+                              "the ranks' agreements on requests)")
+        self.agree_every = agree_every
+        self._agree_n = 1 if agree_every == "auto" else agree_every
+        self._probe: list[tuple[float, float]] = []  # 'auto': (step seconds, agreement seconds)
+        self._last_agreed = 0.0
 
     @property
     def epoch(self) -> int:
@@ -185,13 +198,19 @@ class _TrainLoopBase:
         self._pending = None
         self._iter += 1
         self._batch_in_epoch += 1
-        if self._agree or runner.requests.pending:
+        if self._agree:
+            if self._iter % self._agree_n == 0:
+                self.act_on_requests(after_iter=True)
+        elif runner.requests.pending:
             self.act_on_requests()
 
-    def act_on_requests(self, allow_val: bool = True) -> None:
+    def act_on_requests(self, allow_val: bool = True, after_iter: bool = False) -> None:
         """Resolve requests across ranks (collective when distributed) and act on them."""
         runner = self.runner
-        agreed = runner.requests.resolve()
+        if after_iter and self.agree_every == "auto" and len(self._probe) <= AUTO_PROBE:
+            agreed = self._resolve_probing()
+        else:
+            agreed = runner.requests.resolve()
         if not agreed:
             return
         record = runner.requests.record
@@ -215,6 +234,29 @@ class _TrainLoopBase:
         if "stop" in agreed:
             record(self._iter, "stop", agreed["stop"], runner.logger)
             self.stop_training = True
+
+    def _resolve_probing(self) -> dict:
+        """'auto' agreement: time the first iterations, then send rank 0's interval along."""
+        requests = self.runner.requests
+        deciding = len(self._probe) == AUTO_PROBE
+        extra = 0
+        if deciding and self.runner.rank == 0:
+            step = sorted(s for s, _ in self._probe)[AUTO_PROBE // 2]
+            cost = sorted(c for _, c in self._probe)[AUTO_PROBE // 2]
+            extra = min(AUTO_MAX, max(1, math.ceil(cost / max(AUTO_SHARE * step, 1e-9))))
+        start = time.perf_counter()
+        agreed = requests.resolve(extra)
+        end = time.perf_counter()
+        if deciding:
+            self._agree_n = max(1, requests.agreed_extra)
+            self._probe.append((0.0, 0.0))  # decided: probing is over
+            self.runner.logger.info("ranks agree on requests every %d iteration(s) "
+                                    "(train_cfg.agree_every='auto')", self._agree_n)
+        else:
+            if self._last_agreed:
+                self._probe.append((start - self._last_agreed, end - start))
+            self._last_agreed = end
+        return agreed
 
     def rollback(self, request: RollbackRequested) -> None:
         """Restore the newest checkpoint on every rank and let the guard adjust (LR scale)."""
@@ -272,8 +314,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
     by_epoch = True
 
     def __init__(self, runner: Any, dataloader: DataLoader, max_epochs: int, val_begin: int = 1,
-                 val_interval: int = 1) -> None:
-        super().__init__(runner, dataloader, val_begin, val_interval)
+                 val_interval: int = 1, agree_every: int | str = "auto") -> None:
+        super().__init__(runner, dataloader, val_begin, val_interval, agree_every)
         if int(max_epochs) < 1:
             raise ConfigError("train_cfg.max_epochs", "must be >= 1")
         self._max_epochs = int(max_epochs)
@@ -353,8 +395,8 @@ class IterBasedTrainLoop(_TrainLoopBase):
     by_epoch = False
 
     def __init__(self, runner: Any, dataloader: DataLoader, max_iters: int, val_begin: int = 1,
-                 val_interval: int = 1000) -> None:
-        super().__init__(runner, dataloader, val_begin, val_interval)
+                 val_interval: int = 1000, agree_every: int | str = "auto") -> None:
+        super().__init__(runner, dataloader, val_begin, val_interval, agree_every)
         if int(max_iters) < 1:
             raise ConfigError("train_cfg.max_iters", "must be >= 1")
         self._max_iters = int(max_iters)

@@ -35,8 +35,9 @@ class CheckpointHook(Hook):
     * ``interval`` / ``by_epoch`` / ``save_begin``: save after every ``interval`` epochs (or
       iterations) counted from ``save_begin`` — ``interval=2, save_begin=5`` over 10 epochs saves
       epochs 5, 7 and 9. ``interval <= 0`` saves no periodic checkpoints. ``interval`` may also
-      be ``'500it'``, ``'2ep'`` or a wall time, ``'30min'``/``'1h'`` (decided on rank 0,
-      checked after every iteration, saved as ``iter_{N}.pth``).
+      be ``'500it'``, ``'2ep'`` or a wall time, ``'30min'``/``'1h'`` (rank 0's clock, checked
+      after every iteration; a checkpoint request every rank agrees on; saved as
+      ``iter_{N}.pth``).
     * ``max_keep_ckpts``: keep only the newest N periodic checkpoints (best ones are kept apart).
     * ``save_last``: when training completes and its final state is not already in a periodic
       checkpoint, save it as ``last.pth`` (a file of its own, like Lightning's ``last.ckpt``, so
@@ -153,6 +154,10 @@ class CheckpointHook(Hook):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
+        if self.every.kind == "time":  # rank 0's clock decides; the request makes ranks agree
+            if runner.rank == 0 and self.every.time_due(agree=False):
+                runner.request_checkpoint(f"{self.every.text} of wall time since the last save")
+            return
         if self.every.due_after_iter(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.iter + 1))
 

@@ -31,6 +31,8 @@ def test_one_rank_requests_nan_skip_and_early_stopping_under_ray(ray_cluster, tm
     # requested validation at iteration 7), then 0.6 twice: stop after the 4th validation
     assert r0["iter"] == r1["iter"] == 15
     acted = [[i, k] for i, k, _ in r0["log"]]
+    # agree_every='auto' agrees after every iteration while it times the first 20; the stop
+    # comes from a validation
     assert acted == [[i, k] for i, k, _ in r1["log"]] == [[4, "checkpoint"], [7, "val"],
                                                           [15, "stop"]]
     assert r0["log"][0][2] == ["test checkpoint at 4 (rank 1)"]

@@ -294,6 +294,7 @@ def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(tmp_path):
     # 20 samples / 2 ranks / batch 4 = 5 iterations per epoch; scores 0.5, 0.6 (+val request),
     # then no improvement twice -> early stop after the 4th validation (epoch 3)
     assert r0["iter"] == r1["iter"] == 15
+    # agree_every='auto' agrees after every iteration while it times the first 20
     assert r0["log"] == r1["log"] == [[4, "checkpoint"], [7, "val"], [15, "stop"]]
     assert r0["reasons"][0] == ["test checkpoint at 4 (rank 1)"]
     assert r0["reasons"][1] == ["test val at 7 (rank 0)"]
@@ -330,3 +331,38 @@ def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(tmp_path):
     assert r0["weights"] == r1["weights"] and r0["iter"] == r1["iter"] == 15
     # 5 iterations an epoch: NaN at the 8th forward -> back to epoch_1 (iter 5), 3 redone
     assert [json.loads((tmp_path / f"forwards{r}.json").read_text()) for r in (0, 1)] == [18, 18]
+
+
+def _auto_worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        runner = Runner.from_cfg(base_cfg(
+            os.path.join(out_dir, "wd"), train_cfg=dict(by_epoch=True, max_epochs=8),
+            default_hooks=dict(checkpoint=None),
+            custom_hooks=[dict(type="RequestHook", kind="stop", at_iter=27, rank=1)]))
+        runner.train()
+        with open(os.path.join(out_dir, f"auto{rank}.json"), "w") as f:
+            json.dump({"iter": runner.iter, "n": runner.train_loop._agree_n,
+                       "log": [list(e[:2]) for e in runner.requests.log]}, f)
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def test_auto_agreement_interval_is_the_same_on_every_rank(tmp_path):
+    mp.start_processes(_auto_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    r0, r1 = (json.loads((tmp_path / f"auto{r}.json").read_text()) for r in (0, 1))
+    assert r0["n"] == r1["n"] >= 1  # rank 0 timed 20 iterations and sent its choice along
+    assert r0["iter"] == r1["iter"] and r0["log"] == r1["log"]
+    stop = r0["log"][0][0]
+    # acted after iteration 27 at the next agreement: a multiple of n or the epoch end (30)
+    assert stop == 27 + (-27 % r0["n"]) or stop == 30
+    assert r0["iter"] == stop
+
+
+def test_agree_every_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="train_cfg.agree_every: 'auto' or an int >= 1"):
+        make_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1, agree_every=0))
