@@ -1,5 +1,6 @@
 """Requests with rank consensus, the interval spec, time-based and top-K checkpoints, the
 NaN/inf policy and SIGTERM preemption — in-process and over 2 local gloo processes."""
+import contextlib
 import json
 import os
 import signal
@@ -258,11 +259,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
+@contextlib.contextmanager
+def _process_group(rank: int, port: int):
+    """This spawned process as one of 2 gloo ranks; torn down only when both are done."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
+        yield
+    finally:
+        torch.distributed.barrier()  # neither rank tears gloo down while the other still uses it
+        torch.distributed.destroy_process_group()
+
+
+def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
+    with _process_group(rank, port):
         runner = Runner.from_cfg(base_cfg(
             os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[3], nan_rank=1),
             train_cfg=dict(by_epoch=True, max_epochs=6),
@@ -282,9 +293,6 @@ def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
                               if "weight" in k}}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
-    finally:
-        torch.distributed.barrier()  # neither rank tears gloo down while the other still uses it
-        torch.distributed.destroy_process_group()
 
 
 def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(tmp_path):
@@ -305,10 +313,7 @@ def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(tmp_path):
 
 
 def _rollback_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
+    with _process_group(rank, port):
         runner = Runner.from_cfg(base_cfg(
             os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[8], nan_rank=1),
             default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1)),
@@ -317,9 +322,6 @@ def _rollback_worker(rank: int, port: int, out_dir: str) -> None:
         runner.train()
         with open(os.path.join(out_dir, f"forwards{rank}.json"), "w") as f:
             json.dump(runner.model.forwards, f)
-    finally:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(tmp_path):
@@ -334,10 +336,7 @@ def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(tmp_path):
 
 
 def _auto_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
+    with _process_group(rank, port):
         runner = Runner.from_cfg(base_cfg(
             os.path.join(out_dir, "wd"), train_cfg=dict(by_epoch=True, max_epochs=8),
             default_hooks=dict(checkpoint=None),
@@ -346,9 +345,6 @@ def _auto_worker(rank: int, port: int, out_dir: str) -> None:
         with open(os.path.join(out_dir, f"auto{rank}.json"), "w") as f:
             json.dump({"iter": runner.iter, "n": runner.train_loop._agree_n,
                        "log": [list(e[:2]) for e in runner.requests.log]}, f)
-    finally:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 def test_auto_agreement_interval_is_the_same_on_every_rank(tmp_path):
