@@ -196,16 +196,14 @@ class HookDispatcher:
         entry = HookEntry(name, hook, value, len(self._entries), policy,
                           _names(before, f"{key}.before"), _names(after, f"{key}.after"), key)
         self._entries.append(entry)
-        self._rebuild(strict=False)
-        if strict:
-            order_entries(self._entries, strict=False, strict_for=entry)
+        self._rebuild(strict=False, strict_for=entry if strict else None)
 
     def check(self) -> None:
         """Validate every ordering constraint now that all hooks are registered."""
         self._rebuild(strict=True)
 
-    def _rebuild(self, strict: bool = True) -> None:
-        self._entries = order_entries(self._entries, strict)
+    def _rebuild(self, strict: bool = True, strict_for: HookEntry | None = None) -> None:
+        self._entries = order_entries(self._entries, strict, strict_for)
         tables = {}
         for mount in MOUNT_POINTS:
             row = []

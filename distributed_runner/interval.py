@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from hooks.hook import every_nth
+
 from . import dist
 from .errors import ConfigError
 
@@ -68,18 +70,14 @@ class Interval:
     def due_after_iter(self, runner: Any, start: int = 0) -> bool:
         """At ``after_train_iter``: an iteration interval or a wall-time interval is due."""
         if self.kind == "iter":
-            done = runner.iter + 1 - start
-            return done >= 0 and done % self.every == 0
+            return every_nth(runner.iter + 1 - start, self.every)
         if self.kind == "time":
             return self.time_due()
         return False
 
     def due_after_epoch(self, runner: Any, start: int = 0) -> bool:
         """At ``after_train_epoch``: an epoch interval is due."""
-        if self.kind != "epoch":
-            return False
-        done = runner.epoch + 1 - start
-        return done >= 0 and done % self.every == 0
+        return self.kind == "epoch" and every_nth(runner.epoch + 1 - start, self.every)
 
     def start_clock(self) -> None:
         """Start (or restart) a wall-time interval now — call it at ``before_train``."""

@@ -142,7 +142,8 @@ class _TrainLoopBase:
                               "the ranks' agreements on requests)")
         self.agree_every = agree_every
         self._agree_n = 1 if agree_every == "auto" else agree_every
-        self._probe: list[tuple[float, float]] = []  # 'auto': (step seconds, agreement seconds)
+        self._probing = agree_every == "auto"  # timing the first iterations to choose N
+        self._probe: list[tuple[float, float]] = []  # (step seconds, agreement seconds)
         self._last_agreed = 0.0
 
     @property
@@ -207,7 +208,7 @@ class _TrainLoopBase:
     def act_on_requests(self, allow_val: bool = True, after_iter: bool = False) -> None:
         """Resolve requests across ranks (collective when distributed) and act on them."""
         runner = self.runner
-        if after_iter and self.agree_every == "auto" and len(self._probe) <= AUTO_PROBE:
+        if after_iter and self._probing:
             agreed = self._resolve_probing()
         else:
             agreed = runner.requests.resolve()
@@ -249,7 +250,7 @@ class _TrainLoopBase:
         end = time.perf_counter()
         if deciding:
             self._agree_n = max(1, requests.agreed_extra)
-            self._probe.append((0.0, 0.0))  # decided: probing is over
+            self._probing = False
             self.runner.logger.info("ranks agree on requests every %d iteration(s) "
                                     "(train_cfg.agree_every='auto')", self._agree_n)
         else:

@@ -22,6 +22,24 @@ CHECKPOINT_KEYS = ("meta", "state_dict", "optimizer", "param_schedulers", "scale
 KEY = "default_hooks.checkpoint"
 
 
+def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
+               less_keys: Sequence[str] = LESS_KEYS) -> Optional[str]:
+    """``'greater'``/``'less'`` for a metric key: an exact match first, then a substring match
+    (``greater_keys`` first); None when neither list says."""
+    low = key.lower()
+    greater = [k.lower() for k in greater_keys]
+    less = [k.lower() for k in less_keys]
+    if low in greater:
+        return "greater"
+    if low in less:
+        return "less"
+    if any(k in low for k in greater):
+        return "greater"
+    if any(k in low for k in less):
+        return "less"
+    return None
+
+
 def _as_list(value: Union[str, Sequence[str], None]) -> list:
     if value is None:
         return []
@@ -123,17 +141,9 @@ class CheckpointHook(Hook):
 
     # -- setup ---------------------------------------------------------------------------------
     def _infer_rule(self, key: str) -> str:
-        low = key.lower()
-        greater = [k.lower() for k in self.greater_keys]
-        less = [k.lower() for k in self.less_keys]
-        if low in greater:
-            return "greater"
-        if low in less:
-            return "less"
-        if any(k in low for k in greater):
-            return "greater"
-        if any(k in low for k in less):
-            return "less"
+        rule = infer_rule(key, self.greater_keys, self.less_keys)
+        if rule is not None:
+            return rule
         raise ConfigError(f"{KEY}.rule", f"cannot tell whether a larger {key!r} is better: set "
                                          f"rule='greater' or rule='less'")
 

@@ -7,7 +7,7 @@ from typing import Optional
 from distributed_runner.errors import ConfigError
 from distributed_runner.registry import HOOKS
 
-from .checkpoint_hook import GREATER_KEYS, LESS_KEYS
+from .checkpoint_hook import infer_rule
 from .hook import Hook
 
 KEY = "custom_hooks.early_stopping"
@@ -17,8 +17,8 @@ KEY = "custom_hooks.early_stopping"
 class EarlyStoppingHook(Hook):
     """After each validation, compare ``monitor`` with the best value so far.
 
-    * ``rule``: ``'greater'``/``'less'``; inferred from the key like CheckpointHook's save_best
-      (``acc``, ``mAP``... greater; ``loss`` less).
+    * ``rule``: ``'greater'``/``'less'``; inferred from the key as CheckpointHook's save_best
+      does (:func:`~hooks.checkpoint_hook.infer_rule`: ``acc``, ``mAP``... greater; ``loss`` less).
     * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
       training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
       ``check_finite`` stops when it is NaN or infinite.
@@ -35,12 +35,8 @@ class EarlyStoppingHook(Hook):
                  strict: bool = False, check_finite: bool = True, patience: int = 5,
                  stopping_threshold: Optional[float] = None) -> None:
         if rule is None:
-            low = monitor.lower()
-            if any(k.lower() in low for k in GREATER_KEYS):
-                rule = "greater"
-            elif any(k.lower() in low for k in LESS_KEYS):
-                rule = "less"
-            else:
+            rule = infer_rule(monitor)
+            if rule is None:
                 raise ConfigError(f"{KEY}.rule", f"cannot tell whether a larger {monitor!r} is "
                                                  f"better: set rule='greater' or rule='less'")
         if rule not in ("greater", "less"):

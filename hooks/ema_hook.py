@@ -96,27 +96,15 @@ class EMAHook(Hook):
             averaged.copy_(kept)
         self._swapped = not self._swapped
 
-    def before_val_epoch(self, runner) -> None:
+    def _swap_in(self, runner) -> None:
         self._swap()
 
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
-        if self._swapped:
+    def _swap_back(self, runner, metrics: Optional[dict] = None) -> None:
+        if self._swapped:  # at after_val/after_test: only when the evaluation raised
             self._swap()
 
-    def after_val(self, runner) -> None:
-        if self._swapped:  # the evaluation raised before after_val_epoch
-            self._swap()
-
-    def before_test_epoch(self, runner) -> None:
-        self._swap()
-
-    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
-        if self._swapped:
-            self._swap()
-
-    def after_test(self, runner) -> None:
-        if self._swapped:
-            self._swap()
+    before_val_epoch = before_test_epoch = _swap_in
+    after_val_epoch = after_test_epoch = after_val = after_test = _swap_back
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         checkpoint["ema_state_dict"] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v

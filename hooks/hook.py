@@ -136,8 +136,7 @@ class Hook:
     # -- helpers (count from 1, as MMEngine does; n <= 0 means never) ---------------------------
     def every_n_epochs(self, runner, n: int, start: int = 0) -> bool:
         """True at the end of every n-th epoch counted from ``start``."""
-        done = runner.epoch + 1 - start
-        return n > 0 and done >= 0 and done % n == 0
+        return every_nth(runner.epoch + 1 - start, n)
 
     def every_n_inner_iters(self, batch_idx: int, n: int) -> bool:
         """True on every n-th batch of the current epoch."""
@@ -145,8 +144,7 @@ class Hook:
 
     def every_n_train_iters(self, runner, n: int, start: int = 0) -> bool:
         """True after every n-th training iteration counted from ``start``."""
-        done = runner.iter + 1 - start
-        return n > 0 and done >= 0 and done % n == 0
+        return every_nth(runner.iter + 1 - start, n)
 
     def end_of_epoch(self, dataloader, batch_idx: int) -> bool:
         """True on the last batch of ``dataloader``."""
@@ -163,6 +161,11 @@ class Hook:
     def get_triggered_stages(self) -> list[str]:
         """The mount points this hook overrides (MMEngine's name for it)."""
         return [name for name in MOUNT_POINTS if overrides(self, name)]
+
+
+def every_nth(done: int, n: int) -> bool:
+    """``done`` (counted from the start, 1-based) is a multiple of ``n``; ``n <= 0``: never."""
+    return n > 0 and done >= 0 and done % n == 0
 
 
 def overrides(hook: Hook, name: str) -> bool:
