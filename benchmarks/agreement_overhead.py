@@ -65,7 +65,7 @@ def _worker(rank: int, port: int, rounds: int, out: str) -> None:
             steps = [b - a for a, b in zip(clock.stamps[40:], clock.stamps[41:])]
             results[str(setting)].extend(steps)
             if setting == "auto":
-                chosen.append(runner.train_loop._agree_n)
+                chosen.append(runner.requests.agree_n)
     if rank == 0:
         Path(out, "result.json").write_text(json.dumps({"per_iter": results, "auto": chosen}))
     torch.distributed.destroy_process_group()

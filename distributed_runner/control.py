@@ -22,11 +22,14 @@ Acted in this order: checkpoint, validation, stop; ``preempt`` (SIGTERM, see
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Any
 
 import torch
 
 from . import dist
+from .errors import ConfigError
 
 KINDS = ("checkpoint", "val", "stop", "preempt")
 AUTO_PROBE = 20  # iterations timed before 'auto' picks its interval
@@ -41,6 +44,7 @@ class ControlRequests:
         self._pending: dict[str, list[str]] = {k: [] for k in KINDS}
         self._any = False
         self.agreed_extra = 0
+        self.set_agree_every("auto")
         self.log: list[tuple[int, str, tuple[str, ...]]] = []  # (iter, kind, reasons) acted on
 
     def request(self, kind: str, reason: str) -> None:
@@ -48,6 +52,47 @@ class ControlRequests:
             raise ValueError(f"unknown request {kind!r}; one of {', '.join(KINDS)}")
         self._pending[kind].append(str(reason))
         self._any = True
+
+    # -- how often ranks agree after iterations (train_cfg.agree_every) -------------------------
+    def set_agree_every(self, agree_every: int | str) -> None:
+        if agree_every != "auto" and (isinstance(agree_every, bool)
+                                      or not isinstance(agree_every, int) or agree_every < 1):
+            raise ConfigError("train_cfg.agree_every", "'auto' or an int >= 1 (iterations between "
+                              "the ranks' agreements on requests)")
+        self.agree_every = agree_every
+        self.agree_n = 1 if agree_every == "auto" else agree_every  # the interval in force
+        self._probing = agree_every == "auto"  # timing the first iterations to choose N
+        self._probe: list[tuple[float, float]] = []  # (step seconds, agreement seconds)
+        self._last_agreed = 0.0
+
+    def due(self, iteration: int) -> bool:
+        """Whether the ranks agree after completed iteration ``iteration``."""
+        return iteration % self.agree_n == 0
+
+    def resolve_after_iter(self, logger: logging.Logger | Any) -> dict[str, tuple[str, ...]]:
+        """:meth:`resolve` at an iteration boundary; with ``'auto'``, times the first
+        :data:`AUTO_PROBE` of them, then sends rank 0's choice of interval along."""
+        if not self._probing:
+            return self.resolve()
+        deciding = len(self._probe) == AUTO_PROBE
+        extra = 0
+        if deciding and dist.get_rank() == 0:
+            step = sorted(s for s, _ in self._probe)[AUTO_PROBE // 2]
+            cost = sorted(c for _, c in self._probe)[AUTO_PROBE // 2]
+            extra = min(AUTO_MAX, max(1, math.ceil(cost / max(AUTO_SHARE * step, 1e-9))))
+        start = time.perf_counter()
+        agreed = self.resolve(extra)
+        end = time.perf_counter()
+        if deciding:
+            self.agree_n = max(1, self.agreed_extra)
+            self._probing = False
+            logger.info("ranks agree on requests every %d iteration(s) "
+                        "(train_cfg.agree_every='auto')", self.agree_n)
+        else:
+            if self._last_agreed:
+                self._probe.append((start - self._last_agreed, end - start))
+            self._last_agreed = end
+        return agreed
 
     @property
     def pending(self) -> bool:

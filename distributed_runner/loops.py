@@ -52,11 +52,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-import math
-import time
-
 from . import dist
-from .control import AUTO_MAX, AUTO_PROBE, AUTO_SHARE
 from .data import resume_sampler
 from .errors import ConfigError
 from .preemption import TrainingPreempted
@@ -136,15 +132,7 @@ class _TrainLoopBase:
         # 'rollback' (or raise); NonFiniteLossHook adds itself here
         self.step_guards: list = []
         self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
-        if agree_every != "auto" and (isinstance(agree_every, bool)
-                                      or not isinstance(agree_every, int) or agree_every < 1):
-            raise ConfigError("train_cfg.agree_every", "'auto' or an int >= 1 (iterations between "
-                              "the ranks' agreements on requests)")
-        self.agree_every = agree_every
-        self._agree_n = 1 if agree_every == "auto" else agree_every
-        self._probing = agree_every == "auto"  # timing the first iterations to choose N
-        self._probe: list[tuple[float, float]] = []  # (step seconds, agreement seconds)
-        self._last_agreed = 0.0
+        runner.requests.set_agree_every(agree_every)
 
     @property
     def epoch(self) -> int:
@@ -200,7 +188,7 @@ class _TrainLoopBase:
         self._iter += 1
         self._batch_in_epoch += 1
         if self._agree:
-            if self._iter % self._agree_n == 0:
+            if runner.requests.due(self._iter):
                 self.act_on_requests(after_iter=True)
         elif runner.requests.pending:
             self.act_on_requests()
@@ -208,10 +196,8 @@ class _TrainLoopBase:
     def act_on_requests(self, allow_val: bool = True, after_iter: bool = False) -> None:
         """Resolve requests across ranks (collective when distributed) and act on them."""
         runner = self.runner
-        if after_iter and self._probing:
-            agreed = self._resolve_probing()
-        else:
-            agreed = runner.requests.resolve()
+        agreed = runner.requests.resolve_after_iter(runner.logger) if after_iter \
+            else runner.requests.resolve()
         if not agreed:
             return
         record = runner.requests.record
@@ -235,29 +221,6 @@ class _TrainLoopBase:
         if "stop" in agreed:
             record(self._iter, "stop", agreed["stop"], runner.logger)
             self.stop_training = True
-
-    def _resolve_probing(self) -> dict:
-        """'auto' agreement: time the first iterations, then send rank 0's interval along."""
-        requests = self.runner.requests
-        deciding = len(self._probe) == AUTO_PROBE
-        extra = 0
-        if deciding and self.runner.rank == 0:
-            step = sorted(s for s, _ in self._probe)[AUTO_PROBE // 2]
-            cost = sorted(c for _, c in self._probe)[AUTO_PROBE // 2]
-            extra = min(AUTO_MAX, max(1, math.ceil(cost / max(AUTO_SHARE * step, 1e-9))))
-        start = time.perf_counter()
-        agreed = requests.resolve(extra)
-        end = time.perf_counter()
-        if deciding:
-            self._agree_n = max(1, requests.agreed_extra)
-            self._probing = False
-            self.runner.logger.info("ranks agree on requests every %d iteration(s) "
-                                    "(train_cfg.agree_every='auto')", self._agree_n)
-        else:
-            if self._last_agreed:
-                self._probe.append((start - self._last_agreed, end - start))
-            self._last_agreed = end
-        return agreed
 
     def rollback(self, request: RollbackRequested) -> None:
         """Restore the newest checkpoint on every rank and let the guard adjust (LR scale)."""

@@ -343,7 +343,7 @@ def _auto_worker(rank: int, port: int, out_dir: str) -> None:
             custom_hooks=[dict(type="RequestHook", kind="stop", at_iter=27, rank=1)]))
         runner.train()
         with open(os.path.join(out_dir, f"auto{rank}.json"), "w") as f:
-            json.dump({"iter": runner.iter, "n": runner.train_loop._agree_n,
+            json.dump({"iter": runner.iter, "n": runner.requests.agree_n,
                        "log": [list(e[:2]) for e in runner.requests.log]}, f)
 
 
