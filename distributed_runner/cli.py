@@ -4,7 +4,7 @@
                [--launcher ray --num-workers N [--gpu] [--address A] [--storage-path S]
                 [--name NAME] [--max-failures K]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
-    drun hooks CONFIG [--cfg-options k=v ...]
+    drun hooks CONFIG [--cfg-options k=v ...] [--launcher none|ray]
     drun plot  WORK_DIR [--out curves.png]
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     hooks = sub.add_parser("hooks", help="print the resolved hook plan without training")
     hooks.add_argument("config")
     hooks.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
+    hooks.add_argument("--launcher", choices=["none", "ray"], default=None,
+                       help="plan as this launcher runs it (ray adds its RayReportHook)")
     plot = sub.add_parser("plot", help="draw loss, lr and validation curves of a run")
     plot.add_argument("work_dir")
     plot.add_argument("--out", help="image file (default WORK_DIR/curves.png)")
@@ -114,10 +116,15 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 def cmd_hooks(args: argparse.Namespace) -> int:
     from .config import Config
-    from .hook_builder import HookPlanOwner, build_dispatcher
+    from .hook_builder import HookPlanOwner, build_dispatcher, with_launcher_hooks
+    from .sinks import SinkSet
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
-    owner = HookPlanOwner()
-    print(build_dispatcher(owner, cfg.get("default_hooks"), cfg.get("custom_hooks")).plan_text())
+    if args.launcher is not None:
+        cfg["launcher"] = args.launcher
+    hooks = build_dispatcher(HookPlanOwner(), cfg.get("default_hooks"),
+                             with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")))
+    SinkSet.build(hooks.sink_specs(), build=False)  # a misspelled sink fails here too
+    print(hooks.plan_text())
     return 0
 
 

@@ -30,14 +30,16 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any, Callable, Iterator, Sequence
 
-from hooks.hook import MOUNT_POINTS, Hook, overrides
+from hooks.extension_points import EXTENSION_POINTS, CheckpointSaver, SinkProvider, StepGuard
+from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, overrides
 from hooks.priority import get_priority, priority_name
 
-from .errors import ConfigError, did_you_mean
+from .errors import ArgumentError, ConfigError, did_you_mean
+from .log import LOGGER_NAME
 
 _LOOKS_LIKE_MOUNT_POINT = re.compile(r"^(before|after)_")
 ERROR_POLICIES = ("raise", "warn", "disable")
-_log = logging.getLogger("distributed_runner")
+_log = logging.getLogger(LOGGER_NAME)
 
 
 @dataclass
@@ -172,6 +174,9 @@ class HookDispatcher:
         # left it (disabled); calls = (end or current) - start
         self._call_base: list[int] = []
         self._call_end: list[int | None] = []
+        # the declared extension points (hooks.extension_points), recomputed with the tables
+        self.step_guards: tuple[StepGuard, ...] = ()
+        self._extensions: dict[str, tuple[HookEntry, ...]] = {}
 
     # -- registration --------------------------------------------------------------------------
     def register(self, hook: Hook, name: str, priority: Any = None, key: str | None = None,
@@ -220,6 +225,10 @@ class HookDispatcher:
                 row.append((getattr(e.hook, mount), slot))
             tables[mount] = tuple(row)
         self._tables = tables
+        live = [e for e in self._entries if not e.disabled]
+        self._extensions = {point: tuple(e for e in live if isinstance(e.hook, cls))
+                            for point, cls in EXTENSION_POINTS.items()}
+        self.step_guards = tuple(e.hook for e in self._extensions["step guard"])
 
     # -- calling -------------------------------------------------------------------------------
     def call(self, mount: str, **kwargs: Any) -> None:
@@ -244,6 +253,8 @@ class HookDispatcher:
         entry, mount = self._slots[slot]
         entry.errors[mount] = entry.errors.get(mount, 0) + 1
         where = f"hook {entry.name!r} ({type(entry.hook).__name__}) at {mount}"
+        if isinstance(exc, ArgumentError):  # a bad argument found late: name its real config path
+            raise exc.under(entry.key) from exc
         if entry.on_error == "raise":
             exc.add_note(f"raised in {where}; set on_error='warn' in its config to keep training")
             raise exc
@@ -288,6 +299,20 @@ class HookDispatcher:
                 return e.hook
         return None
 
+    def checkpoint_saver(self) -> CheckpointSaver | None:
+        """The first :class:`~hooks.extension_points.CheckpointSaver` in call order, or None."""
+        savers = self._extensions.get("checkpoint on request", ())
+        return savers[0].hook if savers else None
+
+    def sink_specs(self) -> list[tuple[str, Any]]:
+        """``(config key of the sink, spec)`` for every sink the
+        :class:`~hooks.extension_points.SinkProvider` hooks name, in call order."""
+        out = []
+        for e in self._extensions.get("log sinks", ()):
+            hook: SinkProvider = e.hook  # type: ignore[assignment]
+            out += [(f"{e.key}.sinks[{i}]", spec) for i, spec in enumerate(hook.sink_specs)]
+        return out
+
     def timings(self) -> list[HookTiming]:
         """Cumulative time per (hook, mount point) that was called, slowest first."""
         out = []
@@ -329,5 +354,18 @@ class HookDispatcher:
                          f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip())
         lines.append("Mount points:")
         for mount, calls in self.plan().items():
-            lines.append(f"  {mount:<22} " + " -> ".join(f"{n} ({p})" for n, p in calls))
+            added = "  [added to MMEngine's]" if mount in ADDED_MOUNT_POINTS else ""
+            lines.append(f"  {mount:<22} " + " -> ".join(f"{n} ({p})" for n, p in calls) + added)
+        points = [(point, entries) for point, entries in self._extensions.items() if entries]
+        if points:
+            lines.append("Extension points:")
+        for point, entries in points:
+            if point == "log sinks":
+                names = [spec if isinstance(spec, str) else
+                         spec.get("type", "?") if isinstance(spec, dict) else type(spec).__name__
+                         for _, spec in self.sink_specs()]
+                text = f"{', '.join(e.name for e in entries)}: {', '.join(map(str, names))}"
+            else:
+                text = " -> ".join(e.name for e in entries)
+            lines.append(f"  {point:<22} {text}")
         return "\n".join(lines)

@@ -6,8 +6,9 @@ without a traceback; everything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 class ConfigError(ValueError):
@@ -21,6 +22,39 @@ class ConfigError(ValueError):
         self.key = key
         self.message = message
         super().__init__(f"{key}: {message}" if key else message)
+
+
+class ArgumentError(ConfigError):
+    """A bad constructor argument, keyed relative to the object being built (``'save_topk'``,
+    ``'tta_cfg.type'``; ``''`` for the object as a whole).
+
+    Whoever knows where the object sits in the config puts the real path in front:
+    :meth:`Registry.build <distributed_runner.registry.Registry.build>` for errors raised while
+    building, the hook dispatcher for errors a hook raises later. So a CheckpointHook in
+    ``custom_hooks[0]`` reports ``custom_hooks[0].save_topk``, never a path typed into the hook.
+    """
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(argument.lstrip(".") or None, message)
+
+    def under(self, key: str) -> ConfigError:
+        """The same error, placed at config path ``key``."""
+        full = f"{key}.{self.key}" if self.key and key else (key or self.key)
+        error = ConfigError(full, self.message)
+        error.__cause__ = self.__cause__
+        return error
+
+
+@contextlib.contextmanager
+def argument_errors() -> Iterator[None]:
+    """Inside a constructor: config errors raised with keys relative to its arguments (by
+    ``Registry.resolve(spec, 'tta_cfg')``, say) become :class:`ArgumentError`."""
+    try:
+        yield
+    except ArgumentError:
+        raise
+    except ConfigError as e:
+        raise ArgumentError(e.key or "", e.message) from e.__cause__
 
 
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

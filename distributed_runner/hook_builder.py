@@ -39,6 +39,29 @@ DEFAULT_HOOKS: dict[str, dict] = {
 
 RESERVED_KEYS = ("priority", "name", "on_error", "before", "after")
 
+# Hooks a launcher adds to every worker's hooks, after the config's (shown by
+# ``drun hooks --launcher ray``): under Ray, every saved checkpoint is reported to Ray Train.
+LAUNCHER_HOOKS: dict[str, list[dict]] = {
+    "ray": [{"type": "RayReportHook", "name": "ray_report"}],
+}
+
+
+def launcher_type(launcher: Any) -> str:
+    """``'none'`` or ``'ray'`` for a config's ``launcher`` value (a name or ``dict(type=...)``)."""
+    if launcher is None:
+        return "none"
+    if isinstance(launcher, dict):
+        return str(launcher.get("type", "ray"))
+    return str(launcher)
+
+
+def with_launcher_hooks(custom_hooks: list | None, launcher: Any) -> list:
+    """``custom_hooks`` followed by the hooks ``launcher`` adds (:data:`LAUNCHER_HOOKS`)."""
+    if custom_hooks is not None and not isinstance(custom_hooks, (list, tuple)):
+        raise ConfigError("custom_hooks", "must be a list of hook configs, e.g. "
+                                          "[dict(type='EMAHook')]")
+    return [*(custom_hooks or []), *LAUNCHER_HOOKS.get(launcher_type(launcher), [])]
+
 
 def default_name(hook_type: Any) -> str:
     """``CheckInvalidLossHook`` -> ``check_invalid_loss``; ``EMAHook`` -> ``ema``."""
@@ -93,8 +116,6 @@ def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
 def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
                   ) -> list[tuple[str, Hook, dict, str]]:
     """All hooks to register: ``(name, hook, reserved keys, config key)`` in registration order."""
-    import hooks  # noqa: F401  (registers the built-in hooks by name)
-
     out: list[tuple[str, Hook, dict, str]] = []
     for name, spec in merge_default_hooks(default_hooks).items():
         key = f"default_hooks.{name}"

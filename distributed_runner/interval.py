@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from hooks.hook import every_nth
-
 from . import dist
-from .errors import ConfigError
+from .counting import every_nth
+from .errors import ArgumentError
 
 _SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _UNITS = {"it": ("iter", 1), "iter": ("iter", 1), "iters": ("iter", 1),
@@ -42,7 +41,7 @@ class Interval:
         if isinstance(value, Interval):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(key, f"expected an int or a string like '500it', '2ep', '30min', "
+            raise ArgumentError(key, f"expected an int or a string like '500it', '2ep', '30min', "
                                    f"'1h'; got {value!r}")
         if isinstance(value, int):
             if value <= 0:
@@ -50,17 +49,17 @@ class Interval:
             return cls("epoch" if by_epoch else "iter", value, str(value))
         match = _SPEC.match(value.lower())
         if not match or match.group(2) not in _UNITS:
-            raise ConfigError(key, f"cannot read interval {value!r}: use a number and one of the "
+            raise ArgumentError(key, f"cannot read interval {value!r}: use a number and one of the "
                                    f"units it, ep, s, min, h (e.g. '500it', '2ep', '30min')")
         kind, scale = _UNITS[match.group(2)]
         amount = float(match.group(1)) * scale
         if kind != "time":
             if amount != int(amount) or amount < 1:
-                raise ConfigError(key, f"{value!r}: iterations and epochs must be whole numbers "
+                raise ArgumentError(key, f"{value!r}: iterations and epochs must be whole numbers "
                                        f">= 1")
             amount = int(amount)
         elif amount <= 0:
-            raise ConfigError(key, f"{value!r}: a wall-time interval must be positive")
+            raise ArgumentError(key, f"{value!r}: a wall-time interval must be positive")
         return cls(kind, amount, value)
 
     @property

@@ -76,13 +76,16 @@ def validate_config(cfg: dict) -> None:
     constructors' signatures.
     """
     from . import registry
-    from .hook_builder import HookPlanOwner, build_dispatcher
+    from .hook_builder import HookPlanOwner, build_dispatcher, with_launcher_hooks
+    from .sinks import SinkSet
 
+    import_custom_modules(cfg.get("custom_imports"))  # the driver's side of Runner.from_cfg
     for key in ("work_dir", "model"):
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing: set {key} in the config")
-    owner = HookPlanOwner()
-    build_dispatcher(owner, cfg.get("default_hooks"), cfg.get("custom_hooks"))
+    hooks = build_dispatcher(HookPlanOwner(), cfg.get("default_hooks"),
+                             with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")))
+    SinkSet.build(hooks.sink_specs(), build=False)  # names and arguments, nothing opened
 
     def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
         if isinstance(spec, dict):
@@ -201,11 +204,11 @@ class RayLauncher:
             datasets=datasets,
         )
 
-    def train(self) -> int:
+    def fit(self) -> Any:
+        """Validate, connect, check resources, run the trainer; returns Ray's ``Result``
+        (raises ``ray.train.TrainingFailedError`` when the workers failed)."""
         import ray
-        from ray.train import TrainingFailedError
 
-        import_custom_modules(self.cfg.get("custom_imports"))
         validate_config(self.cfg)
         self.connect()
         self.check_resources(ray.cluster_resources())
@@ -213,9 +216,14 @@ class RayLauncher:
               f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
               f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
               flush=True)
-        trainer = self.build_trainer()
+        return self.build_trainer().fit()
+
+    def train(self) -> int:
+        """:meth:`fit` for the command line: the process exit status."""
+        from ray.train import TrainingFailedError
+
         try:
-            self.result = trainer.fit()
+            self.fit()
         except TrainingFailedError as e:
             print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
             return 1

@@ -57,6 +57,8 @@ from .data import resume_sampler
 from .errors import ConfigError
 from .preemption import TrainingPreempted
 from .registry import LOOPS
+from .step import call_model, move_to, parse_losses
+from .train_state import TrainState
 
 
 class RollbackRequested(Exception):
@@ -67,128 +69,104 @@ class RollbackRequested(Exception):
         self.guard, self.reason = guard, reason
 
 
-def move_to(data: Any, device: torch.device) -> Any:
-    """Tensors in ``data`` (dicts, lists, tuples) moved to ``device``."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
-    if isinstance(data, dict):
-        return {k: move_to(v, device) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(move_to(v, device) for v in data)
-    return data
-
-
-def call_model(model: Any, data: Any, mode: str) -> Any:
-    """DESIGN §5: a dict batch is passed as keyword arguments, a tuple/list as positional ones."""
-    if isinstance(data, dict):
-        return model(**data, mode=mode)
-    if isinstance(data, (list, tuple)):
-        return model(*data, mode=mode)
-    return model(data, mode=mode)
-
-
-def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
-    """The sum of every entry whose key contains ``loss``, and all entries detached for logging."""
-    if not isinstance(losses, dict):
-        raise TypeError(f"forward(mode='loss') must return a dict of tensors, got "
-                        f"{type(losses).__name__}")
-    log_vars: dict[str, Any] = {}
-    total = None
-    n_losses = 0
-    for key, value in losses.items():
-        if isinstance(value, (list, tuple)):
-            value = sum(v.mean() for v in value)
-        elif value.dim():
-            value = value.mean()
-        log_vars[key] = value.detach()
-        if "loss" in key:
-            total = value if total is None else total + value
-            n_losses += 1
-    if total is None:
-        raise ValueError(f"forward(mode='loss') returned no key containing 'loss' "
-                         f"(keys: {', '.join(losses)})")
-    if n_losses == 1 and "loss" in log_vars:  # the common case: log_vars['loss'] is the total
-        return total, log_vars
-    return total, {"loss": total.detach(), **log_vars}
-
-
 class _TrainLoopBase:
-    """Shared state of both training loops: counters, resume position, the train step."""
+    """What both training loops share: the constructor, the run preamble and ending, one
+    iteration, requests and step guards. Their position is a :class:`TrainState`
+    (``self.state``, also ``runner.train_state``)."""
 
-    def __init__(self, runner: Any, dataloader: DataLoader, val_begin: int = 1,
-                 val_interval: int = 1, agree_every: int | str = "auto") -> None:
+    by_epoch = True
+
+    def __init__(self, runner: Any, dataloader: DataLoader, max_epochs: int | None = None,
+                 max_iters: int | None = None, val_begin: int = 1, val_interval: int = 1,
+                 agree_every: int | str = "auto") -> None:
         self.runner = runner
         self.dataloader = dataloader
         self.val_begin = int(val_begin)
         self.val_interval = int(val_interval)
         self.stop_training = False  # MMEngine's flag: set it to end training after this step
-        self._epoch = 0
-        self._iter = 0
-        self._batch_in_epoch = 0  # completed batches of the current epoch
-        self._pending: str | None = None  # 'iter' / 'epoch' while its after_* hooks run
-        self._resume_val = False
+        if self.by_epoch:
+            if int(max_epochs) < 1:
+                raise ConfigError("train_cfg.max_epochs", "must be >= 1")
+            max_epochs, max_iters = int(max_epochs), int(max_epochs) * len(dataloader)
+        else:
+            if int(max_iters) < 1:
+                raise ConfigError("train_cfg.max_iters", "must be >= 1")
+            max_epochs, max_iters = 1, int(max_iters)
+        self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters,
+                                by_epoch=self.by_epoch)
         self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
-        # objects with check_loss(loss) -> bool and reject_step(runner, loss) -> 'skip' |
-        # 'rollback' (or raise); NonFiniteLossHook adds itself here
-        self.step_guards: list = []
         self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
         runner.requests.set_agree_every(agree_every)
 
+    # MMEngine's loops expose these; hooks should read them from the runner
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self.state.epoch
 
     @property
     def iter(self) -> int:
-        return self._iter
+        return self.state.iter
+
+    @property
+    def max_epochs(self) -> int:
+        return self.state.max_epochs
+
+    @property
+    def max_iters(self) -> int:
+        return self.state.max_iters
 
     def position(self) -> dict:
-        """What has been completed, as a checkpoint records it (exact at any mount point)."""
-        if self._pending == "iter":
-            return {"epoch": self._epoch, "iter": self._iter + 1,
-                    "iter_in_epoch": self._batch_in_epoch + 1,
-                    "val_pending": self._val_due_after_iter()}
-        if self._pending == "epoch":
-            return {"epoch": self._epoch + 1, "iter": self._iter, "iter_in_epoch": 0,
-                    "val_pending": self._val_due_after_epoch()}
-        return {"epoch": self._epoch, "iter": self._iter, "iter_in_epoch": self._batch_in_epoch,
-                "val_pending": False}
+        """What has been completed, as a checkpoint records it (:meth:`TrainState.position`)."""
+        return self.state.position()
 
     def resume_from(self, position: dict) -> None:
         """Continue after ``position`` (from a checkpoint's meta)."""
-        self._epoch = int(position["epoch"])
-        self._iter = int(position["iter"])
-        self._batch_in_epoch = int(position.get("iter_in_epoch", 0))
-        self._resume_val = bool(position.get("val_pending", False))
-        if not resume_sampler(self.dataloader, self._epoch, self._batch_in_epoch) \
-                and self._batch_in_epoch:
+        state = self.state
+        state.restore(position)
+        if not resume_sampler(self.dataloader, state.data_epoch, state.batch_in_epoch) \
+                and state.batch_in_epoch:
             self.runner.logger.warning(
                 "train_dataloader's sampler cannot start mid-epoch; the consumed batches of "
                 "this epoch are skipped by iterating over them (use DefaultSampler to avoid it)")
-            self._skip_by_iterating = self._batch_in_epoch
+            self._skip_by_iterating = state.batch_in_epoch
 
-    def _val_due_after_epoch(self) -> bool:
-        return False
-
-    def _val_due_after_iter(self) -> bool:
-        return False
+    def _val_due(self, done: int) -> bool:
+        """Whether validation is due after ``done`` completed epochs (iterations)."""
+        return (self.runner.val_loop is not None and self.val_interval > 0
+                and done >= self.val_begin and done % self.val_interval == 0)
 
     def _validate(self) -> None:
         if self.runner.val_loop is not None:
             self.runner.val_loop.run()
+            self.runner.wrapped_model.train()
 
-    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
-        runner = self.runner
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> None:
+        """``before_train``, a validation the resumed checkpoint still owed, the training, the
+        requests still pending at its end, ``after_train`` (also when training raised)."""
+        with self.runner.hook_bracket("before_train", "after_train"):
+            if self.state.val_pending:
+                self.state.val_pending = False
+                self._validate()
+            self.run_training()
+            # requests raised after the last agreement point (agree_every > 1), or at the last
+            # after_train_epoch, are acted on once more before training ends
+            if self._agree or self.runner.requests.pending:
+                self.act_on_requests()
+
+    def run_training(self) -> None:
+        raise NotImplementedError
+
+    def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
+        runner, state = self.runner, self.state
         call = runner.call_hook
         call("before_train_iter", batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.train_step(data_batch)
-        self._pending = "iter"
+        state.finishing("iter", val_due)
         call("after_train_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        self._pending = None
-        self._iter += 1
-        self._batch_in_epoch += 1
+        state.iteration_done()
         if self._agree:
-            if runner.requests.due(self._iter):
+            if runner.requests.due(state.iter):
                 self.act_on_requests(after_iter=True)
         elif runner.requests.pending:
             self.act_on_requests()
@@ -200,13 +178,13 @@ class _TrainLoopBase:
             else runner.requests.resolve()
         if not agreed:
             return
-        record = runner.requests.record
+        record, done = runner.requests.record, self.state.iter
         if "checkpoint" in agreed or "preempt" in agreed:
             reasons = agreed.get("preempt", ()) + agreed.get("checkpoint", ())
-            record(self._iter, "checkpoint", reasons, runner.logger)
+            record(done, "checkpoint", reasons, runner.logger)
             path = runner.save_requested_checkpoint("; ".join(reasons))
             if "preempt" in agreed:
-                record(self._iter, "preempt", agreed["preempt"], runner.logger)
+                record(done, "preempt", agreed["preempt"], runner.logger)
                 raise TrainingPreempted(agreed["preempt"], path)
         if "val" in agreed:
             if runner.val_loop is None or not allow_val:
@@ -214,12 +192,11 @@ class _TrainLoopBase:
                                       "no val_dataloader is configured" if runner.val_loop is None
                                       else "a validation just ran")
             else:
-                record(self._iter, "val", agreed["val"], runner.logger)
+                record(done, "val", agreed["val"], runner.logger)
                 self._validate()
-                runner.wrapped_model.train()
                 self.act_on_requests(allow_val=False)  # what that validation requested
         if "stop" in agreed:
-            record(self._iter, "stop", agreed["stop"], runner.logger)
+            record(done, "stop", agreed["stop"], runner.logger)
             self.stop_training = True
 
     def rollback(self, request: RollbackRequested) -> None:
@@ -227,6 +204,7 @@ class _TrainLoopBase:
         self.runner.rollback(request.reason)
         request.guard.on_rollback(self.runner)
 
+    # -- one step ------------------------------------------------------------------------------
     def train_step(self, data_batch: Any) -> dict:
         runner = self.runner
         model = runner.wrapped_model
@@ -236,7 +214,8 @@ class _TrainLoopBase:
         with optim_wrapper.optim_context(model):
             losses = call_model(model, data_batch, "loss")
         loss, log_vars = parse_losses(losses)
-        if self.step_guards and not self._step_allowed(loss):
+        guards = runner.step_guards
+        if guards and not self._step_allowed(loss, guards):
             optim_wrapper.skip_update()
             log_vars["skipped_steps"] = 1.0
             return log_vars
@@ -246,24 +225,24 @@ class _TrainLoopBase:
             optim_wrapper.last_grad_norm = None
         return log_vars
 
-    def _step_allowed(self, loss: torch.Tensor) -> bool:
+    def _step_allowed(self, loss: torch.Tensor, guards: tuple) -> bool:
         """Every guard's verdict, combined over ranks (one all-reduce MIN when distributed)."""
-        verdicts = [bool(guard.check_loss(loss)) for guard in self.step_guards]
+        verdicts = [bool(guard.check_loss(loss)) for guard in guards]
         if self._agree:
             verdicts = [bool(v) for v in dist.all_reduce(
                 torch.tensor(verdicts, dtype=torch.int32), "min").tolist()]
-        for guard, ok in zip(self.step_guards, verdicts):
+        for guard, ok in zip(guards, verdicts):
             if not ok:
                 action = guard.reject_step(self.runner, loss)
                 if action == "rollback":
                     raise RollbackRequested(guard, f"{type(guard).__name__} at iteration "
-                                                   f"{self._iter + 1}")
+                                                   f"{self.state.iter + 1}")
                 return False
         return True
 
     def _batches(self) -> Iterator[tuple[int, Any]]:
-        """This epoch's remaining batches with their in-epoch index."""
-        start = self._batch_in_epoch
+        """This data pass's remaining batches with their in-pass index."""
+        start = self.state.batch_in_epoch
         it = iter(self.dataloader)
         for _ in range(self._skip_by_iterating):
             next(it, None)
@@ -279,51 +258,29 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     def __init__(self, runner: Any, dataloader: DataLoader, max_epochs: int, val_begin: int = 1,
                  val_interval: int = 1, agree_every: int | str = "auto") -> None:
-        super().__init__(runner, dataloader, val_begin, val_interval, agree_every)
-        if int(max_epochs) < 1:
-            raise ConfigError("train_cfg.max_epochs", "must be >= 1")
-        self._max_epochs = int(max_epochs)
-        self._max_iters = self._max_epochs * len(dataloader)
+        super().__init__(runner, dataloader, max_epochs=max_epochs, val_begin=val_begin,
+                         val_interval=val_interval, agree_every=agree_every)
 
-    @property
-    def max_epochs(self) -> int:
-        return self._max_epochs
-
-    @property
-    def max_iters(self) -> int:
-        return self._max_iters
-
-    def _val_due_after_epoch(self) -> bool:
-        done = self._epoch + 1
-        return (self.runner.val_loop is not None and self.val_interval > 0
-                and done >= self.val_begin and done % self.val_interval == 0)
-
-    def run(self) -> None:
-        runner = self.runner
-        with runner.hook_bracket("before_train", "after_train"):
-            if self._resume_val:
-                self._resume_val = False
-                self._validate()
-            while self._epoch < self._max_epochs and not self.stop_training:
-                try:
-                    self.run_epoch()
-                except RollbackRequested as request:
-                    self.rollback(request)
+    def run_training(self) -> None:
+        state = self.state
+        while state.epoch < state.max_epochs and not self.stop_training:
+            try:
+                self.run_epoch()
+            except RollbackRequested as request:
+                self.rollback(request)
 
     def run_epoch(self) -> None:
-        runner = self.runner
+        runner, state = self.runner, self.state
         runner.call_hook("before_train_epoch")
         runner.wrapped_model.train()
         for batch_idx, data_batch in self._batches():
             self.run_iter(batch_idx, data_batch)
             if self.stop_training:
                 break
-        val_due = self._val_due_after_epoch()
-        self._pending = "epoch"
+        val_due = self._val_due(state.epoch + 1)
+        state.finishing("epoch", val_due)
         runner.call_hook("after_train_epoch")
-        self._pending = None
-        self._epoch += 1
-        self._batch_in_epoch = 0
+        state.epoch_done()
         if val_due:
             self._validate()
             self.act_on_requests(allow_val=False)
@@ -337,19 +294,18 @@ class _EndlessBatches:
         self._it: Iterator | None = None
 
     def next(self) -> Any:
-        loop = self.loop
+        loop, state = self.loop, self.loop.state
         while True:
             if self._it is None:
                 sampler = getattr(loop.dataloader, "sampler", None)
                 if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(loop.data_epoch)
+                    sampler.set_epoch(state.data_epoch)
                 self._it = loop._batches()
             item = next(self._it, None)
             if item is not None:
                 return item[1]
             self._it = None
-            loop.data_epoch += 1
-            loop._batch_in_epoch = 0
+            state.next_data_pass()
 
 
 @LOOPS.register_module()
@@ -360,61 +316,34 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     def __init__(self, runner: Any, dataloader: DataLoader, max_iters: int, val_begin: int = 1,
                  val_interval: int = 1000, agree_every: int | str = "auto") -> None:
-        super().__init__(runner, dataloader, val_begin, val_interval, agree_every)
-        if int(max_iters) < 1:
-            raise ConfigError("train_cfg.max_iters", "must be >= 1")
-        self._max_iters = int(max_iters)
-        self.data_epoch = 0
+        super().__init__(runner, dataloader, max_iters=max_iters, val_begin=val_begin,
+                         val_interval=val_interval, agree_every=agree_every)
 
     @property
-    def max_epochs(self) -> int:
-        return 1
+    def data_epoch(self) -> int:
+        return self.state.data_epoch
 
-    @property
-    def max_iters(self) -> int:
-        return self._max_iters
-
-    def position(self) -> dict:
-        pos = super().position()
-        pos["epoch"] = self.data_epoch  # the data pass the sampler is in
-        return pos
-
-    def resume_from(self, position: dict) -> None:
-        super().resume_from(position)
-        self.data_epoch = self._epoch
-        self._epoch = 0
-
-    def _val_due_after_iter(self) -> bool:
-        done = self._iter + 1
-        return (self.runner.val_loop is not None and self.val_interval > 0
-                and done >= self.val_begin and done % self.val_interval == 0)
-
-    def run(self) -> None:
-        runner = self.runner
+    def run_training(self) -> None:
+        runner, state = self.runner, self.state
         batches = _EndlessBatches(self)
-        with runner.hook_bracket("before_train", "after_train"):
-            if self._resume_val:
-                self._resume_val = False
+        runner.call_hook("before_train_epoch")
+        runner.wrapped_model.train()
+        while state.iter < state.max_iters and not self.stop_training:
+            data_batch = batches.next()
+            val_due = self._val_due(state.iter + 1)
+            # as in MMEngine, an iteration-based loop's batch_idx is the global iteration
+            try:
+                self.run_iter(state.iter, data_batch, val_due)
+            except RollbackRequested as request:
+                self.rollback(request)
+                batches = _EndlessBatches(self)
+                continue
+            if val_due:
                 self._validate()
-            runner.call_hook("before_train_epoch")
-            runner.wrapped_model.train()
-            while self._iter < self._max_iters and not self.stop_training:
-                data_batch = batches.next()
-                val_due = self._val_due_after_iter()
-                # as in MMEngine, an iteration-based loop's batch_idx is the global iteration
-                try:
-                    self.run_iter(self._iter, data_batch)
-                except RollbackRequested as request:
-                    self.rollback(request)
-                    batches = _EndlessBatches(self)
-                    continue
-                if val_due:
-                    self._validate()
-                    runner.wrapped_model.train()
-                    self.act_on_requests(allow_val=False)
-            self._pending = "epoch"
-            runner.call_hook("after_train_epoch")
-            self._pending = None
+                self.act_on_requests(allow_val=False)
+        state.finishing("epoch")
+        runner.call_hook("after_train_epoch")
+        state.epoch_done()
 
 
 class _EvalLoop:
@@ -432,17 +361,21 @@ class _EvalLoop:
 
     def run(self) -> dict:
         runner, n = self.runner, self._names
-        model = runner.wrapped_model
-        was_training = model.training
         with runner.hook_bracket(n["before_{}"], n["after_{}"]):
             runner.call_hook(n["before_{}_epoch"])
+            # taken after the before_* hooks: a model they swapped in (PrepareTTAHook) is the one
+            # put in eval mode and called
+            model = runner.wrapped_model
+            was_training = model.training
             model.eval()
-            with torch.no_grad():
-                for batch_idx, data_batch in enumerate(self.dataloader):
-                    self.run_iter(batch_idx, data_batch)
-            metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
-            runner.call_hook(n["after_{}_epoch"], metrics=metrics)
-        model.train(was_training)
+            try:
+                with torch.no_grad():
+                    for batch_idx, data_batch in enumerate(self.dataloader):
+                        self.run_iter(batch_idx, data_batch)
+                metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
+                runner.call_hook(n["after_{}_epoch"], metrics=metrics)
+            finally:
+                model.train(was_training)
         return metrics
 
     def run_iter(self, batch_idx: int, data_batch: Any) -> None:

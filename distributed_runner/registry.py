@@ -17,7 +17,8 @@ import logging
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from .errors import ConfigError, did_you_mean
+from .errors import ArgumentError, ConfigError, did_you_mean
+from .log import LOGGER_NAME
 
 
 _BUILTIN_PACKAGES = ("hooks", "distributed_runner")
@@ -26,12 +27,23 @@ _BUILTIN_PACKAGES = ("hooks", "distributed_runner")
 class Registry:
     """A name -> class (or function) table with optional fallback modules."""
 
-    def __init__(self, name: str, var: str, fallbacks: Iterable[str] = ()) -> None:
+    def __init__(self, name: str, var: str, fallbacks: Iterable[str] = (),
+                 builtins: Iterable[str] = ()) -> None:
         self.name = name
         self.var = var  # the registry's importable name, for error messages
         self._table: dict[str, Any] = {}
         self._fallback_names = tuple(fallbacks)
         self._fallback_modules: list[ModuleType] | None = None
+        # modules whose import registers the built-in entries: imported at the first look-up,
+        # so importing a registry (or ``hooks.hook``) does not import every built-in
+        self._builtin_modules = tuple(builtins)
+        self._builtins_loaded = not self._builtin_modules
+
+    def _load_builtins(self) -> None:
+        if not self._builtins_loaded:
+            self._builtins_loaded = True
+            for module in self._builtin_modules:
+                importlib.import_module(module)
 
     def __repr__(self) -> str:
         return f"Registry({self.name!r}, {len(self._table)} entries)"
@@ -40,6 +52,7 @@ class Registry:
         return self.get(name) is not None
 
     def keys(self) -> list[str]:
+        self._load_builtins()
         return sorted(self._table)
 
     def register_module(self, name: str | None = None, force: bool = False,
@@ -64,9 +77,11 @@ class Registry:
                 same_origin = (getattr(existing, "__module__", None) == getattr(obj, "__module__", 1)
                                and getattr(existing, "__qualname__", None)
                                == getattr(obj, "__qualname__", 2))
-                builtin = str(getattr(existing, "__module__", "")).split(".")[0] in _BUILTIN_PACKAGES
+                builtin = _is_builtin(existing)
+                if not same_origin and _is_builtin(obj) and not builtin:
+                    return obj  # built-ins loaded after the user's replacement: the user's stays
                 if builtin and not same_origin:
-                    logging.getLogger("distributed_runner").info(
+                    logging.getLogger(LOGGER_NAME).info(
                         "%s registry: %s.%s replaces the built-in %r", self.name,
                         getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", key), key)
                 elif not same_origin:
@@ -89,6 +104,9 @@ class Registry:
         obj = self._table.get(name)
         if obj is not None:
             return obj
+        if not self._builtins_loaded:
+            self._load_builtins()
+            return self.get(name)
         for mod in self._fallbacks():
             obj = getattr(mod, name, None)
             if obj is not None and callable(obj):
@@ -96,6 +114,7 @@ class Registry:
         return None
 
     def _known_names(self) -> list[str]:
+        self._load_builtins()
         names = set(self._table)
         for mod in self._fallbacks():
             names.update(n for n in dir(mod) if n[:1].isupper())
@@ -135,6 +154,8 @@ class Registry:
         check_arguments(cls, args, key)
         try:
             return cls(**args)
+        except ArgumentError as e:  # keyed relative to the object: put the real path in front
+            raise e.under(key) from e
         except ConfigError:
             raise
         except (ValueError, TypeError) as e:
@@ -146,6 +167,10 @@ class Registry:
 
     def _example(self) -> str:
         return next(iter(self._table), "...")
+
+
+def _is_builtin(obj: Any) -> bool:
+    return str(getattr(obj, "__module__", "")).split(".")[0] in _BUILTIN_PACKAGES
 
 
 def _signature(fn: Callable) -> inspect.Signature | None:
@@ -195,16 +220,19 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
 
 
 # One registry per kind of thing a config can name. HOOKS is re-exported as ``hooks.HOOKS``.
-MODELS = Registry("model", "MODELS", fallbacks=["torch.nn"])
+MODELS = Registry("model", "MODELS", fallbacks=["torch.nn"],
+                  builtins=["distributed_runner.averaged_model", "distributed_runner.tta"])
 DATASETS = Registry("dataset", "DATASETS")
-TRANSFORMS = Registry("transform", "TRANSFORMS")
-COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS")
-DATA_SAMPLERS = Registry("sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.data"])
+TRANSFORMS = Registry("transform", "TRANSFORMS", builtins=["distributed_runner.tta"])
+COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS", builtins=["distributed_runner.data"])
+DATA_SAMPLERS = Registry("sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.data"],
+                         builtins=["distributed_runner.data"])
 OPTIMIZERS = Registry("optimizer", "OPTIMIZERS", fallbacks=["torch.optim"])
-OPTIM_WRAPPERS = Registry("optim_wrapper", "OPTIM_WRAPPERS")
+OPTIM_WRAPPERS = Registry("optim_wrapper", "OPTIM_WRAPPERS", builtins=["distributed_runner.optim"])
 PARAM_SCHEDULERS = Registry("param_scheduler", "PARAM_SCHEDULERS",
-                            fallbacks=["torch.optim.lr_scheduler"])
-METRICS = Registry("metric", "METRICS")
-LOOPS = Registry("loop", "LOOPS")
-HOOKS = Registry("hook", "HOOKS")
-LOG_SINKS = Registry("log_sink", "LOG_SINKS")
+                            fallbacks=["torch.optim.lr_scheduler"],
+                            builtins=["distributed_runner.schedulers"])
+METRICS = Registry("metric", "METRICS", builtins=["distributed_runner.evaluator"])
+LOOPS = Registry("loop", "LOOPS", builtins=["distributed_runner.loops"])
+HOOKS = Registry("hook", "HOOKS", builtins=["hooks.builtin"])
+LOG_SINKS = Registry("log_sink", "LOG_SINKS", builtins=["distributed_runner.sinks"])

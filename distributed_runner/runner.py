@@ -1,13 +1,24 @@
-"""The Runner: builds everything from a config, owns the run state, runs the loops.
+"""The Runner: builds everything from a config, owns the run's services, runs the loops.
 
 The same object runs in a plain process and inside each Ray Train worker: rank and world size come
-from :mod:`distributed_runner.dist` only, there is no process-global state (each Runner has its own
-MessageHub, logger handlers and hook tables) and ``work_dir`` is made absolute at construction.
+from :mod:`distributed_runner.dist` only, and ``work_dir`` is made absolute at construction. Each
+Runner has its own MessageHub, sinks, requests and hook tables. The Python logger
+(``distributed_runner``, :mod:`distributed_runner.log`) is one per process: each Runner
+reconfigures its handlers for its own ``work_dir`` and rank when it is built.
+
+What the Runner owns, each in one place:
+
+* the position — :class:`~distributed_runner.train_state.TrainState` (``train_state``; ``epoch``,
+  ``iter``, ``max_epochs``, ``max_iters``, ``by_epoch`` read from it);
+* the log sinks — :class:`~distributed_runner.sinks.SinkSet` (``sinks``), built and validated here,
+  opened around every ``train()``/``val()``/``test()``;
+* the hooks and the declared extension points (:mod:`hooks.extension_points`): step guards
+  (``step_guards``), the saver of requested checkpoints, the sink providers.
 
 Hooks see the public surface below (``model``, ``optim_wrapper``, ``param_schedulers``, the
-dataloaders, ``epoch``, ``iter``, ``max_epochs``, ``max_iters``, ``work_dir``, ``cfg``,
-``message_hub``, ``logger``, ``rank``, ``world_size``, ``train_loop``, ``wrapped_model`` (what the
-loops call; PrepareTTAHook swaps it), ``save_checkpoint()``, ``load_checkpoint()``, the requests
+dataloaders, the position above, ``work_dir``, ``cfg``, ``message_hub``, ``logger``, ``sinks``,
+``rank``, ``world_size``, ``train_loop``, ``wrapped_model`` (what the loops call; PrepareTTAHook
+swaps it), ``save_checkpoint()``, ``load_checkpoint()``, the requests
 ``request_stop/request_checkpoint/request_val(reason)`` (:mod:`distributed_runner.control`) and
 ``hook_timings()``); the loop's order of mount points is documented in
 :mod:`distributed_runner.loops`.
@@ -31,7 +42,7 @@ from .data import build_dataloader
 from .errors import ConfigError, closest
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
-from .log import setup_logger
+from .log import LOGGER_NAME, setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .optim import OptimWrapper, build_optim_wrapper
@@ -40,7 +51,9 @@ from .redact import redact
 from .randomness import set_random_seed
 from .registry import LOOPS, MODELS, accepts, check_arguments
 from .schedulers import build_param_schedulers
-from .training_state import collect_training_state, restore_training_state
+from .checkpoint_state import collect_training_state, restore_training_state
+from .sinks import SinkSet
+from .train_state import TrainState
 
 RUNNER_KEYS = (
     "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
@@ -81,7 +94,8 @@ class Runner:
         self._preemption = parse_preemption(preemption)
         # hooks and checkpoint paths first: their mistakes should not wait for data to load
         self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
-        self.call_hook = self._hooks.call  # the hot path: skip one call layer per mount point
+        # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
+        self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
         self._load_from = load_from
         self._resume = resume
         self._has_loaded = False
@@ -94,11 +108,10 @@ class Runner:
 
         self._model = self._build_model(model)
         self.wrapped_model = self._wrap_model(self._model, dict(model_wrapper_cfg or {}))
-        # called on every rank after each checkpoint is written (the Ray launcher reports it)
-        self.checkpoint_callbacks: list = []
 
         self.train_dataloader = self.val_dataloader = self.test_dataloader = None
         self.train_loop = None
+        self._idle_state = TrainState()  # the position while there is no training loop
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
         self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
@@ -126,7 +139,7 @@ class Runner:
             if key not in RUNNER_KEYS and key not in OTHER_CONFIG_KEYS:
                 near = closest(key, RUNNER_KEYS)
                 if near and near[0] != key:
-                    logging.getLogger("distributed_runner").warning(
+                    logging.getLogger(LOGGER_NAME).warning(
                         "config key %r is not used by the Runner (did you mean %r?)", key, near[0])
         args = {k: cfg[k] for k in RUNNER_KEYS if k in cfg and k != "cfg"}
         runner = cls(**args, cfg=cfg)
@@ -180,11 +193,11 @@ class Runner:
         self.train_dataloader = build_dataloader(dataloader, "train_dataloader", self.seed)
         self.train_loop = self._build_train_loop(dict(train_cfg))
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
-        by_epoch = getattr(self.train_loop, "by_epoch", True)
+        state = self.train_state
         self.param_schedulers = build_param_schedulers(
-            param_scheduler, self.optim_wrapper.optimizer, by_epoch_training=by_epoch,
-            epoch_length=len(self.train_dataloader), max_epochs=self.train_loop.max_epochs
-            if by_epoch else None, max_iters=self.train_loop.max_iters)
+            param_scheduler, self.optim_wrapper.optimizer, by_epoch_training=state.by_epoch,
+            epoch_length=len(self.train_dataloader), max_epochs=state.max_epochs
+            if state.by_epoch else None, max_iters=state.max_iters)
 
     def _build_train_loop(self, train_cfg: dict) -> Any:
         if "type" in train_cfg:
@@ -227,24 +240,43 @@ class Runner:
         return [e.hook for e in self._hooks.entries]
 
     @property
+    def train_state(self) -> TrainState:
+        """Where training is (:class:`TrainState`); all zeros when nothing trains."""
+        loop = self.train_loop
+        return loop.state if loop is not None else self._idle_state
+
+    @property
     def epoch(self) -> int:
-        return self.train_loop.epoch if self.train_loop is not None else 0
+        return self.train_state.epoch
 
     @property
     def iter(self) -> int:
-        return self.train_loop.iter if self.train_loop is not None else 0
+        return self.train_state.iter
 
     @property
     def max_epochs(self) -> int:
-        return self.train_loop.max_epochs if self.train_loop is not None else 0
+        return self.train_state.max_epochs
 
     @property
     def max_iters(self) -> int:
-        return self.train_loop.max_iters if self.train_loop is not None else 0
+        return self.train_state.max_iters
 
-    def call_hook(self, mount: str, **kwargs: Any) -> None:
-        """Run mount point ``mount`` on every hook that implements it, in priority order."""
-        self._hooks.call(mount, **kwargs)
+    @property
+    def by_epoch(self) -> bool:
+        """Whether training is epoch-based (True also when nothing trains)."""
+        return self.train_state.by_epoch
+
+    @property
+    def call_hook(self):
+        """``call_hook(mount, **kwargs)``: run mount point ``mount`` on every hook that implements
+        it, in call order. (The dispatcher's bound method itself: the loops call it several times
+        per iteration.)"""
+        return self._hooks.call
+
+    @property
+    def step_guards(self) -> tuple:
+        """The hooks that are :class:`~hooks.extension_points.StepGuard`, in call order."""
+        return self._hooks.step_guards
 
     def hook_bracket(self, before: str, after: str):
         """Context manager: ``before`` now, ``after`` at exit — also when the body raises."""
@@ -284,13 +316,12 @@ class Runner:
         self.requests.request("val", reason)
 
     def save_requested_checkpoint(self, reason: str) -> Path:
-        """Save a checkpoint for a request: through the hook that manages checkpoints (one with a
-        ``save_on_request(runner, reason)`` method, i.e. CheckpointHook) so retention and the
+        """Save a checkpoint for a request: through the first
+        :class:`~hooks.extension_points.CheckpointSaver` (CheckpointHook), so retention and the
         ``last_checkpoint`` pointer stay right; else ``work_dir/iter_{N}.pth`` directly."""
-        for entry in self._hooks.entries:
-            save = getattr(entry.hook, "save_on_request", None)
-            if callable(save):
-                return save(self, reason)
+        saver = self._hooks.checkpoint_saver()
+        if saver is not None:
+            return saver.save_on_request(self, reason)
         path = self.save_checkpoint(self.work_dir, f"iter_{self.iter}.pth")
         if self.rank == 0:
             atomic_write_text(str(path), self.work_dir / LAST_CHECKPOINT_POINTER)
@@ -318,7 +349,7 @@ class Runner:
             raise ConfigError("train_dataloader", "train() needs train_dataloader, train_cfg and "
                                                   "optim_wrapper in the config")
         with preemption_signals(self._preemption, self.requests, self.logger), \
-                self.hook_bracket("before_run", "after_run"):
+                self.sinks.opened(self), self.hook_bracket("before_run", "after_run"):
             self._load_or_resume()
             self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
             self.train_loop.run()
@@ -335,7 +366,7 @@ class Runner:
         if loop is None:
             raise ConfigError(f"{stage}_dataloader", f"{stage}() needs {stage}_dataloader, "
                                                      f"{stage}_evaluator and {stage}_cfg")
-        with self.hook_bracket("before_run", "after_run"):
+        with self.sinks.opened(self), self.hook_bracket("before_run", "after_run"):
             self._load_or_resume()
             metrics = loop.run()
         return metrics
@@ -395,13 +426,15 @@ class Runner:
                         save_param_scheduler: bool = True, meta: dict | None = None) -> Path:
         """Assemble the checkpoint (DESIGN §4) on every rank; rank 0 writes it atomically.
 
-        Must be called on every rank (it gathers each rank's RNG and sampler position).
+        Must be called on every rank (it gathers each rank's RNG and sampler position). The sinks
+        are flushed first, so a run resumed from this checkpoint finds every record up to it;
+        ``after_save_checkpoint(path, checkpoint)`` runs on every rank once the file is written.
         """
         ckpt = collect_training_state(self, save_optimizer, save_param_scheduler, meta)
         self.call_hook("before_save_checkpoint", checkpoint=ckpt)
         path = Path(out_dir) / filename
         if self.rank == 0:
+            self.sinks.flush()
             atomic_save(ckpt, path)
-        for callback in self.checkpoint_callbacks:
-            callback(self, path, ckpt["meta"])
+        self.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
         return path

@@ -1,34 +1,30 @@
 """The hook API and the built-in hooks.
 
 ``from hooks import Hook, HOOKS, Priority`` is all a user hook needs; ``HOOKS`` is the same object
-as ``distributed_runner.registry.HOOKS``. Importing this package registers the built-in hooks.
+as ``distributed_runner.registry.HOOKS``. The built-in hooks are imported on first use (``from
+hooks import CheckpointHook``, or the first look-up of a name in ``HOOKS``), so ``import hooks`` or
+``import hooks.hook`` loads neither them nor the Runner.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from distributed_runner.registry import HOOKS
 
-from .autograd_anomaly_detect_hook import AutogradAnomalyDetectHook
-from .check_invalid_loss_hook import CheckInvalidLossHook
-from .checkpoint_hook import CheckpointHook
-from .early_stopping_hook import EarlyStoppingHook
-from .ema_hook import EMAHook
-from .empty_cache_hook import EmptyCacheHook
-from .hook import MOUNT_POINTS, Hook
-from .iter_timer_hook import IterTimerHook
-from .logger_hook import LoggerHook
-from .mlflow_checkpoint_hook import MLflowCheckpointHook
-from .non_finite_loss_hook import NonFiniteLossHook
-from .param_scheduler_hook import ParamSchedulerHook
-from .prepare_tta_hook import PrepareTTAHook
+from .builtin_names import BUILTIN_HOOKS
+from .extension_points import CheckpointSaver, SinkProvider, StepGuard
+from .hook import ADDED_MOUNT_POINTS, MMENGINE_MOUNT_POINTS, MOUNT_POINTS, Hook
 from .priority import Priority, get_priority
-from .profiler_hook import ProfilerHook
-from .runtime_info_hook import RuntimeInfoHook
-from .sampler_seed_hook import DistSamplerSeedHook
-from .sync_buffers_hook import SyncBuffersHook
-from .visualization_hook import VisualizationHook
 
 __all__ = [
-    "HOOKS", "Hook", "MOUNT_POINTS", "Priority", "get_priority",
-    "AutogradAnomalyDetectHook", "CheckInvalidLossHook", "CheckpointHook", "DistSamplerSeedHook",
-    "EarlyStoppingHook", "EMAHook", "EmptyCacheHook", "IterTimerHook", "LoggerHook",
-    "MLflowCheckpointHook", "NonFiniteLossHook", "ParamSchedulerHook", "PrepareTTAHook",
-    "ProfilerHook", "RuntimeInfoHook", "SyncBuffersHook", "VisualizationHook",
+    "HOOKS", "Hook", "MOUNT_POINTS", "MMENGINE_MOUNT_POINTS", "ADDED_MOUNT_POINTS", "Priority",
+    "get_priority", "StepGuard", "CheckpointSaver", "SinkProvider", *BUILTIN_HOOKS,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = BUILTIN_HOOKS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hooks' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"hooks.{module}"), name)

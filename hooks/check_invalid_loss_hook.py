@@ -26,7 +26,7 @@ class CheckInvalidLossHook(Hook):
 
     def __init__(self, interval: Union[int, str] = 50) -> None:
         self.every = Interval.parse(interval, by_epoch=False,
-                                    key="custom_hooks.check_invalid_loss.interval")
+                                    key="interval")
 
     def before_train(self, runner) -> None:
         self.every.start_clock()

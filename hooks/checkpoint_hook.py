@@ -9,35 +9,16 @@ from typing import Optional, Sequence, Union
 
 from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
     atomic_write_text, load_file
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError
 from distributed_runner.interval import Interval
+from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule
 from distributed_runner.registry import HOOKS
 
+from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
 
-GREATER_KEYS = ["acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc"]
-LESS_KEYS = ["loss"]
 CHECKPOINT_KEYS = ("meta", "state_dict", "optimizer", "param_schedulers", "scaler",
-                   "message_hub", "hooks", "rng", "sampler", "ema_state_dict")
-KEY = "default_hooks.checkpoint"
-
-
-def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
-               less_keys: Sequence[str] = LESS_KEYS) -> Optional[str]:
-    """``'greater'``/``'less'`` for a metric key: an exact match first, then a substring match
-    (``greater_keys`` first); None when neither list says."""
-    low = key.lower()
-    greater = [k.lower() for k in greater_keys]
-    less = [k.lower() for k in less_keys]
-    if low in greater:
-        return "greater"
-    if low in less:
-        return "less"
-    if any(k in low for k in greater):
-        return "greater"
-    if any(k in low for k in less):
-        return "less"
-    return None
+                   "message_hub", "hooks", "sinks", "rng", "sampler", "ema_state_dict")
 
 
 def _as_list(value: Union[str, Sequence[str], None]) -> list:
@@ -47,7 +28,7 @@ def _as_list(value: Union[str, Sequence[str], None]) -> list:
 
 
 @HOOKS.register_module()
-class CheckpointHook(Hook):
+class CheckpointHook(Hook, CheckpointSaver):
     """Save checkpoints; only rank 0 touches files, every rank takes part in assembling them.
 
     * ``interval`` / ``by_epoch`` / ``save_begin``: save after every ``interval`` epochs (or
@@ -87,12 +68,12 @@ class CheckpointHook(Hook):
                  filename_tmpl: Optional[str] = None,
                  published_keys: Union[str, Sequence[str], None] = None,
                  save_begin: int = 0, save_topk: int = 1) -> None:
-        self.every = Interval.parse(interval, bool(by_epoch), f"{KEY}.interval")
+        self.every = Interval.parse(interval, bool(by_epoch), "interval")
         self.interval = interval
         self.by_epoch = bool(by_epoch)
         self.save_topk = int(save_topk)
         if self.save_topk < 1:
-            raise ConfigError(f"{KEY}.save_topk", "must be >= 1")
+            raise ArgumentError("save_topk", "must be >= 1")
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
         self.out_dir_arg = out_dir
@@ -100,25 +81,25 @@ class CheckpointHook(Hook):
         self.save_last = save_last
         self.save_begin = int(save_begin)
         if self.save_begin < 0:
-            raise ConfigError(f"{KEY}.save_begin", "must be >= 0")
+            raise ArgumentError("save_begin", "must be >= 0")
         by_epoch_names = self.every.kind == "epoch" or (self.every.never and self.by_epoch)
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch_names else "iter_{}.pth")
         if "{}" not in self.filename_tmpl:
-            raise ConfigError(f"{KEY}.filename_tmpl", "needs a '{}' for the epoch/iteration number")
+            raise ArgumentError("filename_tmpl", "needs a '{}' for the epoch/iteration number")
         self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
         self.less_keys = list(less_keys) if less_keys is not None else LESS_KEYS
         self.save_best = _as_list(save_best)
         if "auto" in self.save_best and len(self.save_best) > 1:
-            raise ConfigError(f"{KEY}.save_best", "'auto' cannot be combined with other keys")
+            raise ArgumentError("save_best", "'auto' cannot be combined with other keys")
         rules = _as_list(rule)
         if len(rules) == 1 and len(self.save_best) > 1:
             rules = rules * len(self.save_best)
         if rules and len(rules) != len(self.save_best):
-            raise ConfigError(f"{KEY}.rule", f"give one rule or one per save_best key "
+            raise ArgumentError("rule", f"give one rule or one per save_best key "
                                              f"({len(self.save_best)})")
         for r in rules:
             if r not in ("greater", "less"):
-                raise ConfigError(f"{KEY}.rule", f"unknown rule {r!r}: use 'greater' or 'less'")
+                raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
         self.rules: list[Optional[str]] = rules or [None] * len(self.save_best)
         for i, key in enumerate(self.save_best):
             if key != "auto" and self.rules[i] is None:
@@ -126,10 +107,10 @@ class CheckpointHook(Hook):
         self.published_keys = _as_list(published_keys)
         for k in self.published_keys:
             if k not in CHECKPOINT_KEYS:
-                raise ConfigError(f"{KEY}.published_keys", f"unknown checkpoint key {k!r}; "
+                raise ArgumentError("published_keys", f"unknown checkpoint key {k!r}; "
                                                             f"choose from {', '.join(CHECKPOINT_KEYS)}")
         if self.published_keys and "state_dict" not in self.published_keys:
-            raise ConfigError(f"{KEY}.published_keys", "must include 'state_dict' (the weights)")
+            raise ArgumentError("published_keys", "must include 'state_dict' (the weights)")
         # state that survives resume (state_dict below)
         self.best_scores: dict[str, float] = {}
         self.best_files: dict[str, str] = {}
@@ -144,7 +125,7 @@ class CheckpointHook(Hook):
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
             return rule
-        raise ConfigError(f"{KEY}.rule", f"cannot tell whether a larger {key!r} is better: set "
+        raise ArgumentError("rule", f"cannot tell whether a larger {key!r} is better: set "
                                          f"rule='greater' or rule='less'")
 
     def before_train(self, runner) -> None:
@@ -213,7 +194,7 @@ class CheckpointHook(Hook):
             self.save_best, self.rules = [first], [self.rules[0] or self._infer_rule(first)]
         for key, rule in zip(self.save_best, self.rules):
             if key not in metrics:
-                raise ConfigError(f"{KEY}.save_best", f"{key!r} is not a validation metric; "
+                raise ArgumentError("save_best", f"{key!r} is not a validation metric; "
                                                       f"the evaluator reports: {', '.join(metrics)}")
             value = float(metrics[key])
             top = self.top.setdefault(key, [[self.best_scores[key], self.best_files[key]]]
@@ -258,7 +239,7 @@ class CheckpointHook(Hook):
 
     def publish(self, path: Path) -> Path:
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
-        ckpt = load_file(path, f"{KEY}.published_keys")
+        ckpt = load_file(path, "published_keys")
         slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
         tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]

@@ -4,13 +4,12 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError
+from distributed_runner.metric_rules import infer_rule
 from distributed_runner.registry import HOOKS
 
-from .checkpoint_hook import infer_rule
 from .hook import Hook
 
-KEY = "custom_hooks.early_stopping"
 
 
 @HOOKS.register_module()
@@ -18,7 +17,7 @@ class EarlyStoppingHook(Hook):
     """After each validation, compare ``monitor`` with the best value so far.
 
     * ``rule``: ``'greater'``/``'less'``; inferred from the key as CheckpointHook's save_best
-      does (:func:`~hooks.checkpoint_hook.infer_rule`: ``acc``, ``mAP``... greater; ``loss`` less).
+      does (:func:`~distributed_runner.metric_rules.infer_rule`: ``acc``, ``mAP``... greater; ``loss`` less).
     * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
       training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
       ``check_finite`` stops when it is NaN or infinite.
@@ -37,12 +36,12 @@ class EarlyStoppingHook(Hook):
         if rule is None:
             rule = infer_rule(monitor)
             if rule is None:
-                raise ConfigError(f"{KEY}.rule", f"cannot tell whether a larger {monitor!r} is "
+                raise ArgumentError("rule", f"cannot tell whether a larger {monitor!r} is "
                                                  f"better: set rule='greater' or rule='less'")
         if rule not in ("greater", "less"):
-            raise ConfigError(f"{KEY}.rule", f"unknown rule {rule!r}: use 'greater' or 'less'")
+            raise ArgumentError("rule", f"unknown rule {rule!r}: use 'greater' or 'less'")
         if int(patience) < 1:
-            raise ConfigError(f"{KEY}.patience", "must be >= 1")
+            raise ArgumentError("patience", "must be >= 1")
         self.monitor, self.rule = monitor, rule
         self.min_delta = abs(float(min_delta))
         self.strict, self.check_finite = strict, check_finite
@@ -68,7 +67,7 @@ class EarlyStoppingHook(Hook):
             return
         if self.monitor not in metrics:
             if self.strict:
-                raise ConfigError(f"{KEY}.monitor", f"{self.monitor!r} is not a validation "
+                raise ArgumentError("monitor", f"{self.monitor!r} is not a validation "
                                   f"metric; the evaluator reports: {', '.join(metrics)}")
             if not self._warned:
                 self._warned = True

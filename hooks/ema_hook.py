@@ -6,7 +6,7 @@ from typing import Any, Optional
 import torch
 
 import distributed_runner.averaged_model  # noqa: F401  (registers the averages in MODELS)
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.registry import HOOKS, MODELS, check_arguments
 
 from .hook import DataBatch, Hook
@@ -37,13 +37,14 @@ class EMAHook(Hook):
     def __init__(self, ema_type: str = "ExponentialMovingAverage", strict_load: bool = False,
                  begin_iter: int = 0, begin_epoch: int = 0, **kwargs: Any) -> None:
         if begin_iter < 0 or begin_epoch < 0:
-            raise ConfigError("custom_hooks.ema", "begin_iter and begin_epoch must be >= 0")
+            raise ArgumentError("", "begin_iter and begin_epoch must be >= 0")
         if begin_iter and begin_epoch:
-            raise ConfigError("custom_hooks.ema", "set begin_iter or begin_epoch, not both")
+            raise ArgumentError("", "set begin_iter or begin_epoch, not both")
         self.ema_cfg = dict(type=ema_type, **kwargs)
         # a typo in the type or its arguments fails at registration, not after an epoch
-        check_arguments(MODELS.resolve(ema_type, "custom_hooks.ema.ema_type"), kwargs,
-                        "custom_hooks.ema", supplied=["model"])
+        with argument_errors():
+            check_arguments(MODELS.resolve(ema_type, "ema_type"), kwargs, "",
+                            supplied=["model"])
         self.strict_load = strict_load
         self.begin_iter, self.begin_epoch = int(begin_iter), int(begin_epoch)
         self.ema_model: Any = None
@@ -52,15 +53,15 @@ class EMAHook(Hook):
     def before_run(self, runner) -> None:
         if self.ema_model is not None:  # train() then test() on one runner: keep the average
             return
-        self.ema_model = MODELS.build({**self.ema_cfg, "model": runner.model},
-                                      "custom_hooks.ema")
+        with argument_errors():
+            self.ema_model = MODELS.build({**self.ema_cfg, "model": runner.model}, "ema_type")
         self._pairs = self.ema_model.swap_pairs(runner.model)
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         state = checkpoint.get("ema_state_dict")
         if state is None:
             if self.strict_load:
-                raise ConfigError("custom_hooks.ema.strict_load", "the checkpoint has no "
+                raise ArgumentError("strict_load", "the checkpoint has no "
                                   "ema_state_dict; set strict_load=False to start the average "
                                   "from its weights")
             runner.logger.warning("checkpoint has no ema_state_dict: the average starts from "
@@ -71,7 +72,7 @@ class EMAHook(Hook):
         try:
             mismatched = self.ema_model.load_state_dict(state, strict=self.strict_load)
         except RuntimeError as e:
-            raise ConfigError("custom_hooks.ema.strict_load", f"ema_state_dict does not fit the "
+            raise ArgumentError("strict_load", f"ema_state_dict does not fit the "
                               f"model: {str(e).splitlines()[0]}") from None
         if mismatched:
             runner.logger.warning("ema_state_dict: %d keys did not match (strict_load=False)",

@@ -19,7 +19,12 @@ before/after_val(_epoch)    around a validation pass; ``after_val_epoch`` receiv
 before/after_val_iter       around one validation batch; ``outputs`` holds the predictions
 before/after_test(...)      the same four for testing
 before_save_checkpoint      just before a checkpoint dict is written; may add keys to it
+after_save_checkpoint       (ours, not MMEngine's) after it was written: ``(path, checkpoint)``
 ==========================  =====================================================================
+
+Besides the mount points, a hook may plug into the loop through the declared extension points in
+:mod:`hooks.extension_points` (step guards, requested checkpoints, log sinks); ``drun hooks``
+shows every mount point and extension point in use.
 
 Counters follow MMEngine: inside a hook ``runner.epoch`` and ``runner.iter`` are 0-based and count
 the epoch / iteration in progress; they advance *after* ``after_train_epoch`` / ``after_train_iter``.
@@ -28,11 +33,14 @@ So the helpers below count from 1: ``every_n_train_iters(runner, 5)`` is true af
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional, Sequence, Union
+
+from distributed_runner.counting import every_nth
 
 DataBatch = Optional[Union[dict, tuple, list]]
 
-MOUNT_POINTS: tuple[str, ...] = (
+MMENGINE_MOUNT_POINTS: tuple[str, ...] = (
     "before_run", "after_run",
     "before_train", "after_train",
     "before_train_epoch", "after_train_epoch",
@@ -45,6 +53,10 @@ MOUNT_POINTS: tuple[str, ...] = (
     "before_test_iter", "after_test_iter",
     "before_save_checkpoint", "after_load_checkpoint",
 )
+# Our additions to MMEngine's 22: a hook written for MMEngine never defines them, so it is
+# unaffected; a hook written for us may.
+ADDED_MOUNT_POINTS: tuple[str, ...] = ("after_save_checkpoint",)
+MOUNT_POINTS: tuple[str, ...] = MMENGINE_MOUNT_POINTS + ADDED_MOUNT_POINTS
 
 
 class Hook:
@@ -72,6 +84,11 @@ class Hook:
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Just before ``checkpoint`` is written; add or adjust keys here."""
+
+    def after_save_checkpoint(self, runner, path: Path, checkpoint: dict) -> None:
+        """After ``checkpoint`` was written to ``path`` (by rank 0), on every rank, as often on
+        each; an addition to MMEngine's mount points. Report, upload or index it here (under Ray,
+        RayReportHook reports it to Ray Train here)."""
 
     # -- training ------------------------------------------------------------------------------
     def before_train(self, runner) -> None:
@@ -161,11 +178,6 @@ class Hook:
     def get_triggered_stages(self) -> list[str]:
         """The mount points this hook overrides (MMEngine's name for it)."""
         return [name for name in MOUNT_POINTS if overrides(self, name)]
-
-
-def every_nth(done: int, n: int) -> bool:
-    """``done`` (counted from the start, 1-based) is a multiple of ``n``; ``n <= 0``: never."""
-    return n > 0 and done >= 0 and done % n == 0
 
 
 def overrides(hook: Hook, name: str) -> bool:

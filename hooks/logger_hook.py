@@ -1,27 +1,28 @@
 """LoggerHook: turns the MessageHub's scalars into records for the configured sinks."""
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
 from distributed_runner import dist
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
-from distributed_runner.log import LOGGER_NAME
 from distributed_runner.registry import HOOKS
-from distributed_runner.sinks import LogRecord, build_sink
+from distributed_runner.sinks import LogRecord, validate_sink_spec
 
+from .extension_points import SinkProvider
 from .hook import DataBatch, Hook
 
 
 @HOOKS.register_module()
-class LoggerHook(Hook):
+class LoggerHook(Hook, SinkProvider):
     """Every ``interval`` training iterations (and after each validation/test) write one record
-    to each sink: ``sinks=['terminal', 'jsonl']`` by default; any ``dict(type=...)`` from the
-    LOG_SINKS registry or a ``LogSink`` instance also works.
+    to the run's sinks (``runner.sinks``). ``sinks=['terminal', 'jsonl']`` by default names them
+    (any ``dict(type=...)`` from the LOG_SINKS registry or a ``LogSink`` instance also works); as
+    the :class:`~hooks.extension_points.SinkProvider`, this hook only names them — the Runner
+    validates and builds them when it is built, and a misspelled one is a config error.
 
     ``interval``: an int or ``'Nit'`` counts batches of the epoch (MMEngine's rule); ``'2ep'``
     logs at the end of every 2nd epoch; ``'30s'``/``'5min'`` by wall time (rank 0's clock).
@@ -35,7 +36,7 @@ class LoggerHook(Hook):
     (hook, mount point, calls, total, mean) is logged after training.
 
     A sink that raises is reported once and skipped for that record; the others still write
-    (``on_error='warn'`` also covers the rest of this hook).
+    (:class:`~distributed_runner.sinks.SinkSet`; ``on_error='warn'`` covers this hook itself).
     Ranks: all compute (the cross-rank average is a collective); rank 0 writes.
     """
 
@@ -45,29 +46,25 @@ class LoggerHook(Hook):
     def __init__(self, interval: Union[int, str] = 10, ignore_last: bool = True,
                  sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 3,
                  hook_time_warn_share: float = 0.1) -> None:
-        self.every = Interval.parse(interval, by_epoch=False, key="default_hooks.logger.interval")
+        self.every = Interval.parse(interval, by_epoch=False, key="interval")
         if self.every.never:
-            raise ConfigError("default_hooks.logger.interval", "must be >= 1")
+            raise ArgumentError("interval", "must be >= 1")
         self.interval = int(self.every.every) if self.every.kind == "iter" else 0
         self.ignore_last = ignore_last
+        if isinstance(sinks, (str, dict)):
+            sinks = [sinks]
+        with argument_errors():
+            for i, spec in enumerate(sinks):
+                validate_sink_spec(spec, f"sinks[{i}]")
         self.sink_specs = list(sinks)
-        self.sinks: list = []
         self.top_hooks = int(top_hooks)
         self.hook_time_warn_share = float(hook_time_warn_share)
         self._last_logged = 0  # runner.iter when the last train record was written
-        self._sink_failures: dict[int, int] = {}
         self._warned_hooks: set[str] = set()
-
-    def before_run(self, runner) -> None:
-        if runner.rank == 0:
-            self.sinks = [build_sink(s, f"default_hooks.logger.sinks[{i}]")
-                          for i, s in enumerate(self.sink_specs)]
-            for sink in self.sinks:
-                sink.open(runner)
 
     def before_train(self, runner) -> None:
         self._last_logged = runner.iter
-        self._by_epoch = getattr(runner.train_loop, "by_epoch", True)
+        self._by_epoch = runner.by_epoch
         self._epoch_length = len(runner.train_dataloader)
         # the last batch of an epoch is logged even when it does not fill an interval
         self._log_tail = self._by_epoch and self.every.kind == "iter" and (
@@ -117,7 +114,7 @@ class LoggerHook(Hook):
         eta = hub.get_info("eta")
         if eta is not None:
             info["eta"] = eta
-        self._write(LogRecord("train", runner.iter + 1, runner.epoch + 1, scalars, info))
+        runner.sinks.write(LogRecord("train", runner.iter + 1, runner.epoch + 1, scalars, info))
 
     def _log_eval(self, runner, mode: str, metrics: Optional[dict]) -> None:
         if runner.rank != 0:
@@ -128,8 +125,8 @@ class LoggerHook(Hook):
             if buf is not None and len(buf):
                 scalars[name] = buf.mean(len(runner.val_dataloader if mode == "val"
                                              else runner.test_dataloader))
-        info = {"by_epoch": getattr(runner.train_loop, "by_epoch", True)}
-        self._write(LogRecord(mode, runner.iter, runner.epoch, scalars, info))
+        runner.sinks.write(LogRecord(mode, runner.iter, runner.epoch, scalars,
+                                     {"by_epoch": runner.by_epoch}))
 
     def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         self._log_eval(runner, "val", metrics)
@@ -161,40 +158,6 @@ class LoggerHook(Hook):
     def after_train(self, runner) -> None:
         if runner.rank == 0:
             runner.logger.info(format_hook_timings(runner.hook_timings()))
-
-    def _write(self, record: LogRecord) -> None:
-        for i, sink in enumerate(self.sinks):
-            try:
-                sink.write(record)
-            except Exception as exc:  # noqa: BLE001 - one broken sink must not silence the rest
-                self._sink_failures[i] = self._sink_failures.get(i, 0) + 1
-                if self._sink_failures[i] == 1:
-                    logging.getLogger(LOGGER_NAME).warning("sink %s failed (%s: %s); it is skipped for this record "
-                                         "and later failures are only counted",
-                                         type(sink).__name__, type(exc).__name__, exc)
-
-    def sink_of_type(self, cls: type) -> object | None:
-        """The first configured sink that is a ``cls`` (rank 0; None elsewhere)."""
-        return next((s for s in self.sinks if isinstance(s, cls)), None)
-
-    def state_dict(self) -> dict:
-        """Sinks that must survive resume (the MLflow run id) keep their state here."""
-        return {"sinks": [s.state_dict() if hasattr(s, "state_dict") else None
-                          for s in self.sinks]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for sink, sink_state in zip(self.sinks, state.get("sinks", [])):
-            if sink_state is not None and hasattr(sink, "load_state_dict"):
-                sink.load_state_dict(sink_state)
-
-    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        for sink in self.sinks:
-            sink.flush()
-
-    def after_run(self, runner) -> None:
-        for sink in self.sinks:
-            sink.close()
-        self.sinks = []
 
 
 def format_hook_timings(rows: list) -> str:

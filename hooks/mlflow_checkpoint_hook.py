@@ -10,10 +10,10 @@ from .hook import Hook
 @HOOKS.register_module()
 class MLflowCheckpointHook(Hook):
     """After training, upload the last, best and published checkpoints (CheckpointHook's
-    ``saved_files()``) to the MLflow run of LoggerHook's MLflow sink, under ``checkpoints/``, so
+    ``saved_files()``) to the MLflow run of the run's MLflow sink (``runner.sinks``), under ``checkpoints/``, so
     the run is complete in MLflow alone. ``kinds`` picks which (default all three).
 
-    Needs ``logger`` to have an MLflow sink and ``checkpoint`` to be a CheckpointHook. Runs after
+    Needs an ``mlflow`` sink (LoggerHook's ``sinks=``) and ``checkpoint`` to be a CheckpointHook. Runs after
     CheckpointHook (LOWEST), on rank 0 only. The weights are plain ``state_dict`` checkpoints (no
     pickled model class), loadable with ``torch.load(weights_only=True)`` anywhere.
     """
@@ -29,11 +29,12 @@ class MLflowCheckpointHook(Hook):
     def after_train(self, runner) -> None:
         if runner.rank != 0:
             return
-        logger_hook, checkpoint_hook = runner.get_hook("logger"), runner.get_hook("checkpoint")
-        sink = logger_hook.sink_of_type(MLflowSink) if logger_hook is not None else None
+        checkpoint_hook = runner.get_hook("checkpoint")
+        sink = runner.sinks.of_type(MLflowSink)
         if sink is None or checkpoint_hook is None or not hasattr(checkpoint_hook, "saved_files"):
-            runner.logger.warning("MLflowCheckpointHook needs default_hooks.logger with an "
-                                  "'mlflow' sink and default_hooks.checkpoint: nothing uploaded")
+            runner.logger.warning("MLflowCheckpointHook needs an 'mlflow' sink "
+                                  "(default_hooks.logger.sinks) and default_hooks.checkpoint: "
+                                  "nothing uploaded")
             return
         files = checkpoint_hook.saved_files()
         for kind in self.kinds:

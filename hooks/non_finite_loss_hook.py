@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
 
+from .extension_points import StepGuard
 from .hook import Hook
 
-KEY = "custom_hooks.non_finite_loss"
 POLICIES = ("raise", "skip", "rollback")
 
 
 @HOOKS.register_module()
-class NonFiniteLossHook(Hook):
+class NonFiniteLossHook(Hook, StepGuard):
     """A step guard checked between the forward pass and backward on every iteration.
 
     The ranks agree first (one all-reduce MIN per iteration when distributed): if the loss is
@@ -36,26 +36,18 @@ class NonFiniteLossHook(Hook):
 
     def __init__(self, policy: str = "raise", lr_scale: float = 0.5, max_events: int = 3) -> None:
         if policy not in POLICIES:
-            raise ConfigError(f"{KEY}.policy", f"unknown policy {policy!r}: use "
+            raise ArgumentError("policy", f"unknown policy {policy!r}: use "
                                                f"{', '.join(map(repr, POLICIES))}")
         if not 0.0 < float(lr_scale) <= 1.0:
-            raise ConfigError(f"{KEY}.lr_scale", "must be in (0, 1]")
+            raise ArgumentError("lr_scale", "must be in (0, 1]")
         if int(max_events) < 0:
-            raise ConfigError(f"{KEY}.max_events", "must be >= 0")
+            raise ArgumentError("max_events", "must be >= 0")
         self.policy, self.lr_scale, self.max_events = policy, float(lr_scale), int(max_events)
         self.events = 0
         self.lr_factor = 1.0
         self._kept: dict | None = None
 
-    def before_train(self, runner) -> None:
-        if self not in runner.train_loop.step_guards:
-            runner.train_loop.step_guards.append(self)
-
-    def after_train(self, runner) -> None:
-        if self in runner.train_loop.step_guards:
-            runner.train_loop.step_guards.remove(self)
-
-    # -- the step guard protocol (called by the training loop) ---------------------------------
+    # -- the StepGuard extension point (hooks.extension_points; called by the training loop) ----
     def check_loss(self, loss: torch.Tensor) -> bool:
         return bool(torch.isfinite(loss).all())
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.registry import MODELS, HOOKS, check_arguments
 from distributed_runner.tta import TTAModel
 
@@ -24,17 +24,18 @@ class PrepareTTAHook(Hook):
     def __init__(self, tta_cfg: Optional[dict] = None) -> None:
         self.tta_cfg = dict(tta_cfg or {"type": "TTAModel"})
         self.tta_cfg.setdefault("type", "TTAModel")
-        cls = MODELS.resolve(self.tta_cfg["type"], "custom_hooks.prepare_tta.tta_cfg")
-        check_arguments(cls, {k: v for k, v in self.tta_cfg.items() if k != "type"},
-                        "custom_hooks.prepare_tta.tta_cfg", supplied=["module"])
+        with argument_errors():
+            cls = MODELS.resolve(self.tta_cfg["type"], "tta_cfg")
+            check_arguments(cls, {k: v for k, v in self.tta_cfg.items() if k != "type"},
+                            "tta_cfg", supplied=["module"])
         self._original: Any = None
 
     def before_test(self, runner) -> None:
         self._original = runner.wrapped_model
-        wrapped = MODELS.build({**self.tta_cfg, "module": self._original},
-                               "custom_hooks.prepare_tta.tta_cfg")
+        with argument_errors():
+            wrapped = MODELS.build({**self.tta_cfg, "module": self._original}, "tta_cfg")
         if not callable(wrapped):
-            raise ConfigError("custom_hooks.prepare_tta.tta_cfg", "did not build a model")
+            raise ArgumentError("tta_cfg", "did not build a model")
         runner.wrapped_model = wrapped
         if isinstance(wrapped, TTAModel):
             runner.logger.info("testing with %d augmented views merged by %s",

@@ -7,12 +7,11 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS, accepts
 
 from .hook import DataBatch, Hook
 
-KEY = "custom_hooks.profiler"
 
 
 @HOOKS.register_module()
@@ -46,13 +45,13 @@ class ProfilerHook(Hook):
                  json_trace_path: Optional[str] = None, sort_by: Optional[str] = None,
                  row_limit: int = 20) -> None:
         if int(profile_times) < 1:
-            raise ConfigError(f"{KEY}.profile_times", "must be >= 1")
+            raise ArgumentError("profile_times", "must be >= 1")
         if isinstance(on_trace_ready, dict) and on_trace_ready.get("type") not in ("tb_trace",
                                                                                  "log_trace"):
-            raise ConfigError(f"{KEY}.on_trace_ready.type", "use 'tb_trace' or 'log_trace' (or "
+            raise ArgumentError("on_trace_ready.type", "use 'tb_trace' or 'log_trace' (or "
                                                            "pass a callable)")
         if schedule is not None and not isinstance(schedule, dict):
-            raise ConfigError(f"{KEY}.schedule", "a dict of torch.profiler.schedule arguments, "
+            raise ArgumentError("schedule", "a dict of torch.profiler.schedule arguments, "
                                                  "e.g. dict(wait=1, warmup=1, active=3)")
         self.by_epoch, self.profile_times = bool(by_epoch), int(profile_times)
         self.activity_with_cpu, self.activity_with_cuda = activity_with_cpu, activity_with_cuda
@@ -74,10 +73,10 @@ class ProfilerHook(Hook):
             cuda = runner.device.type == "cuda"
         if cuda:
             if not torch.cuda.is_available():
-                raise ConfigError(f"{KEY}.activity_with_cuda", "CUDA is not available here")
+                raise ArgumentError("activity_with_cuda", "CUDA is not available here")
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         if not acts:
-            raise ConfigError(KEY, "no activity to profile: enable activity_with_cpu or "
+            raise ArgumentError("", "no activity to profile: enable activity_with_cpu or "
                                    "activity_with_cuda")
         return acts
 

@@ -7,12 +7,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
 
-KEY = "custom_hooks.visualization"
 
 
 def _field(batch: Any, key: str, index: int) -> Any:
@@ -42,7 +41,7 @@ class VisualizationHook(Hook):
     ``p:<predicted>`` and ``t:<true label>`` (``label_key``/``label_index``) in green when right,
     red when wrong — as one grid, and write it
 
-    * to TensorBoard (``<stage>/predictions``) when the logger has a ``tensorboard`` sink,
+    * to TensorBoard (``<stage>/predictions``) when the run has a ``tensorboard`` sink (``runner.sinks``),
     * to MLflow as ``visualizations/<stage>_iter_<N>.png`` when it has an ``mlflow`` sink,
     * to ``work_dir/<out_dir>/<stage>_iter_<N>.png`` always.
 
@@ -61,10 +60,10 @@ class VisualizationHook(Hook):
                  scale: int = 4, out_dir: str = "vis", stages: Sequence[str] = ("val", "test"),
                  ) -> None:
         if int(interval) < 1 or int(max_images) < 1 or int(scale) < 1:
-            raise ConfigError(KEY, "interval, max_images and scale must be >= 1")
+            raise ArgumentError("", "interval, max_images and scale must be >= 1")
         unknown = set(stages) - {"val", "test"}
         if unknown:
-            raise ConfigError(f"{KEY}.stages", f"unknown stage {sorted(unknown)[0]!r}: use "
+            raise ArgumentError("stages", f"unknown stage {sorted(unknown)[0]!r}: use "
                                                f"'val' and/or 'test'")
         self.interval, self.max_images, self.scale = int(interval), int(max_images), int(scale)
         self.image_key, self.label_key = image_key, label_key
@@ -90,7 +89,7 @@ class VisualizationHook(Hook):
         labels = _field(data_batch, self.label_key, self.label_index)
         if not torch.is_tensor(images) or images.dim() not in (3, 4):
             raise ValueError(f"inputs are not images (N x C x H x W or N x H x W): set "
-                             f"{KEY}.image_key / image_index")
+                             "image_key")
         preds = outputs if torch.is_tensor(outputs) else torch.as_tensor(outputs)
         preds = preds.argmax(-1) if preds.is_floating_point() else preds
         for i in range(min(len(images), self.max_images - len(self._samples))):
@@ -152,11 +151,9 @@ class VisualizationHook(Hook):
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(grid).save(path)
         self.written.append(path)
-        logger_hook = runner.get_hook("logger")
-        if logger_hook is not None and hasattr(logger_hook, "sink_of_type"):
-            board = logger_hook.sink_of_type(TensorBoardSink)
-            if board is not None:
-                board.add_image(f"{stage}/predictions", grid, runner.iter)
-            mlflow = logger_hook.sink_of_type(MLflowSink)
-            if mlflow is not None:
-                mlflow.log_artifact(path, "visualizations")
+        board = runner.sinks.of_type(TensorBoardSink)
+        if board is not None:
+            board.add_image(f"{stage}/predictions", grid, runner.iter)
+        mlflow = runner.sinks.of_type(MLflowSink)
+        if mlflow is not None:
+            mlflow.log_artifact(path, "visualizations")

@@ -2,15 +2,17 @@
 
 Built in: ``terminal`` (:class:`TerminalSink`), ``jsonl`` (:class:`JsonlSink`), ``tensorboard``
 (:class:`TensorBoardSink`), ``parquet`` (:class:`ParquetSink`), ``mlflow`` (:class:`MLflowSink`).
-A new sink subclasses
+The Runner builds the sinks the config names (LoggerHook's ``sinks=``) once, as a
+:class:`SinkSet` that every hook reaches as ``runner.sinks``. A new sink subclasses
 :class:`LogSink`, registers with ``@LOG_SINKS.register_module()`` and is named in the config.
 """
-from .base import LogRecord, LogSink, build_sink
+from .base import LogRecord, LogSink, build_sink, validate_sink_spec
 from .jsonl import JsonlSink
 from .mlflow import MLflowSink
 from .parquet import ParquetSink, read_scalars
+from .service import SinkSet
 from .tensorboard import TensorBoardSink
 from .terminal import TerminalSink
 
-__all__ = ["LogRecord", "LogSink", "build_sink", "JsonlSink", "MLflowSink", "ParquetSink", "TensorBoardSink",
-           "TerminalSink", "read_scalars"]
+__all__ = ["LogRecord", "LogSink", "SinkSet", "build_sink", "validate_sink_spec", "JsonlSink",
+           "MLflowSink", "ParquetSink", "TensorBoardSink", "TerminalSink", "read_scalars"]

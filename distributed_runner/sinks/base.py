@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from ..registry import LOG_SINKS
+from ..errors import ConfigError, did_you_mean
+from ..registry import LOG_SINKS, check_arguments
 
 
 @dataclass
@@ -46,16 +46,34 @@ _ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink
             "tensorboard": "TensorBoardSink", "parquet": "ParquetSink", "mlflow": "MLflowSink"}
 
 
+def validate_sink_spec(spec: Any, key: str) -> None:
+    """Raise a one-line :class:`ConfigError` unless ``spec`` names a known sink with arguments its
+    constructor takes — without building it (the Ray driver checks a config this way)."""
+    if isinstance(spec, LogSink):
+        return
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise ConfigError(key, "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink")
+    name = spec["type"]
+    if isinstance(name, str) and name not in _ALIASES and LOG_SINKS.get(name) is None:
+        known = list(_ALIASES) + LOG_SINKS.keys()
+        raise ConfigError(key, f"unknown sink {name!r}{did_you_mean(name, known)}; built in: "
+                               f"{', '.join(n for n in _ALIASES if n != 'json')}, or a class "
+                               f"registered with @LOG_SINKS.register_module()")
+    cls = LOG_SINKS.resolve(_ALIASES.get(name, name), key)
+    check_arguments(cls, {k: v for k, v in spec.items() if k != "type"}, key)
+
+
 def build_sink(spec: Any, key: str) -> LogSink:
     """A sink from ``'terminal'``, ``dict(type='JsonlSink', ...)`` or a LogSink instance."""
+    validate_sink_spec(spec, key)
     if isinstance(spec, LogSink):
         return spec
     if isinstance(spec, str):
         spec = {"type": spec}
-    if not isinstance(spec, dict):
-        raise ConfigError(key, "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink")
     spec = dict(spec)
-    spec["type"] = _ALIASES.get(spec.get("type"), spec.get("type"))
+    spec["type"] = _ALIASES.get(spec["type"], spec["type"])
     sink = LOG_SINKS.build(spec, key)
     if not isinstance(sink, LogSink):
         raise ConfigError(f"{key}.type", f"{type(sink).__name__} is not a LogSink")

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config import to_plain
+from ..log import LOGGER_NAME
 from ..redact import flatten, redact
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
 from .mlflow_sender import sender_main
 
-logger = logging.getLogger("distributed_runner")
+logger = logging.getLogger(LOGGER_NAME)
 RUN_FILE = "mlflow_run.json"
 
 

@@ -12,13 +12,14 @@ def expected_train_run(epochs, iters, val_every=1, saves_per_epoch=1, best_saves
             calls += ["before_train_iter", "after_train_iter"]
         calls.append("after_train_epoch")
         saves = saves_per_epoch if saves_per_epoch is not None else int(e % val_every == 0)
-        calls += ["before_save_checkpoint"] * saves  # CheckpointHook (VERY_LOW) saves
+        # CheckpointHook (VERY_LOW) saves; after_save_checkpoint is our addition to MMEngine's
+        calls += ["before_save_checkpoint", "after_save_checkpoint"] * saves
         if e % val_every == 0:
             calls += ["before_val", "before_val_epoch"]
             calls += ["before_val_iter", "after_val_iter"] * 3  # 20 samples, batch 8
             calls.append("after_val_epoch")
             if e in best_saves:
-                calls.append("before_save_checkpoint")
+                calls += ["before_save_checkpoint", "after_save_checkpoint"]
             calls.append("after_val")
     calls += ["after_train", "after_run"]
     return calls

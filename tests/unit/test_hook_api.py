@@ -6,12 +6,14 @@ import pytest
 
 import distributed_runner.registry
 from distributed_runner.errors import ConfigError
-from hooks import HOOKS, MOUNT_POINTS, Hook
+from hooks import ADDED_MOUNT_POINTS, HOOKS, MMENGINE_MOUNT_POINTS, MOUNT_POINTS, Hook
 from tests.toy import make_runner
 
 
 def test_22_mount_points_with_mmengine_signatures():
-    assert len(MOUNT_POINTS) == len(set(MOUNT_POINTS)) == 22
+    assert len(MMENGINE_MOUNT_POINTS) == len(set(MMENGINE_MOUNT_POINTS)) == 22
+    assert ADDED_MOUNT_POINTS == ("after_save_checkpoint",)
+    assert MOUNT_POINTS == MMENGINE_MOUNT_POINTS + ADDED_MOUNT_POINTS
     assert {"before_val_epoch", "after_val_epoch", "before_test_epoch", "after_test_epoch"} \
         <= set(MOUNT_POINTS)
     sig = lambda n: list(inspect.signature(getattr(Hook, n)).parameters)  # noqa: E731
@@ -20,6 +22,7 @@ def test_22_mount_points_with_mmengine_signatures():
     assert sig("after_val_epoch") == ["self", "runner", "metrics"]
     assert sig("before_save_checkpoint") == ["self", "runner", "checkpoint"]
     assert sig("after_load_checkpoint") == ["self", "runner", "checkpoint"]
+    assert sig("after_save_checkpoint") == ["self", "runner", "path", "checkpoint"]
     assert sig("after_test_iter") == ["self", "runner", "batch_idx", "data_batch", "outputs"]
 
 

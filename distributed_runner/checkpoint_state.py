@@ -23,7 +23,7 @@ from .redact import redact
 def collect_training_state(runner: Any, save_optimizer: bool, save_param_scheduler: bool,
                            meta: dict | None) -> dict:
     """The checkpoint dict for ``runner``'s current position (collective: call on every rank)."""
-    position = runner.train_loop.position() if runner.train_loop is not None else {}
+    position = runner.train_state.position() if runner.train_loop is not None else {}
     info = {**position, "seed": runner.seed, "world_size": runner.world_size,
             "experiment_name": runner.experiment_name, "time": time.time(),
             "config": dumps_json(redact(runner.cfg)),
@@ -37,6 +37,7 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
         "state_dict": runner.model.state_dict(),
         "message_hub": runner.message_hub.state_dict(),
         "hooks": {name: hook.state_dict() for name, hook in runner.stateful_hooks().items()},
+        "sinks": runner.sinks.state_dict(),
         "rng": {"ranks": dist.all_gather_object(capture_rng())},
         "sampler": {"ranks": dist.all_gather_object(sampler_pos)},
     }
@@ -79,6 +80,10 @@ def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
     for name, state in ckpt.get("hooks", {}).items():
         if name in hooks and hasattr(hooks[name], "load_state_dict"):
             hooks[name].load_state_dict(state)
+    # sinks' state (the MLflow run id); checkpoints from before sinks were the Runner's kept it
+    # in LoggerHook's state
+    old = ckpt.get("hooks", {}).get("logger")
+    runner.sinks.load_state_dict(ckpt.get("sinks") or (old or {}).get("sinks") or [])
     same_world = int(meta.get("world_size", 1)) == runner.world_size
     if runner.train_loop is not None:
         position = dict(meta)

@@ -1,0 +1,29 @@
+"""Whether a larger value of a metric is better: the rule save-best and early stopping share.
+
+MMEngine's keys: a metric whose name contains one of :data:`GREATER_KEYS` is better when larger,
+one containing :data:`LESS_KEYS` when smaller. An exact match wins over a substring match.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+GREATER_KEYS = ["acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc"]
+LESS_KEYS = ["loss"]
+
+
+def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
+               less_keys: Sequence[str] = LESS_KEYS) -> Optional[str]:
+    """``'greater'``/``'less'`` for a metric key: an exact match first, then a substring match
+    (``greater_keys`` first); None when neither list says."""
+    low = key.lower()
+    greater = [k.lower() for k in greater_keys]
+    less = [k.lower() for k in less_keys]
+    if low in greater:
+        return "greater"
+    if low in less:
+        return "less"
+    if any(k in low for k in greater):
+        return "greater"
+    if any(k in low for k in less):
+        return "less"
+    return None

@@ -1,0 +1,121 @@
+"""The run's log sinks as one service the Runner owns and every hook reaches as ``runner.sinks``.
+
+Who names the sinks: hooks that subclass :class:`~hooks.extension_points.SinkProvider` (LoggerHook's
+``sinks=`` argument). Who builds them: the Runner, once, when it is built — so a misspelled sink
+is a one-line config error before any data loads, and on the Ray driver before any worker starts.
+Who writes: LoggerHook decides *when* (intervals, validation); VisualizationHook and
+MLflowCheckpointHook write images and files through the same sinks.
+
+Lifecycle: :meth:`SinkSet.opened` around each ``train()``/``val()``/``test()`` (outside
+``before_run``/``after_run``, so every hook may write at both); :meth:`SinkSet.flush` before each
+checkpoint is written, so a resumed run finds every record up to its checkpoint. Only rank 0
+builds real sinks; on the other ranks the set is empty and every call is free. A sink that fails
+is reported once and skipped; the others still write.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, Sequence
+
+from ..errors import ConfigError
+from ..log import LOGGER_NAME
+from .base import LogRecord, LogSink, build_sink, validate_sink_spec
+
+_log = logging.getLogger(LOGGER_NAME)
+
+
+class SinkSet:
+    """Named, built sinks with failure isolation (see the module docstring)."""
+
+    def __init__(self, sinks: Sequence[tuple[str, LogSink]] = ()) -> None:
+        self._sinks: list[tuple[str, LogSink]] = list(sinks)
+        self._failures: dict[int, int] = {}
+        self._open: list[tuple[str, LogSink]] = []
+
+    @classmethod
+    def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> "SinkSet":
+        """Validate every ``(config key, spec)``; build them when ``build`` (rank 0)."""
+        for key, spec in specs:
+            validate_sink_spec(spec, key)
+        if not build:
+            return cls()
+        return cls([(key, build_sink(spec, key)) for key, spec in specs])
+
+    # -- what hooks use ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[LogSink]:
+        return iter([sink for _, sink in self._sinks])
+
+    def __len__(self) -> int:
+        return len(self._sinks)
+
+    def of_type(self, cls: type) -> Any:
+        """The first sink that is a ``cls`` (None on ranks other than 0, or if there is none)."""
+        return next((sink for _, sink in self._sinks if isinstance(sink, cls)), None)
+
+    def describe(self) -> str:
+        return ", ".join(type(sink).__name__ for _, sink in self._sinks) or "none"
+
+    def write(self, record: LogRecord) -> None:
+        """Write ``record`` to every open sink; a failing one is reported once and skipped."""
+        for i, (key, sink) in enumerate(self._open):
+            try:
+                sink.write(record)
+            except Exception as exc:  # noqa: BLE001 - one broken sink must not silence the rest
+                self._failed(i, key, sink, exc)
+
+    def flush(self) -> None:
+        for i, (key, sink) in enumerate(self._open):
+            try:
+                sink.flush()
+            except Exception as exc:  # noqa: BLE001
+                self._failed(i, key, sink, exc)
+
+    def _failed(self, i: int, key: str, sink: LogSink, exc: Exception) -> None:
+        self._failures[i] = self._failures.get(i, 0) + 1
+        if self._failures[i] == 1:
+            _log.warning("sink %s failed (%s: %s; configured at %s); it is skipped for this "
+                         "record and later failures are only counted", type(sink).__name__,
+                         type(exc).__name__, exc, key)
+
+    # -- lifecycle (the Runner's) ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def opened(self, runner: Any) -> Iterator["SinkSet"]:
+        """Open every sink for one ``train()``/``val()``/``test()``; close them at the end, also
+        when it raised (buffered records are flushed)."""
+        self._open = []
+        for key, sink in self._sinks:
+            try:
+                sink.open(runner)
+            except ConfigError:
+                self.close()
+                raise
+            except Exception as exc:  # noqa: BLE001 - a sink that cannot open is left out
+                _log.warning("sink %s (%s) could not open (%s: %s); this run goes on without it",
+                             type(sink).__name__, key, type(exc).__name__, exc)
+                continue
+            self._open.append((key, sink))
+        try:
+            yield self
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for key, sink in self._open:
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("sink %s (%s) failed to close: %s: %s", type(sink).__name__, key,
+                             type(exc).__name__, exc)
+        self._open = []
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> list:
+        """Per sink, what must survive resume (the MLflow run id), or None."""
+        return [sink.state_dict() if hasattr(sink, "state_dict") else None
+                for _, sink in self._sinks]
+
+    def load_state_dict(self, states: Sequence[Any]) -> None:
+        for (_, sink), state in zip(self._sinks, states):
+            if state is not None and hasattr(sink, "load_state_dict"):
+                sink.load_state_dict(state)

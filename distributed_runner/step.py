@@ -1,0 +1,52 @@
+"""What one step does with the user's batch and model (DESIGN §5): move it to the device, call
+the model with it, and turn the returned losses into the loss to optimize and the values to log."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def move_to(data: Any, device: torch.device) -> Any:
+    """Tensors in ``data`` (dicts, lists, tuples) moved to ``device``."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return {k: move_to(v, device) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(move_to(v, device) for v in data)
+    return data
+
+
+def call_model(model: Any, data: Any, mode: str) -> Any:
+    """DESIGN §5: a dict batch is passed as keyword arguments, a tuple/list as positional ones."""
+    if isinstance(data, dict):
+        return model(**data, mode=mode)
+    if isinstance(data, (list, tuple)):
+        return model(*data, mode=mode)
+    return model(data, mode=mode)
+
+
+def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
+    """The sum of every entry whose key contains ``loss``, and all entries detached for logging."""
+    if not isinstance(losses, dict):
+        raise TypeError(f"forward(mode='loss') must return a dict of tensors, got "
+                        f"{type(losses).__name__}")
+    log_vars: dict[str, Any] = {}
+    total = None
+    n_losses = 0
+    for key, value in losses.items():
+        if isinstance(value, (list, tuple)):
+            value = sum(v.mean() for v in value)
+        elif value.dim():
+            value = value.mean()
+        log_vars[key] = value.detach()
+        if "loss" in key:
+            total = value if total is None else total + value
+            n_losses += 1
+    if total is None:
+        raise ValueError(f"forward(mode='loss') returned no key containing 'loss' "
+                         f"(keys: {', '.join(losses)})")
+    if n_losses == 1 and "loss" in log_vars:  # the common case: log_vars['loss'] is the total
+        return total, log_vars
+    return total, {"loss": total.detach(), **log_vars}

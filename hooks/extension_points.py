@@ -1,0 +1,77 @@
+"""The declared ways, besides the mount points, in which a hook plugs into the loop.
+
+A hook takes part by subclassing one of these classes (next to :class:`~hooks.Hook`); the
+dispatcher finds them at registration, the loop and the Runner call them, and ``drun hooks``
+lists them under "Extension points". Nothing is found by duck typing: a method that merely has one
+of these names on a hook that does not subclass the class is never called.
+
+==================  ==========================================================================
+StepGuard           between forward and backward, on every iteration: may reject the step
+                    (skip it on every rank, or roll every rank back to the newest checkpoint)
+CheckpointSaver     saves the checkpoints the loop is asked for (``runner.request_checkpoint``,
+                    preemption), so retention and the ``last_checkpoint`` pointer stay its job
+SinkProvider        names log sinks (``sink_specs``); the Runner builds them once and serves
+                    them to every hook as ``runner.sinks``
+==================  ==========================================================================
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+
+class StepGuard:
+    """Consulted by the training loop between the forward pass and backward.
+
+    Every guard's :meth:`check_loss` verdict is combined over ranks (one all-reduce MIN when
+    distributed), so all ranks take the same branch. When any rank says no, the loop calls
+    :meth:`reject_step` on every rank, which returns ``'skip'`` (no backward and no step on any
+    rank; the iteration still counts) or ``'rollback'`` (every rank restores the newest checkpoint,
+    then :meth:`on_rollback` runs), or raises to end training.
+    """
+
+    def check_loss(self, loss: torch.Tensor) -> bool:
+        """Whether this step may go ahead (called on every rank, every iteration)."""
+        raise NotImplementedError
+
+    def reject_step(self, runner: Any, loss: torch.Tensor) -> str:
+        """What to do with a step some rank rejected: ``'skip'`` or ``'rollback'`` (or raise)."""
+        raise NotImplementedError
+
+    def on_rollback(self, runner: Any) -> None:
+        """After the rollback restored the newest checkpoint (e.g. scale the learning rate)."""
+
+
+class CheckpointSaver:
+    """Saves the checkpoints the loop is asked for between iterations.
+
+    ``runner.request_checkpoint(reason)`` and preemption end in
+    ``runner.save_requested_checkpoint(reason)``, which calls the first registered saver (in call
+    order); with none registered the Runner writes ``work_dir/iter_{N}.pth`` itself.
+    """
+
+    def save_on_request(self, runner: Any, reason: str) -> Path:
+        """Save the current state now (on every rank; rank 0 writes) and return its path."""
+        raise NotImplementedError
+
+
+class SinkProvider:
+    """Names the log sinks of the run in ``sink_specs`` (names, ``dict(type=...)`` or
+    :class:`~distributed_runner.sinks.LogSink` objects).
+
+    The Runner validates and builds them once, when it is built (the Ray driver validates them
+    before any worker starts), opens them around every ``train()``/``val()``/``test()`` and serves
+    them to every hook as ``runner.sinks``. LoggerHook is the built-in provider; its ``sinks=``
+    argument is where a config names them.
+    """
+
+    sink_specs: Sequence[Any] = ()
+
+
+EXTENSION_POINTS: dict[str, type] = {
+    "step guard": StepGuard,
+    "checkpoint on request": CheckpointSaver,
+    "log sinks": SinkProvider,
+}

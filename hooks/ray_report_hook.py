@@ -1,0 +1,54 @@
+"""RayReportHook: every saved checkpoint reported to Ray Train, so a restarted worker group
+resumes from it."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed_runner.registry import HOOKS
+
+from .hook import Hook
+
+
+@HOOKS.register_module()
+class RayReportHook(Hook):
+    """At ``after_save_checkpoint``: ``ray.train.report(metrics, checkpoint)`` — rank 0 passes
+    the file (hard-linked into a fresh folder, copied across filesystems), the other ranks report
+    ``None``. Ray persists it under the run's ``storage_path``; ``ray.train.get_checkpoint()`` hands
+    it to a restarted worker group.
+
+    ``ray.train.report`` is a barrier: every rank calls it once per saved checkpoint, which holds
+    because checkpoints are saved at the same points on every rank. The metrics are the position
+    and the latest validation results, so Ray's result table reads like the run's log.
+
+    Added by ``--launcher ray`` to every worker's hooks (``drun hooks --launcher ray`` shows it);
+    not meant for a config. Ranks: all report; rank 0 hands over the file.
+    """
+
+    priority = "LOWEST"
+
+    def after_save_checkpoint(self, runner, path: Path, checkpoint: dict) -> None:
+        import ray.train
+
+        meta = checkpoint.get("meta", {})
+        metrics: dict[str, Any] = {"epoch": meta.get("epoch"), "iter": meta.get("iter"),
+                                   "checkpoint": Path(path).name}
+        for key, buf in runner.message_hub.log_scalars.items():
+            if key.startswith("val/") and len(buf):
+                metrics[key] = buf.current()
+        if runner.rank != 0:
+            ray.train.report(metrics, checkpoint=None)
+            return
+        path = Path(path)
+        with tempfile.TemporaryDirectory(prefix="drun-report-") as tmp:
+            target = Path(tmp) / path.name
+            try:
+                os.link(path, target)  # same filesystem: no copy before Ray persists it
+            except OSError:
+                shutil.copy2(path, target)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                             checkpoint_dir_name=f"{path.stem}-{time.time_ns()}")
