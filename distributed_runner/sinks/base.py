@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError, closest
 from ..registry import LOG_SINKS, check_arguments
 
 
@@ -57,8 +57,9 @@ def validate_sink_spec(spec: Any, key: str) -> None:
         raise ConfigError(key, "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink")
     name = spec["type"]
     if isinstance(name, str) and name not in _ALIASES and LOG_SINKS.get(name) is None:
-        known = list(_ALIASES) + LOG_SINKS.keys()
-        raise ConfigError(key, f"unknown sink {name!r}{did_you_mean(name, known)}; built in: "
+        near = closest(name, list(_ALIASES) + LOG_SINKS.keys())[:1]
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(key, f"unknown sink {name!r}{hint}; built in: "
                                f"{', '.join(n for n in _ALIASES if n != 'json')}, or a class "
                                f"registered with @LOG_SINKS.register_module()")
     cls = LOG_SINKS.resolve(_ALIASES.get(name, name), key)

@@ -359,6 +359,27 @@ def test_auto_agreement_interval_is_the_same_on_every_rank(tmp_path):
     assert r0["iter"] == stop
 
 
+def _late_worker(rank: int, port: int, out_dir: str) -> None:
+    with _process_group(rank, port):
+        runner = Runner.from_cfg(base_cfg(
+            os.path.join(out_dir, "wd"), default_hooks=dict(checkpoint=dict(
+                type="CheckpointHook", interval=-1, save_last=False)),
+            train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=0, agree_every=4),
+            custom_hooks=[dict(type="RequestHook", kind="checkpoint", at_iter=9, rank=1)]))
+        runner.train()
+        with open(os.path.join(out_dir, f"late{rank}.json"), "w") as f:
+            json.dump([list(e[:2]) for e in runner.requests.log], f)
+
+
+def test_a_request_after_the_last_agreement_point_is_agreed_on_at_the_end(tmp_path):
+    # 5 iterations an epoch, 10 in all; ranks agree after 4 and 8: the request after 9 is left
+    mp.start_processes(_late_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    logs = [json.loads((tmp_path / f"late{r}.json").read_text()) for r in (0, 1)]
+    assert logs == [[[10, "checkpoint"]]] * 2
+    assert (tmp_path / "wd" / "iter_10.pth").is_file()
+
+
 def test_agree_every_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="train_cfg.agree_every: 'auto' or an int >= 1"):
         make_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1, agree_every=0))
