@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import __version__, dist
-from .checkpoint import capture_rng, model_state_from, restore_rng
+from .checkpoint import capture_rng, load_file, model_state_from, restore_rng
 from .config import dumps_json
 from .redact import redact
 
@@ -111,3 +111,16 @@ def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
         runner.logger.warning("%s was saved with %s ranks, this run has %d: random states are "
                               "not restored (the run continues, not bit-exactly)", path,
                               meta.get("world_size"), runner.world_size)
+
+
+def newest_checkpoint_everywhere(runner: Any, reason: str) -> tuple[dict, str]:
+    """The newest checkpoint (``last_checkpoint``) and its path on every rank: rank 0 reads the
+    file and broadcasts it, so ranks on other machines need not see ``work_dir``."""
+    path = dist.broadcast_object(str(runner.find_latest_checkpoint() or "")
+                                 if runner.rank == 0 else None)
+    if not path:
+        raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
+                                 f"save earlier (default_hooks.checkpoint.interval) or use "
+                                 f"policy='skip'")
+    ckpt = load_file(path, "rollback") if runner.rank == 0 else None
+    return dist.broadcast_object(ckpt), path

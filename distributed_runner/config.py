@@ -8,8 +8,10 @@
 * ``--cfg-options a.b.c=1 x=[1,2] hooks.0.interval=5`` sets dotted keys (list items by index);
   values are Python literals, else plain strings.
 * ``custom_imports = dict(imports=['my_pkg.my_hooks'])`` imports the user's modules so their
-  ``@HOOKS.register_module()`` (etc.) decorators run; wherever a Runner is built — on the driver and
-  on every Ray worker — :func:`import_custom_modules` runs first.
+  ``@HOOKS.register_module()`` (etc.) decorators run. :func:`import_custom_modules` runs where a
+  config is loaded or turned into objects, and nowhere else: :meth:`Config.fromfile` (as MMEngine
+  does), ``Runner.from_cfg`` (in a plain process and on every Ray worker, which never loaded the
+  file) and the Ray driver's ``validate_config``.
 """
 from __future__ import annotations
 

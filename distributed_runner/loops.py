@@ -2,6 +2,7 @@
 
 A whole ``Runner.train()``::
 
+    open the sinks (runner.sinks)                           # built when the Runner was built
     before_run
     (resume / load_from)                       -> after_load_checkpoint(checkpoint)
     before_train
@@ -10,40 +11,40 @@ A whole ``Runner.train()``::
         before_train_epoch
         for batch_idx, data_batch in dataloader:            # resumed epochs skip consumed batches
             before_train_iter(batch_idx, data_batch)
-            outputs = train_step(data_batch)                # forward(mode='loss'), step guards
-                                                            # (agreed by all ranks), backward, step
+            outputs = train_step(data_batch)                # forward(mode='loss'); step guards
+                                                            # (StepGuard hooks, agreed by all
+                                                            # ranks); backward; step
             after_train_iter(batch_idx, data_batch, outputs)
-            iter += 1
-            act on requests                                 # agreed by all ranks (every
-                                                            # train_cfg.agree_every iterations):
+            iter += 1                                       # runner.train_state advances
+            act on requests                                 # agreed by all ranks every
+                                                            # train_cfg.agree_every iterations:
                                                             # checkpoint, validation, stop, preempt
             if stop_training: break
         after_train_epoch                                   # periodic checkpoints are saved here
         epoch += 1
         if validation is due:                               # every val_interval epochs from val_begin
-            before_val; before_val_epoch
+            before_val; before_val_epoch                    # then the model is put in eval mode
             for batch_idx, data_batch in val_dataloader:
                 before_val_iter(batch_idx, data_batch)
                 outputs = predict_step(data_batch); evaluator.process(data_batch, outputs)
                 after_val_iter(batch_idx, data_batch, outputs)
-            metrics = evaluator.evaluate()                   # gathered from all ranks
-            after_val_epoch(metrics)                         # save-best, early stopping
+            metrics = evaluator.evaluate()                  # gathered from all ranks
+            after_val_epoch(metrics)                        # save-best, early stopping
             after_val
             act on requests                                 # early stopping's stop lands here
         if stop_training: break
+    act on requests still pending                           # raised after the last agreement
     after_train                                             # also when training raised
     after_run                                               # also when training raised
+    close the sinks                                         # also when training raised
 
-A step guard that rejects the step (NonFiniteLossHook) skips backward and step on every rank, or
-rolls every rank back to the newest checkpoint, where the loop continues.
-
-``before_save_checkpoint(checkpoint)`` fires inside ``Runner.save_checkpoint`` wherever a hook
-saves. ``Runner.test()`` is ``before_run -> load -> before_test -> before_test_epoch -> iters ->
-after_test_epoch(metrics) -> after_test -> after_run``; ``Runner.val()`` likewise.
-
-The IterBasedTrainLoop runs ``max_iters`` steps over an endless pass of the data (the sampler
-reshuffles at each wrap), calls ``before_train_epoch``/``after_train_epoch`` once around them, and
-validates every ``val_interval`` iterations.
+Wherever a checkpoint is saved (``Runner.save_checkpoint``): ``before_save_checkpoint(checkpoint)``
+-> sinks flushed, file written by rank 0 -> ``after_save_checkpoint(path, checkpoint)`` on every
+rank (under Ray, RayReportHook reports it there). ``Runner.test()`` is ``before_run -> load ->
+before_test -> before_test_epoch -> iters -> after_test_epoch(metrics) -> after_test ->
+after_run``; ``Runner.val()`` likewise. The IterBasedTrainLoop runs ``max_iters`` steps over an
+endless pass of the data (the sampler reshuffles at each wrap), calls ``before_train_epoch`` /
+``after_train_epoch`` once around them and validates every ``val_interval`` iterations.
 """
 from __future__ import annotations
 
@@ -98,22 +99,11 @@ class _TrainLoopBase:
         self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
         runner.requests.set_agree_every(agree_every)
 
-    # MMEngine's loops expose these; hooks should read them from the runner
-    @property
-    def epoch(self) -> int:
-        return self.state.epoch
-
-    @property
-    def iter(self) -> int:
-        return self.state.iter
-
-    @property
-    def max_epochs(self) -> int:
-        return self.state.max_epochs
-
-    @property
-    def max_iters(self) -> int:
-        return self.state.max_iters
+    # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
+    epoch = property(lambda self: self.state.epoch)
+    iter = property(lambda self: self.state.iter)
+    max_epochs = property(lambda self: self.state.max_epochs)
+    max_iters = property(lambda self: self.state.max_iters)
 
     def position(self) -> dict:
         """What has been completed, as a checkpoint records it (:meth:`TrainState.position`)."""
@@ -159,7 +149,7 @@ class _TrainLoopBase:
 
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
         runner, state = self.runner, self.state
-        call = runner.call_hook
+        call = runner.call_hook  # the hot path: one look-up for both mount points
         call("before_train_iter", batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.train_step(data_batch)
         state.finishing("iter", val_due)
@@ -319,9 +309,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         super().__init__(runner, dataloader, max_iters=max_iters, val_begin=val_begin,
                          val_interval=val_interval, agree_every=agree_every)
 
-    @property
-    def data_epoch(self) -> int:
-        return self.state.data_epoch
+    data_epoch = property(lambda self: self.state.data_epoch)
 
     def run_training(self) -> None:
         runner, state = self.runner, self.state

@@ -1,26 +1,19 @@
 """The Runner: builds everything from a config, owns the run's services, runs the loops.
 
-The same object runs in a plain process and inside each Ray Train worker: rank and world size come
-from :mod:`distributed_runner.dist` only, and ``work_dir`` is made absolute at construction. Each
-Runner has its own MessageHub, sinks, requests and hook tables. The Python logger
-(``distributed_runner``, :mod:`distributed_runner.log`) is one per process: each Runner
-reconfigures its handlers for its own ``work_dir`` and rank when it is built.
+The same object runs in a plain process and in each Ray Train worker: rank and world size come
+from :mod:`distributed_runner.dist` only; ``work_dir`` is made absolute at construction. Each
+Runner has its own MessageHub, sinks, requests and hook tables; the Python logger
+(:mod:`distributed_runner.log`) is one per process, re-pointed at this Runner's ``work_dir`` and
+rank when it is built. It owns, each in one place: the position (:class:`TrainState`,
+``train_state``; ``epoch``/``iter``/``max_epochs``/``max_iters``/``by_epoch`` read it), the log
+sinks (:class:`SinkSet`, ``sinks``: built here, opened around every ``train()/val()/test()``)
+and the hooks with their declared extension points (:mod:`hooks.extension_points`).
 
-What the Runner owns, each in one place:
-
-* the position — :class:`~distributed_runner.train_state.TrainState` (``train_state``; ``epoch``,
-  ``iter``, ``max_epochs``, ``max_iters``, ``by_epoch`` read from it);
-* the log sinks — :class:`~distributed_runner.sinks.SinkSet` (``sinks``), built and validated here,
-  opened around every ``train()``/``val()``/``test()``;
-* the hooks and the declared extension points (:mod:`hooks.extension_points`): step guards
-  (``step_guards``), the saver of requested checkpoints, the sink providers.
-
-Hooks see the public surface below (``model``, ``optim_wrapper``, ``param_schedulers``, the
-dataloaders, the position above, ``work_dir``, ``cfg``, ``message_hub``, ``logger``, ``sinks``,
-``rank``, ``world_size``, ``train_loop``, ``wrapped_model`` (what the loops call; PrepareTTAHook
-swaps it), ``save_checkpoint()``, ``load_checkpoint()``, the requests
-``request_stop/request_checkpoint/request_val(reason)`` (:mod:`distributed_runner.control`) and
-``hook_timings()``); the loop's order of mount points is documented in
+Hooks use the public surface: ``model``, ``wrapped_model`` (what the loops call; PrepareTTAHook
+swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the position, ``work_dir``,
+``cfg``, ``message_hub``, ``logger``, ``sinks``, ``rank``, ``world_size``, ``train_loop``,
+``save_checkpoint()``, ``load_checkpoint()``, ``request_stop/request_checkpoint/request_val``
+(:mod:`distributed_runner.control`) and ``hook_timings()``. The order of mount points is in
 :mod:`distributed_runner.loops`.
 """
 from __future__ import annotations
@@ -45,13 +38,15 @@ from .hook_builder import build_dispatcher
 from .log import LOGGER_NAME, setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
+from .model_setup import build_model, wrap_model
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
 from .randomness import set_random_seed
-from .registry import LOOPS, MODELS, accepts, check_arguments
+from .registry import LOOPS, check_arguments
 from .schedulers import build_param_schedulers
-from .checkpoint_state import collect_training_state, restore_training_state
+from .checkpoint_state import collect_training_state, newest_checkpoint_everywhere, \
+    restore_training_state
 from .sinks import SinkSet
 from .train_state import TrainState
 
@@ -106,12 +101,12 @@ class Runner:
         self.seed = set_random_seed(randomness)
         self.device = torch.device(device) if device is not None else self._default_device()
 
-        self._model = self._build_model(model)
-        self.wrapped_model = self._wrap_model(self._model, dict(model_wrapper_cfg or {}))
+        self._model = build_model(model, self.device)
+        self.wrapped_model = wrap_model(self._model, dict(model_wrapper_cfg or {}), self.device)
 
         self.train_dataloader = self.val_dataloader = self.test_dataloader = None
         self.train_loop = None
-        self._idle_state = TrainState()  # the position while there is no training loop
+        self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
         self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
@@ -152,31 +147,6 @@ class Runner:
             return torch.device("cuda", dist.get_local_rank())
         return torch.device("cpu")
 
-    def _build_model(self, model: Any) -> nn.Module:
-        built = MODELS.build(model, "model")
-        if not isinstance(built, nn.Module):
-            raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module")
-        return built.to(self.device)
-
-    def _wrap_model(self, model: nn.Module, wrapper_cfg: dict) -> nn.Module:
-        """DDP when a process group with several ranks is running; the model itself otherwise.
-
-        ``model_wrapper_cfg`` passes DDP arguments. ``broadcast_buffers`` defaults to False (as in
-        MMEngine): buffers such as BN statistics stay per rank unless SyncBuffersHook averages
-        them, instead of being silently overwritten by rank 0's before every forward.
-        """
-        if not dist.is_distributed():
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-        if "broadcast_buffers" not in wrapper_cfg:  # its newer name, where torch has it
-            key = "forward_sync_buffers" if accepts(DistributedDataParallel,
-                                                    "forward_sync_buffers") else "broadcast_buffers"
-            wrapper_cfg.setdefault(key, False)
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg",
-                        supplied=["module"])
-        return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
-
     def _build_training(self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any,
                         param_scheduler: Any) -> None:
         given = {"train_dataloader": dataloader, "train_cfg": train_cfg,
@@ -192,6 +162,7 @@ class Runner:
                                           f"optim_wrapper together; add {missing[0]}")
         self.train_dataloader = build_dataloader(dataloader, "train_dataloader", self.seed)
         self.train_loop = self._build_train_loop(dict(train_cfg))
+        self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
         state = self.train_state
         self.param_schedulers = build_param_schedulers(
@@ -239,32 +210,13 @@ class Runner:
     def hooks(self) -> list:
         return [e.hook for e in self._hooks.entries]
 
-    @property
-    def train_state(self) -> TrainState:
-        """Where training is (:class:`TrainState`); all zeros when nothing trains."""
-        loop = self.train_loop
-        return loop.state if loop is not None else self._idle_state
-
-    @property
-    def epoch(self) -> int:
-        return self.train_state.epoch
-
-    @property
-    def iter(self) -> int:
-        return self.train_state.iter
-
-    @property
-    def max_epochs(self) -> int:
-        return self.train_state.max_epochs
-
-    @property
-    def max_iters(self) -> int:
-        return self.train_state.max_iters
-
-    @property
-    def by_epoch(self) -> bool:
-        """Whether training is epoch-based (True also when nothing trains)."""
-        return self.train_state.by_epoch
+    # the position, read from the one TrainState (all zeros, by_epoch True, when nothing trains)
+    train_state = property(lambda self: self._state, doc="Where training is (TrainState).")
+    epoch = property(lambda self: self._state.epoch)
+    iter = property(lambda self: self._state.iter)
+    max_epochs = property(lambda self: self._state.max_epochs)
+    max_iters = property(lambda self: self._state.max_iters)
+    by_epoch = property(lambda self: self._state.by_epoch)
 
     @property
     def call_hook(self):
@@ -330,14 +282,7 @@ class Runner:
     def rollback(self, reason: str) -> Path:
         """Restore the newest checkpoint on every rank (rank 0 reads it and sends it, so ranks on
         other machines need not see ``work_dir``). Used by NonFiniteLossHook(policy='rollback')."""
-        path = dist.broadcast_object(str(self.find_latest_checkpoint() or "")
-                                     if self.rank == 0 else None)
-        if not path:
-            raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
-                                     f"save earlier (default_hooks.checkpoint.interval) or use "
-                                     f"policy='skip'")
-        ckpt = load_file(path, "rollback") if self.rank == 0 else None
-        ckpt = dist.broadcast_object(ckpt)
+        ckpt, path = newest_checkpoint_everywhere(self, reason)
         self.logger.warning("rolling back to %s: %s", path, reason)
         self._restore(ckpt, path)
         self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)

@@ -132,8 +132,8 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.every.kind == "epoch" and not getattr(runner.train_loop, "by_epoch", True):
-            runner.logger.warning("default_hooks.checkpoint.by_epoch is True but training is "
+        if self.every.kind == "epoch" and not runner.by_epoch:
+            runner.logger.warning("CheckpointHook: by_epoch is True but training is "
                                   "iteration-based: set by_epoch=False to save every %s "
                                   "iterations", self.interval)
         self.every.start_clock()

@@ -16,6 +16,9 @@ from .extension_points import SinkProvider
 from .hook import DataBatch, Hook
 
 
+SHARE_CHECK_SECONDS = 5.0
+
+
 @HOOKS.register_module()
 class LoggerHook(Hook, SinkProvider):
     """Every ``interval`` training iterations (and after each validation/test) write one record
@@ -30,10 +33,12 @@ class LoggerHook(Hook, SinkProvider):
     value) and averaged across ranks. ``ignore_last=False`` also logs the last iterations of an
     epoch that do not fill an interval.
 
-    Hook timing: each record carries the ``top_hooks`` slowest hooks of its window (µs per
-    iteration, from the dispatcher's always-on timing); a hook whose cumulative time since the
-    first record exceeds ``hook_time_warn_share`` of the wall time is warned about once; the table
-    (hook, mount point, calls, total, mean) is logged after training.
+    Hook timing (from the dispatcher's always-on timing): the table (hook, mount point, calls,
+    total, mean) is logged after training; a hook whose cumulative time since the first record
+    exceeds ``hook_time_warn_share`` of the wall time is warned about once (checked at most every
+    :data:`SHARE_CHECK_SECONDS`). ``top_hooks=N`` also puts the N slowest hooks of each window
+    into the record (µs per iteration; the terminal line shows them) — off by default, as a
+    diagnosis tool rather than something every line should carry.
 
     A sink that raises is reported once and skipped for that record; the others still write
     (:class:`~distributed_runner.sinks.SinkSet`; ``on_error='warn'`` covers this hook itself).
@@ -44,7 +49,7 @@ class LoggerHook(Hook, SinkProvider):
     on_error = "warn"
 
     def __init__(self, interval: Union[int, str] = 10, ignore_last: bool = True,
-                 sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 3,
+                 sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 0,
                  hook_time_warn_share: float = 0.1) -> None:
         self.every = Interval.parse(interval, by_epoch=False, key="interval")
         if self.every.never:
@@ -70,8 +75,9 @@ class LoggerHook(Hook, SinkProvider):
         self._log_tail = self._by_epoch and self.every.kind == "iter" and (
             not self.ignore_last or self._epoch_length <= self.interval)
         self.every.start_clock()
-        self._hook_seconds = dict(runner.hook_seconds())
+        self._hook_seconds = dict(runner.hook_seconds()) if self.top_hooks > 0 else {}
         self._share_base: tuple[float, dict] | None = None
+        self._share_checked = 0.0
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
@@ -110,7 +116,9 @@ class LoggerHook(Hook, SinkProvider):
             scalars["memory"] = float(torch.cuda.max_memory_allocated(runner.device) // 2**20)
         info = {"by_epoch": self._by_epoch, "iter_in_epoch": batch_idx + 1,
                 "epoch_length": self._epoch_length, "max_iters": runner.max_iters}
-        info["hooks"] = self._top_hooks(runner, window)
+        self._check_hook_shares(runner)
+        if self.top_hooks > 0:
+            info["hooks"] = self._top_hooks(runner, window)
         eta = hub.get_info("eta")
         if eta is not None:
             info["eta"] = eta
@@ -135,27 +143,39 @@ class LoggerHook(Hook, SinkProvider):
         self._log_eval(runner, "test", metrics)
 
     def _top_hooks(self, runner, window: int) -> list[tuple[str, float]]:
-        """The slowest hooks of this window as (name, µs per iteration); warns once per hook
-        whose cumulative share of the training wall time exceeds ``hook_time_warn_share``."""
+        """The slowest hooks of this window as (name, µs per iteration)."""
         now_seconds = runner.hook_seconds()
         delta = {n: s - self._hook_seconds.get(n, 0.0) for n, s in now_seconds.items()}
         self._hook_seconds = now_seconds
+        top = sorted(delta.items(), key=lambda kv: -kv[1])[:self.top_hooks]
+        return [(name, 1e6 * seconds / window) for name, seconds in top if seconds > 0]
+
+    def _check_hook_shares(self, runner) -> None:
+        """Warn once per hook whose cumulative share of the training wall time since the first
+        record exceeds ``hook_time_warn_share`` (at most every SHARE_CHECK_SECONDS)."""
         now = time.perf_counter()
         if self._share_base is None:  # first record: one-off start-up costs are not a trend
-            self._share_base = (now, dict(now_seconds))
+            self._share_base = (now, dict(runner.hook_seconds()))
+            self._share_checked = now
+            return
+        if now - self._share_checked < SHARE_CHECK_SECONDS:
+            return
+        self._share_checked = now
+        now_seconds = runner.hook_seconds()
         elapsed = now - self._share_base[0]
         for name, total in now_seconds.items() if elapsed > 0 else ():
             share = (total - self._share_base[1].get(name, 0.0)) / elapsed
             if share > self.hook_time_warn_share and name not in self._warned_hooks:
                 self._warned_hooks.add(name)
                 runner.logger.warning(
-                    "hook %r took %.0f%% of the training time so far (above "
-                    "default_hooks.logger.hook_time_warn_share=%.2f); see the hook time table "
-                    "at the end of training", name, 100 * share, self.hook_time_warn_share)
-        top = sorted(delta.items(), key=lambda kv: -kv[1])[:self.top_hooks]
-        return [(name, 1e6 * seconds / window) for name, seconds in top if seconds > 0]
+                    "hook %r took %.0f%% of the training time so far (above LoggerHook's "
+                    "hook_time_warn_share=%.2f); see the hook time table at the end of training",
+                    name, 100 * share, self.hook_time_warn_share)
 
     def after_train(self, runner) -> None:
+        if self._share_base is not None:
+            self._share_checked = -SHARE_CHECK_SECONDS
+            self._check_hook_shares(runner)  # a short run: its whole time counts once
         if runner.rank == 0:
             runner.logger.info(format_hook_timings(runner.hook_timings()))
 

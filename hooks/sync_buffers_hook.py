@@ -31,5 +31,5 @@ class SyncBuffersHook(Hook):
         self._sync(runner)
 
     def before_val(self, runner) -> None:
-        if runner.train_loop is not None and not getattr(runner.train_loop, "by_epoch", True):
+        if runner.train_loop is not None and not runner.by_epoch:
             self._sync(runner)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ray.train import TrainingFailedError
 
 from distributed_runner import Runner
 from distributed_runner.errors import ConfigError
@@ -29,10 +30,13 @@ def ray_cfg(work_dir, workers=2, **overrides):
 
 
 def fit(cfg):
+    """(exit status as ``drun`` gives it, the launcher, Ray's Result or None on failure)."""
     launcher = RayLauncher(cfg, normalize_launcher(cfg["launcher"]))
-    start = time.perf_counter()
-    status = launcher.train()
-    return status, launcher, time.perf_counter() - start
+    try:
+        result = launcher.fit()
+    except TrainingFailedError:
+        return 1, launcher, None
+    return 0, launcher, result
 
 
 def dumps(work_dir):
@@ -47,11 +51,11 @@ def equal_states(a, b):
 def uninterrupted(ray_cluster, tmp_path_factory):
     """3 epochs on 2 workers with SyncBuffersHook; a checkpoint every 7 iterations."""
     wd = tmp_path_factory.mktemp("uninterrupted")
-    status, launcher, _ = fit(ray_cfg(wd, custom_hooks=[dict(type="SyncBuffersHook"),
+    status, launcher, result = fit(ray_cfg(wd, custom_hooks=[dict(type="SyncBuffersHook"),
                                                         dict(type="DieOnceHook"),
                                                         dict(type="RankDumpHook")]))
     assert status == 0
-    return wd, launcher
+    return wd, (launcher, result)
 
 
 def test_ranks_see_disjoint_covering_shards_reshuffled_each_epoch(uninterrupted):
@@ -73,7 +77,7 @@ def test_sync_buffers_makes_bn_statistics_identical(uninterrupted):
 
 
 def test_only_rank_0_writes_and_ray_lists_the_checkpoints(uninterrupted):
-    wd, launcher = uninterrupted
+    wd, (launcher, result) = uninterrupted
     writes = (wd / "writes.txt").read_text().split("\n")
     ranks = {line.split()[0] for line in writes if line}
     assert ranks == {"0"}
@@ -83,7 +87,7 @@ def test_only_rank_0_writes_and_ray_lists_the_checkpoints(uninterrupted):
     storage = Path(launcher.storage_path) / launcher.name
     reported = sorted(p.name.rsplit("-", 1)[0] for p in storage.iterdir() if p.is_dir())
     assert reported == ["iter_14", "iter_7", "last"]
-    assert launcher.result.checkpoint is not None and launcher.result.metrics["iter"] == 15
+    assert result.checkpoint is not None and result.metrics["iter"] == 15
 
 
 def test_worker_death_mid_epoch_resumes_exactly(uninterrupted, tmp_path):

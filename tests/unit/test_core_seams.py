@@ -264,3 +264,20 @@ def test_importing_the_hook_api_loads_neither_the_runner_nor_the_built_in_hooks(
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "hooks.ema_hook"
+
+
+def test_the_readme_shows_what_drun_prints(tmp_path, capsys):
+    readme = (ROOT / "README.md").read_text()
+    quoted = readme.split("`drun: error: default_hooks.logger.sinks[0]: unknown sink 'jsnol'")[1]
+    quoted = "drun: error: default_hooks.logger.sinks[0]: unknown sink 'jsnol'" + \
+        quoted.split("...`")[0]
+    path = _config_file(tmp_path, default_hooks=dict(logger=dict(sinks=["jsnol"])))
+    assert drun_main(["train", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(quoted)
+    plan = readme.split("`drun hooks CONFIG [--launcher ray]` prints the plan")[1]
+    plan_lines = [line for line in plan.split("```")[1].splitlines()[1:] if "..." not in line]
+    assert drun_main(["hooks", str(ROOT / "configs" / "digits_cnn.py"), "--launcher", "ray"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(plan_lines) == 5
+    for line in plan_lines:
+        assert line in printed, line

@@ -1,0 +1,42 @@
+"""The model a Runner trains: built from its config and, across several ranks, wrapped in DDP.
+
+Kept apart from the Runner so that the next parallel strategies (FSDP) have one place to go.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import dist
+from .errors import ConfigError
+from .registry import MODELS, accepts, check_arguments
+
+
+def build_model(spec: Any, device: torch.device) -> nn.Module:
+    """``model=dict(type=...)`` (or a module) on ``device``."""
+    built = MODELS.build(spec, "model")
+    if not isinstance(built, nn.Module):
+        raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module")
+    return built.to(device)
+
+
+def wrap_model(model: nn.Module, wrapper_cfg: dict, device: torch.device) -> nn.Module:
+    """DDP when a process group with several ranks is running; the model itself otherwise.
+
+    ``model_wrapper_cfg`` passes DDP arguments. ``broadcast_buffers`` defaults to False (as in
+    MMEngine): buffers such as BN statistics stay per rank unless SyncBuffersHook averages
+    them, instead of being silently overwritten by rank 0's before every forward.
+    """
+    if not dist.is_distributed():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    if "broadcast_buffers" not in wrapper_cfg:  # its newer name, where torch has it
+        key = "forward_sync_buffers" if accepts(DistributedDataParallel,
+                                                "forward_sync_buffers") else "broadcast_buffers"
+        wrapper_cfg.setdefault(key, False)
+    ids = [device.index] if device.type == "cuda" else None
+    check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg",
+                    supplied=["module"])
+    return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
