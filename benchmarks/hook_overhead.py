@@ -188,33 +188,72 @@ class BenchRegressor(nn.Module):
 USER_ITERS = SAMPLES // USER_BATCH
 
 
-def bare_user_loop(epochs: int, clock: "EpochClock") -> None:
-    torch.manual_seed(0)
-    model = BenchRegressor()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(BenchSamples(), batch_size=USER_BATCH)
-    for _ in range(epochs):
-        clock.epoch_start()
+class BareUserLoop:
+    """The bare loop, one epoch per call, with its own model, optimizer and loader."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = BenchRegressor()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.loader = DataLoader(BenchSamples(), batch_size=USER_BATCH)
+
+    def epoch(self) -> float:
+        """Process CPU seconds per iteration of one epoch."""
+        start = time.process_time()
+        model, opt = self.model, self.opt
         model.train()
-        for batch in loader:
+        for batch in self.loader:
             loss = model(**batch, mode="loss")["loss"]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        clock.epoch_end(USER_ITERS)
+        return (time.process_time() - start) / USER_ITERS
 
 
-def runner_user_loop(epochs: int, clock: "EpochClock", work_dir: str) -> None:
-    runner = Runner(
-        model=dict(type="BenchRegressor"), work_dir=work_dir,
-        train_dataloader=dict(dataset=dict(type="BenchSamples"), batch_size=USER_BATCH,
-                              sampler=dict(type="DefaultSampler", shuffle=False)),
-        train_cfg=dict(by_epoch=True, max_epochs=epochs),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
-        default_hooks=dict(checkpoint=None),  # the other five defaults, logger every 10
-        custom_hooks=[EpochClockHook(clock), EpochClockEndHook(clock, USER_ITERS)],
-        randomness=dict(seed=0), log_level="WARNING")
-    runner.train()
+class PairedEpochs(Hook):
+    """Before each Runner epoch, one bare epoch in the same process; then the Runner epoch is
+    timed from here (HIGHEST, so the other hooks' before_train_epoch counts as the Runner's) to
+    :class:`PairedEpochsEnd` (LOWEST). Each pair runs back to back on the same machine state, so
+    their difference is free of the drift between runs that these shared machines show."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, bare: BareUserLoop) -> None:
+        self.bare, self.pairs, self._start = bare, [], 0.0
+
+    def before_train_epoch(self, runner) -> None:
+        self._bare = self.bare.epoch()
+        self._start = time.process_time()
+
+    def end(self) -> None:
+        ours = (time.process_time() - self._start) / USER_ITERS
+        self.pairs.append((self._bare, ours))
+
+
+class PairedEpochsEnd(Hook):
+    priority = "LOWEST"
+
+    def __init__(self, paired: PairedEpochs) -> None:
+        self.paired = paired
+
+    def after_train_epoch(self, runner) -> None:
+        self.paired.end()
+
+
+def paired_user_run(epochs: int, work_dir: str) -> list[tuple[float, float]]:
+    """One Runner run of ``epochs`` epochs, each preceded by a bare epoch; the pairs after the
+    first (warm-up) epoch."""
+    paired = PairedEpochs(BareUserLoop())
+    Runner(model=dict(type="BenchRegressor"), work_dir=work_dir,
+           train_dataloader=dict(dataset=dict(type="BenchSamples"), batch_size=USER_BATCH,
+                                 sampler=dict(type="DefaultSampler", shuffle=False)),
+           train_cfg=dict(by_epoch=True, max_epochs=epochs),
+           optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+           default_hooks=dict(checkpoint=None),  # the other five defaults, logger every 10
+           custom_hooks=[paired, PairedEpochsEnd(paired)],
+           # the bare epochs run inside a hook: the hook-time warning would name it
+           randomness=dict(seed=0), log_level="ERROR").train()
+    return paired.pairs[1:]
 
 
 def hook_cost(work_dir: str, iters: int = 10_000) -> float:
@@ -307,27 +346,29 @@ def report(title: str, bare: "EpochClock", ours: "EpochClock") -> None:
 
 
 def user_path(rounds: int, epochs: int) -> None:
-    """The headline case (module docstring), ABBA, every epoch after a run's first timed."""
-    bare, ours = EpochClock(), EpochClock()
+    """The headline case (module docstring): per-pair differences of process CPU time."""
+    pairs: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        bare_user_loop(2, EpochClock()), runner_user_loop(2, EpochClock(), f"{tmp}/warm")
         for r in range(rounds):
-            runs = [lambda: bare_user_loop(epochs, bare),
-                    lambda: runner_user_loop(epochs, ours, f"{tmp}/run{r}")]
-            for run in (runs if r % 2 == 0 else runs[::-1]):
-                bare._epoch = ours._epoch = 0
-                run()
-    report(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
-           f"(checkpoint off, logger every 10), MLP 32-32-1, batch {USER_BATCH}, {USER_ITERS} "
-           f"iters/epoch, {rounds} rounds x {epochs - 1} timed epochs; target overhead <= 15 "
-           f"us/iter", bare, ours)
+            pairs += paired_user_run(epochs, f"{tmp}/run{r}")
+    diffs = sorted(ours - bare for bare, ours in pairs)
+    bare = statistics.median(b for b, _ in pairs)
+    ours = statistics.median(o for _, o in pairs)
+    q1, q3 = diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
+    print(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
+          f"(checkpoint off, logger every 10), MLP 32-32-1, batch {USER_BATCH}, {USER_ITERS} "
+          f"iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), process CPU "
+          f"time; target overhead <= 15 us/iter")
+    print(f"bare loop {bare * 1e6:6.1f} us/iter | Runner {ours * 1e6:6.1f} us/iter | overhead: "
+          f"median of pair differences {statistics.median(diffs) * 1e6:5.1f} us/iter "
+          f"(quartiles {q1 * 1e6:.1f} .. {q3 * 1e6:.1f}) | ratio {ours / bare:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=60)
-    parser.add_argument("--user-rounds", type=int, default=10)
+    parser.add_argument("--user-rounds", type=int, default=6)
     parser.add_argument("--only-user-path", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)

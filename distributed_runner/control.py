@@ -42,7 +42,7 @@ class ControlRequests:
 
     def __init__(self) -> None:
         self._pending: dict[str, list[str]] = {k: [] for k in KINDS}
-        self._any = False
+        self.pending = False  # whether this rank has an unresolved request (no collective)
         self.agreed_extra = 0
         self.set_agree_every("auto")
         self.log: list[tuple[int, str, tuple[str, ...]]] = []  # (iter, kind, reasons) acted on
@@ -51,7 +51,7 @@ class ControlRequests:
         if kind not in KINDS:
             raise ValueError(f"unknown request {kind!r}; one of {', '.join(KINDS)}")
         self._pending[kind].append(str(reason))
-        self._any = True
+        self.pending = True
 
     # -- how often ranks agree after iterations (train_cfg.agree_every) -------------------------
     def set_agree_every(self, agree_every: int | str) -> None:
@@ -94,11 +94,6 @@ class ControlRequests:
             self._last_agreed = end
         return agreed
 
-    @property
-    def pending(self) -> bool:
-        """Whether this rank has an unresolved request (no collective)."""
-        return self._any
-
     def resolve(self, extra: int = 0) -> dict[str, tuple[str, ...]]:
         """Kind -> reasons for every kind requested on any rank; collective when distributed.
 
@@ -106,7 +101,7 @@ class ControlRequests:
         largest value any rank sent is left in :attr:`agreed_extra`.
         """
         if not dist.is_distributed():
-            if not self._any:
+            if not self.pending:
                 return {}
             agreed = {k: tuple(v) for k, v in self._pending.items() if v}
             self.clear()
@@ -132,7 +127,7 @@ class ControlRequests:
     def clear(self) -> None:
         for reasons in self._pending.values():
             reasons.clear()
-        self._any = False
+        self.pending = False
 
     def record(self, iteration: int, kind: str, reasons: tuple[str, ...],
                logger: logging.Logger | Any) -> None:

@@ -13,6 +13,20 @@ LOGGER_NAME = "distributed_runner"
 _MARK = "_distributed_runner_handler"
 
 
+class _SecondsFormatter(logging.Formatter):
+    """Timestamps to the second, formatted once per second: the terminal and the log file share
+    this formatter, and a training line is written every few iterations."""
+
+    _second = -1
+    _text = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._text = second, super().formatTime(record, datefmt)
+        return self._text
+
+
 def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") -> logging.Logger:
     """(Re)configure the project logger for this process; returns it."""
     logger = logging.getLogger(LOGGER_NAME)
@@ -22,7 +36,7 @@ def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") ->
             h.close()
     logger.setLevel(level if rank == 0 else logging.WARNING)
     logger.propagate = False
-    fmt = logging.Formatter(
+    fmt = _SecondsFormatter(
         "%(asctime)s %(levelname)s " + (f"[rank {rank}] " if rank else "") + "%(message)s",
         datefmt="%m/%d %H:%M:%S")
     stream = logging.StreamHandler(sys.stdout)

@@ -56,6 +56,7 @@ from torch.utils.data import DataLoader
 from . import dist
 from .data import resume_sampler
 from .errors import ConfigError
+from .optim import NO_CONTEXT
 from .preemption import TrainingPreempted
 from .registry import LOOPS
 from .step import call_model, move_to, parse_losses
@@ -97,6 +98,9 @@ class _TrainLoopBase:
                                 by_epoch=self.by_epoch)
         self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
         self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
+        # the hot path, looked up once: the dispatcher's call and whether batches move
+        self._call = runner.call_hook
+        self._to_device = runner.device.type != "cpu"
         runner.requests.set_agree_every(agree_every)
 
     # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
@@ -148,8 +152,7 @@ class _TrainLoopBase:
         raise NotImplementedError
 
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
-        runner, state = self.runner, self.state
-        call = runner.call_hook  # the hot path: one look-up for both mount points
+        runner, state, call = self.runner, self.state, self._call
         call("before_train_iter", batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.train_step(data_batch)
         state.finishing("iter", val_due)
@@ -199,10 +202,14 @@ class _TrainLoopBase:
         runner = self.runner
         model = runner.wrapped_model
         optim_wrapper = runner.optim_wrapper
-        if runner.device.type != "cpu":
+        if self._to_device:
             data_batch = move_to(data_batch, runner.device)
-        with optim_wrapper.optim_context(model):
+        context = optim_wrapper.optim_context(model)
+        if context is NO_CONTEXT:
             losses = call_model(model, data_batch, "loss")
+        else:
+            with context:
+                losses = call_model(model, data_batch, "loss")
         loss, log_vars = parse_losses(losses)
         guards = runner.step_guards
         if guards and not self._step_allowed(loss, guards):

@@ -60,7 +60,7 @@ class HistoryBuffer:
         go and replaced by their floats."""
         values = self._values
         recent = list(islice(reversed(values), n))
-        if any(isinstance(v, torch.Tensor) for v in recent):
+        if not all(type(v) is float for v in recent):
             recent = _as_floats(recent)
             for i, v in enumerate(recent, start=1):
                 values[-i] = v

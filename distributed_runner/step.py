@@ -29,6 +29,10 @@ def call_model(model: Any, data: Any, mode: str) -> Any:
 
 def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
     """The sum of every entry whose key contains ``loss``, and all entries detached for logging."""
+    if len(losses) == 1 and type(losses) is dict:  # the common case, {'loss': 0-dim tensor}
+        value = losses.get("loss")
+        if type(value) is torch.Tensor and not value.dim():
+            return value, {"loss": value.detach()}
     if not isinstance(losses, dict):
         raise TypeError(f"forward(mode='loss') must return a dict of tensors, got "
                         f"{type(losses).__name__}")

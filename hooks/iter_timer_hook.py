@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from time import perf_counter
 from typing import Optional
 
 from distributed_runner.registry import HOOKS
@@ -50,18 +51,17 @@ class IterTimerHook(Hook):
         return now
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
-        now = time.perf_counter()
-        runner.message_hub.update_scalar("train/data_time", now - self._t)
+        runner.message_hub.update_scalar("train/data_time", perf_counter() - self._t)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        now = time.perf_counter()
-        runner.message_hub.update_scalar("train/time", now - self._t)
+        now = perf_counter()
+        hub = runner.message_hub
+        hub.update_scalar("train/time", now - self._t)
         self._t = now
         it = runner.iter
-        done = it + 1 - self._start_iter
-        left = self._max_iters - it - 1
-        runner.message_hub.update_info("eta", (now - self._train_start) / done * left)
+        hub.runtime_info["eta"] = ((now - self._train_start) / (it + 1 - self._start_iter)
+                                   * (self._max_iters - it - 1))
 
     def before_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         self._before_iter(runner, "val")

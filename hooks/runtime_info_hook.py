@@ -33,11 +33,12 @@ class RuntimeInfoHook(Hook):
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         hub = runner.message_hub
-        hub.update_info("iter", runner.iter)
-        groups = runner.optim_wrapper.param_groups
+        hub.runtime_info["iter"] = runner.iter  # update_info without the call: every iteration
+        groups = runner.optim_wrapper.optimizer.param_groups
         hub.update_scalar("train/lr", groups[0]["lr"])
-        for i in range(1, len(groups)):
-            hub.update_scalar(f"train/lr_group{i}", groups[i]["lr"])
+        if len(groups) > 1:
+            for i in range(1, len(groups)):
+                hub.update_scalar(f"train/lr_group{i}", groups[i]["lr"])
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:

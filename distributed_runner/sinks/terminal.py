@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import sys
 from typing import Any
 
@@ -80,7 +81,10 @@ class TerminalSink(LogSink):
     def write(self, record: LogRecord) -> None:
         line = format_record(record)
         if self._bar is None:
-            self._logger.info(line)
+            logger = self._logger
+            if logger.isEnabledFor(logging.INFO):  # logger.info without finding the caller
+                logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line,
+                                                None, None))
             return
         _to_file_only(self._logger, line)
         if record.mode == "train":
