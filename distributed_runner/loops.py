@@ -155,9 +155,12 @@ class _TrainLoopBase:
         runner, state, call = self.runner, self.state, self._call
         call("before_train_iter", batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.train_step(data_batch)
-        state.finishing("iter", val_due)
+        # TrainState.finishing('iter') / iteration_done(), written out: this runs every step
+        state.pending, state.val_after_pending = "iter", val_due
         call("after_train_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        state.iteration_done()
+        state.pending, state.val_after_pending = None, False
+        state.iter += 1
+        state.batch_in_epoch += 1
         if self._agree:
             if runner.requests.due(state.iter):
                 self.act_on_requests(after_iter=True)
@@ -204,12 +207,15 @@ class _TrainLoopBase:
         optim_wrapper = runner.optim_wrapper
         if self._to_device:
             data_batch = move_to(data_batch, runner.device)
-        context = optim_wrapper.optim_context(model)
-        if context is NO_CONTEXT:
-            losses = call_model(model, data_batch, "loss")
+        if optim_wrapper.plain_step and type(data_batch) is dict:  # the common case, no calls
+            losses = model(**data_batch, mode="loss")
         else:
-            with context:
+            context = optim_wrapper.optim_context(model)
+            if context is NO_CONTEXT:
                 losses = call_model(model, data_batch, "loss")
+            else:
+                with context:
+                    losses = call_model(model, data_batch, "loss")
         loss, log_vars = parse_losses(losses)
         guards = runner.step_guards
         if guards and not self._step_allowed(loss, guards):

@@ -32,6 +32,9 @@ def _as_floats(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values]
 
 
+_FLOAT = {float}
+
+
 class HistoryBuffer:
     """The last ``max_length`` values of one scalar.
 
@@ -60,7 +63,7 @@ class HistoryBuffer:
         go and replaced by their floats."""
         values = self._values
         recent = list(islice(reversed(values), n))
-        if not all(type(v) is float for v in recent):
+        if set(map(type, recent)) != _FLOAT:
             recent = _as_floats(recent)
             for i, v in enumerate(recent, start=1):
                 values[-i] = v

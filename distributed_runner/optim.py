@@ -41,12 +41,14 @@ class OptimWrapper:
         self._max_counts = 0
         self._remainder = 0
         self.last_grad_norm: torch.Tensor | None = None
-        # the common case, one backward and one plain step per update, takes a short path
-        # (fewer Python calls per iteration); subclasses that change backward/step never do
-        self._plain = (self.accumulative_counts == 1 and self.clip_grad is None
+        # the common case, one backward and one plain step per update and no context around the
+        # forward pass, takes a short path (fewer Python calls per iteration); subclasses that
+        # change backward/step/the context never do
+        self.plain_step = (self.accumulative_counts == 1 and self.clip_grad is None
                        and type(self).backward is OptimWrapper.backward
                        and type(self).step is OptimWrapper.step
-                       and type(self).zero_grad is OptimWrapper.zero_grad)
+                       and type(self).zero_grad is OptimWrapper.zero_grad
+                       and type(self).optim_context is OptimWrapper.optim_context)
 
     # -- accumulation bookkeeping ----------------------------------------------------------------
     def initialize_count_status(self, done: int, max_counts: int) -> None:
@@ -78,7 +80,7 @@ class OptimWrapper:
         return NO_CONTEXT
 
     def update_params(self, loss: torch.Tensor) -> None:
-        if self._plain:
+        if self.plain_step:
             loss.backward()
             self._inner_count += 1
             self.optimizer.step()

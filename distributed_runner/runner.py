@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -210,13 +211,16 @@ class Runner:
     def hooks(self) -> list:
         return [e.hook for e in self._hooks.entries]
 
-    # the position, read from the one TrainState (all zeros, by_epoch True, when nothing trains)
-    train_state = property(lambda self: self._state, doc="Where training is (TrainState).")
-    epoch = property(lambda self: self._state.epoch)
-    iter = property(lambda self: self._state.iter)
-    max_epochs = property(lambda self: self._state.max_epochs)
-    max_iters = property(lambda self: self._state.max_iters)
-    by_epoch = property(lambda self: self._state.by_epoch)
+    # the position, read from the one TrainState (all zeros, by_epoch True, when nothing trains);
+    # attrgetter properties: hooks read these several times per iteration, and a getter written
+    # in Python would cost a call each time
+    train_state = property(attrgetter("_state"), doc="Where training is (TrainState).")
+    epoch = property(attrgetter("_state.epoch"))
+    iter = property(attrgetter("_state.iter"))
+    max_epochs = property(attrgetter("_state.max_epochs"))
+    max_iters = property(attrgetter("_state.max_iters"))
+    by_epoch = property(attrgetter("_state.by_epoch"),
+                        doc="Whether training is epoch-based (True also when nothing trains).")
 
     @property
     def call_hook(self):
@@ -225,10 +229,8 @@ class Runner:
         per iteration.)"""
         return self._hooks.call
 
-    @property
-    def step_guards(self) -> tuple:
-        """The hooks that are :class:`~hooks.extension_points.StepGuard`, in call order."""
-        return self._hooks.step_guards
+    step_guards = property(attrgetter("_hooks.step_guards"),
+                           doc="The StepGuard hooks (hooks.extension_points), in call order.")
 
     def hook_bracket(self, before: str, after: str):
         """Context manager: ``before`` now, ``after`` at exit — also when the body raises."""

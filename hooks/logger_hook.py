@@ -74,6 +74,7 @@ class LoggerHook(Hook, SinkProvider):
         # the last batch of an epoch is logged even when it does not fill an interval
         self._log_tail = self._by_epoch and self.every.kind == "iter" and (
             not self.ignore_last or self._epoch_length <= self.interval)
+        self._distributed = dist.is_distributed()
         self.every.start_clock()
         self._hook_seconds = dict(runner.hook_seconds()) if self.top_hooks > 0 else {}
         self._share_base: tuple[float, dict] | None = None
@@ -105,7 +106,7 @@ class LoggerHook(Hook, SinkProvider):
                     current[name] = buf.current()
                 else:
                     smoothed[name] = buf.mean(window)
-        if dist.is_distributed() and smoothed:
+        if self._distributed and smoothed:
             avg = dist.all_reduce(torch.tensor(list(smoothed.values()), dtype=torch.float64),
                                   "mean").tolist()
             smoothed = dict(zip(smoothed, avg))
