@@ -1,9 +1,10 @@
 """Hook dispatch: who runs at which mount point, decided once at registration.
 
 For every mount point the dispatcher keeps the ordered tuple of ``(bound method, slot)`` of the
-hooks that override it. Calling a mount point walks that tuple: no ``getattr``/``hasattr`` per call
-and no cost for hooks that do not implement it (50 registered hooks of which 2 implement a mount
-point cost what 2 cost).
+hooks that override it, and a generated caller (:mod:`distributed_runner.call_plan`) that calls
+exactly those hooks: no ``getattr``/``hasattr`` per call and no cost for hooks that do not
+implement it (50 registered hooks of which 2 implement a mount point cost what 2 cost). The
+callers are rebuilt whenever the tables change; the loops hold ``callers`` and call them directly.
 
 This module is the one place that calls hooks, so three cross-cutting policies live here:
 
@@ -28,28 +29,30 @@ This module is the one place that calls hooks, so three cross-cutting policies l
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import random
 import re
 import weakref
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 from hooks.extension_points import EXTENSION_POINTS, CheckpointSaver, SinkProvider, StepGuard
 from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, overrides
 from hooks.priority import get_priority, priority_name
 
-from .call_plan import compile_mount
+from .call_plan import compile_caller
 from .errors import ArgumentError, ConfigError, did_you_mean
+from .hook_order import names_of, order_entries
 from .log import LOGGER_NAME
 
 _LOOKS_LIKE_MOUNT_POINT = re.compile(r"^(before|after)_")
 TIME_FIRST = 16
-TIME_EVERY = 8
+TIME_EVERY = 16
 _PATTERN_BITS = 12  # a pattern of 4096 calls, about 1 in TIME_EVERY set
-_TIMED = bytes(random.Random(0).random() < 1 / TIME_EVERY for _ in range(1 << _PATTERN_BITS))
+_RANDOM = random.Random(0)
+_TIMED = bytes(i <= TIME_FIRST or _RANDOM.random() < 1 / TIME_EVERY
+               for i in range(1 << _PATTERN_BITS))  # call n is timed when _TIMED[n & mask]
 _PATTERN_MASK = (1 << _PATTERN_BITS) - 1
 ERROR_POLICIES = ("raise", "warn", "disable")
 _log = logging.getLogger(LOGGER_NAME)
@@ -99,76 +102,6 @@ def check_mount_point_names(hook: Hook, key: str) -> None:
                                        f"prefix it with '_' if it is a helper")
 
 
-def _names(value: Any, key: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise ConfigError(key, "must be a hook name or a list of hook names, e.g. ['ema']")
-
-
-def order_entries(entries: Sequence[HookEntry], strict: bool = True,
-                  strict_for: HookEntry | None = None) -> list[HookEntry]:
-    """Priority order, refined by ``before``/``after`` constraints (a stable topological sort).
-
-    ``strict=False`` ignores constraints naming hooks not registered yet (registration is
-    incremental; the final check is strict); ``strict_for`` checks only that entry's names.
-    """
-    by_name = {e.name: e for e in entries}
-    succ: dict[str, set[str]] = {e.name: set() for e in entries}
-    for e in entries:
-        for attr, pairs in (("after", [(o, e.name) for o in e.after]),
-                            ("before", [(e.name, o) for o in e.before])):
-            for first, then in pairs:
-                other = then if first == e.name else first
-                if other not in by_name:
-                    if strict or e is strict_for:
-                        raise ConfigError(f"{e.key}.{attr}", f"no hook named {other!r}"
-                                          f"{did_you_mean(other, list(by_name))}; registered: "
-                                          f"{', '.join(by_name)}")
-                    continue
-                a, b = by_name[first], by_name[then]
-                if a.priority > b.priority:
-                    raise ConfigError(f"{e.key}.{attr}", f"{a.name!r} ({priority_name(a.priority)}"
-                                      f") cannot run before {b.name!r} ({priority_name(b.priority)})"
-                                      f": constraints only order hooks of equal priority; change "
-                                      f"a priority instead")
-                succ[first].add(then)
-    indegree = {n: 0 for n in by_name}
-    for n in succ:
-        for m in succ[n]:
-            indegree[m] += 1
-    ready = [(e.priority, e.index, e.name) for e in entries if indegree[e.name] == 0]
-    heapq.heapify(ready)
-    ordered: list[HookEntry] = []
-    while ready:
-        *_, name = heapq.heappop(ready)
-        ordered.append(by_name[name])
-        for m in succ[name]:
-            indegree[m] -= 1
-            if indegree[m] == 0:
-                heapq.heappush(ready, (by_name[m].priority, by_name[m].index, m))
-    if len(ordered) < len(entries):
-        cycle = _find_cycle({n: s for n, s in succ.items() if indegree[n] > 0})
-        raise ConfigError(f"{by_name[cycle[0]].key}.before/after",
-                          f"ordering constraints form a cycle: {' -> '.join(cycle)}; "
-                          f"remove one of them")
-    return ordered
-
-
-def _find_cycle(succ: dict[str, set[str]]) -> list[str]:
-    start = next(iter(succ))
-    path, seen = [start], {start: 0}
-    while True:
-        nxt = sorted(m for m in succ[path[-1]] if m in succ)[0]
-        if nxt in seen:
-            return path[seen[nxt]:] + [nxt]
-        seen[nxt] = len(path)
-        path.append(nxt)
-
-
 class HookDispatcher:
     """Ordered hooks and per-mount-point call tables for one runner."""
 
@@ -185,6 +118,8 @@ class HookDispatcher:
         self._ns: list[int] = []
         self._timed: list[int] = []  # per slot: how many of its calls were timed
         self._mount_calls: dict[str, int] = {m: 0 for m in MOUNT_POINTS}
+        # mount point -> its generated caller (call_plan.py); the loops call these directly
+        self.callers: dict[str, Callable[..., None]] = {}
         # per slot: the mount point's call count when the slot entered its table, and when it
         # left it (disabled); calls = (end or current) - start
         self._call_base: list[int] = []
@@ -214,7 +149,7 @@ class HookDispatcher:
                                                  f"{', '.join(map(repr, ERROR_POLICIES))}")
         hook.priority = value
         entry = HookEntry(name, hook, value, len(self._entries), policy,
-                          _names(before, f"{key}.before"), _names(after, f"{key}.after"), key)
+                          names_of(before, f"{key}.before"), names_of(after, f"{key}.after"), key)
         self._entries.append(entry)
         self._rebuild(strict=False, strict_for=entry if strict else None)
 
@@ -241,9 +176,12 @@ class HookDispatcher:
                 row.append((getattr(e.hook, mount), slot))
             tables[mount] = tuple(row)
         self._tables = tables
-        self._compiled = {mount: compile_mount(mount, tuple(fn for fn, _ in table),
-                                               self._failed_at(table))
-                          for mount, table in tables.items()}
+        env = {"counts": self._mount_calls, "runner_ref": self._runner_ref, "timed": _TIMED,
+               "mask": _PATTERN_MASK, "call_timed": self._call_timed,
+               "failed_at": self._failed_at}
+        # updated in place: whoever holds this dict (the loops) sees the current callers
+        self.callers.update({mount: compile_caller(mount, table, env)
+                             for mount, table in tables.items()})
         live = [e for e in self._entries if not e.disabled]
         self._extensions = {point: tuple(e for e in live if isinstance(e.hook, cls))
                             for point, cls in EXTENSION_POINTS.items()}
@@ -253,12 +191,7 @@ class HookDispatcher:
     def call(self, mount: str, **kwargs: Any) -> None:
         """Run ``mount`` on every hook that implements it, in order — the hot path: one counter
         per call; a clock read per hook only on the timed calls (module docstring)."""
-        runner = self._runner_ref()
-        n = self._mount_calls[mount] = self._mount_calls[mount] + 1
-        if n <= TIME_FIRST or _TIMED[n & _PATTERN_MASK]:
-            self._call_timed(runner, self._tables[mount], kwargs)
-        else:
-            self._compiled[mount](runner, **kwargs)
+        self.callers[mount](**kwargs)
 
     def _failed_at(self, table: tuple) -> Callable:
         """For a compiled mount point: the policy of the hook at ``i``, then the hooks after it

@@ -98,8 +98,8 @@ class _TrainLoopBase:
                                 by_epoch=self.by_epoch)
         self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
         self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
-        # the hot path, looked up once: the dispatcher's call and whether batches move
-        self._call = runner.call_hook
+        # the hot path, looked up once: the mount points' callers and whether batches move
+        self._callers = runner.mount_callers
         self._to_device = runner.device.type != "cpu"
         runner.requests.set_agree_every(agree_every)
 
@@ -152,12 +152,12 @@ class _TrainLoopBase:
         raise NotImplementedError
 
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
-        runner, state, call = self.runner, self.state, self._call
-        call("before_train_iter", batch_idx=batch_idx, data_batch=data_batch)
+        runner, state, callers = self.runner, self.state, self._callers
+        callers["before_train_iter"](batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.train_step(data_batch)
         # TrainState.finishing('iter') / iteration_done(), written out: this runs every step
         state.pending, state.val_after_pending = "iter", val_due
-        call("after_train_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        callers["after_train_iter"](batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         state.pending, state.val_after_pending = None, False
         state.iter += 1
         state.batch_in_epoch += 1

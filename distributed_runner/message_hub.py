@@ -42,11 +42,13 @@ class HistoryBuffer:
     kept once a count other than 1 has been given, so the common case is one append.
     """
 
-    __slots__ = ("_values", "_counts")
+    __slots__ = ("_values", "_counts", "append_one")
 
     def __init__(self, max_length: int = DEFAULT_HISTORY) -> None:
         self._values: deque = deque(maxlen=max_length)
         self._counts: deque | None = None
+        # record a value of count 1: the deque's own append until counts are kept
+        self.append_one = self._values.append
 
     def update(self, value: Any, count: int = 1) -> None:
         self._values.append(value)  # the hot path: a tensor is converted when read
@@ -56,7 +58,12 @@ class HistoryBuffer:
     def _add_count(self, count: int) -> None:
         if self._counts is None:
             self._counts = deque([1] * (len(self._values) - 1), maxlen=self._values.maxlen)
+            self.append_one = self._append_with_count
         self._counts.append(count)
+
+    def _append_with_count(self, value: Any) -> None:
+        self._values.append(value)
+        self._counts.append(1)
 
     def _last(self, n: int) -> list[float]:
         """The last ``n`` values as floats, newest first; tensors among them are converted in one
@@ -125,11 +132,12 @@ class MessageHub:
 
     def update_scalar(self, key: str, value: Any, count: int = 1) -> None:
         buf = self.log_scalars.get(key)
-        if buf is None:
-            buf = self.log_scalars[key] = HistoryBuffer(self._history)
-        buf._values.append(value)  # HistoryBuffer.update inlined: called several times per step
-        if count != 1 or buf._counts is not None:
-            buf._add_count(count)
+        if buf is None or count != 1:
+            if buf is None:
+                buf = self.log_scalars[key] = HistoryBuffer(self._history)
+            buf.update(value, count)
+        else:
+            buf.append_one(value)  # called several times per step: usually deque.append itself
 
     def update_scalars(self, scalars: dict, prefix: str = "") -> None:
         for k, v in scalars.items():

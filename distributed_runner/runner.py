@@ -223,6 +223,12 @@ class Runner:
                         doc="Whether training is epoch-based (True also when nothing trains).")
 
     @property
+    def mount_callers(self) -> dict:
+        """Mount point -> the function that calls it (``caller(**kwargs)``), kept current as
+        hooks are disabled: what the loops call on their hot path."""
+        return self._hooks.callers
+
+    @property
     def call_hook(self):
         """``call_hook(mount, **kwargs)``: run mount point ``mount`` on every hook that implements
         it, in call order. (The dispatcher's bound method itself: the loops call it several times

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 
 from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
     atomic_write_text, load_file
-from distributed_runner.errors import ArgumentError
+from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule
 from distributed_runner.registry import HOOKS
@@ -239,7 +239,8 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     def publish(self, path: Path) -> Path:
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
-        ckpt = load_file(path, "published_keys")
+        with argument_errors():  # raised at after_train: the dispatcher names the config key
+            ckpt = load_file(path, "published_keys")
         slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
         tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]

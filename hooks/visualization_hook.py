@@ -88,8 +88,8 @@ class VisualizationHook(Hook):
         images = _field(data_batch, self.image_key, self.image_index)
         labels = _field(data_batch, self.label_key, self.label_index)
         if not torch.is_tensor(images) or images.dim() not in (3, 4):
-            raise ValueError(f"inputs are not images (N x C x H x W or N x H x W): set "
-                             "image_key")
+            raise ValueError("inputs are not images (N x C x H x W or N x H x W): set this "
+                             "hook's image_key / image_index")
         preds = outputs if torch.is_tensor(outputs) else torch.as_tensor(outputs)
         preds = preds.argmax(-1) if preds.is_floating_point() else preds
         for i in range(min(len(images), self.max_images - len(self._samples))):
