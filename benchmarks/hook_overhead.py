@@ -3,26 +3,19 @@
 **The user's path (the headline figure).** A per-sample dataset of dict samples, the Runner's own
 ``DefaultSampler(shuffle=False)`` and collate, the six default hooks (logger every 10 iterations
 writing terminal and JSON-lines records; checkpoints off), an MLP 32 -> 32 -> 1 with batch 16 —
-against a bare loop over a plain ``DataLoader(dataset, batch_size=16)`` of the same dataset.
-Target: the Runner adds at most 15 us per iteration.
+against a bare loop over a plain ``DataLoader(dataset, batch_size=16)`` of the same dataset, one
+thread. Each Runner epoch is preceded by a bare epoch in the same process (:class:`PairedEpochs`);
+the figure is the median of the pairs' differences in process CPU time. Target: <= 15 us/iter.
 
-**Pre-batched.** Both loops train the same tiny MLP (16 -> 32 -> 2) with SGD on the same data, 64 batches of 32
-samples an epoch, in one process on one thread. The data is stored as ready-made batches (a
-DataLoader with ``batch_size=None``) in both loops, so that per-sample collation — identical in
-both and several times the cost of the MLP — does not drown the difference in noise. The Runner
-has all six default hooks (logger every 10 iterations writing terminal and JSON-lines records;
-checkpoints off).
+**Pre-batched.** The same comparison with a tiny MLP (16 -> 32 -> 2) on ready-made batches (a
+DataLoader with ``batch_size=None``), so that collation is out of the picture; runs alternate
+(ABBA), every epoch after a run's first timed on its own, medians and minima printed.
 
-Measurement: runs alternate (ABBA); inside each run every epoch after the first is timed on its
-own (process CPU time and wall time), and per-iteration figures are the median over all those
-epochs — start-up costs are excluded, as they are for the bare loop. On these shared machines
-single runs swing by +-20 %, so the median is the figure to read; the minimum is printed beside it.
+Then: the default hooks' two per-iteration mount points called directly with no model, and one
+mount point called on a dispatcher holding 50 hooks of which 2 implement it, against one holding
+only those 2.
 
-Two more figures: the default hooks' two per-iteration mount points called directly with no model
-(the framework's share of a step without the model's noise), and calling one mount point on a
-dispatcher holding 50 hooks of which 2 implement it, against one holding only those 2.
-
-    python benchmarks/hook_overhead.py [--epochs 8] [--repeats 8]
+    python benchmarks/hook_overhead.py [--user-rounds 6] [--epochs 5] [--repeats 60] [--only-user-path]
 """
 from __future__ import annotations
 

@@ -109,10 +109,6 @@ class _TrainLoopBase:
     max_epochs = property(lambda self: self.state.max_epochs)
     max_iters = property(lambda self: self.state.max_iters)
 
-    def position(self) -> dict:
-        """What has been completed, as a checkpoint records it (:meth:`TrainState.position`)."""
-        return self.state.position()
-
     def resume_from(self, position: dict) -> None:
         """Continue after ``position`` (from a checkpoint's meta)."""
         state = self.state
@@ -321,8 +317,6 @@ class IterBasedTrainLoop(_TrainLoopBase):
                  val_interval: int = 1000, agree_every: int | str = "auto") -> None:
         super().__init__(runner, dataloader, max_iters=max_iters, val_begin=val_begin,
                          val_interval=val_interval, agree_every=agree_every)
-
-    data_epoch = property(lambda self: self.state.data_epoch)
 
     def run_training(self) -> None:
         runner, state = self.runner, self.state

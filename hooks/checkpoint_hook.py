@@ -154,7 +154,7 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     def save_on_request(self, runner, reason: str) -> Path:
         """Save now (a request or preemption, between iterations) as ``iter_{N}.pth``."""
-        done = runner.train_loop.position()["iter"]
+        done = runner.train_state.position()["iter"]
         if self.last_saved_iter == done and self.last_file:
             return self.out_dir / self.last_file  # this very state was just saved
         name = f"iter_{done}.pth"
@@ -174,7 +174,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         while self.max_keep_ckpts > 0 and len(self.kept) > self.max_keep_ckpts:
             removed.append(self.kept.pop(0))
         self.last_file = filename
-        self.last_saved_iter = runner.train_loop.position()["iter"]
+        self.last_saved_iter = runner.train_state.position()["iter"]
         path = self._save(runner, filename)
         if runner.rank == 0:
             self._point_at(runner, path)
