@@ -76,6 +76,38 @@ def test_disable_removes_the_hook_after_its_first_failure(tmp_path):
     assert (row.calls, row.errors) == (4, 1)
 
 
+class _After(Hook):
+    """Counts its after_train_iter calls; runs after FailingHook (lower priority)."""
+
+    priority = "LOW"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.calls += 1
+
+
+def test_failures_on_the_untimed_path_follow_the_same_policies(tmp_path):
+    # after its first 16 calls a mount point mostly runs through its generated caller
+    # (call_plan.py): a failure there must apply the hook's policy, still call the hooks after
+    # it, and a disabled hook must leave the callers the loop holds
+    from distributed_runner.dispatch import _TIMED
+    assert not _TIMED[37]  # the 37th call takes the untimed path
+    after = _After()
+    runner = make_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=6),
+                         custom_hooks=[dict(type="FailingHook", on_error="disable", from_iter=37),
+                                       after])
+    runner.train()
+    assert runner.get_hook("failing").calls == 37 and after.calls == 60 and runner.iter == 60
+    runner = make_runner(tmp_path / "warn", train_cfg=dict(by_epoch=True, max_epochs=6),
+                         custom_hooks=[dict(type="FailingHook", on_error="warn", from_iter=37),
+                                       after := _After()])
+    runner.train()
+    row = next(t for t in runner.hook_timings() if t.name == "failing")
+    assert (row.calls, row.errors, after.calls) == (60, 24, 60)
+
+
 def test_class_default_policy_and_config_key_wins(tmp_path):
     class Quiet(FailingHook):
         on_error = "warn"
