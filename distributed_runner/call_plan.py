@@ -35,6 +35,22 @@ def mount_arguments(mount: str) -> list[str]:
     return list(inspect.signature(getattr(Hook, mount)).parameters)[2:]
 
 
+class Callers(dict):
+    """Mount point -> caller, each generated at its first use after the tables last changed.
+
+    The dispatcher clears it whenever its tables change (every registration, a disabled hook), so
+    registering N hooks does not generate N x 23 functions; whoever holds this dict (the loops)
+    always gets the current caller."""
+
+    def __init__(self, make: Callable[[str], Callable[..., None]]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, mount: str) -> Callable[..., None]:
+        caller = self[mount] = self._make(mount)
+        return caller
+
+
 def compile_caller(mount: str, table: tuple, env: dict[str, Any]) -> Callable[..., None]:
     """The caller of ``mount`` for ``table`` (``(method, slot)`` pairs in call order).
 

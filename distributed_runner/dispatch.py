@@ -41,7 +41,7 @@ from hooks.extension_points import EXTENSION_POINTS, CheckpointSaver, SinkProvid
 from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, overrides
 from hooks.priority import get_priority, priority_name
 
-from .call_plan import compile_caller
+from .call_plan import Callers, compile_caller
 from .errors import ArgumentError, ConfigError, did_you_mean
 from .hook_order import names_of, order_entries
 from .log import LOGGER_NAME
@@ -118,8 +118,12 @@ class HookDispatcher:
         self._ns: list[int] = []
         self._timed: list[int] = []  # per slot: how many of its calls were timed
         self._mount_calls: dict[str, int] = {m: 0 for m in MOUNT_POINTS}
-        # mount point -> its generated caller (call_plan.py); the loops call these directly
-        self.callers: dict[str, Callable[..., None]] = {}
+        # mount point -> its generated caller (call_plan.py), made at first use after each
+        # change of the tables; the loops call these directly
+        self.callers = Callers(self._compile)
+        self._env = {"counts": self._mount_calls, "runner_ref": self._runner_ref,
+                     "timed": _TIMED, "mask": _PATTERN_MASK, "call_timed": self._call_timed,
+                     "failed_at": self._failed_at}
         # per slot: the mount point's call count when the slot entered its table, and when it
         # left it (disabled); calls = (end or current) - start
         self._call_base: list[int] = []
@@ -176,18 +180,16 @@ class HookDispatcher:
                 row.append((getattr(e.hook, mount), slot))
             tables[mount] = tuple(row)
         self._tables = tables
-        env = {"counts": self._mount_calls, "runner_ref": self._runner_ref, "timed": _TIMED,
-               "mask": _PATTERN_MASK, "call_timed": self._call_timed,
-               "failed_at": self._failed_at}
-        # updated in place: whoever holds this dict (the loops) sees the current callers
-        self.callers.update({mount: compile_caller(mount, table, env)
-                             for mount, table in tables.items()})
+        self.callers.clear()  # in place: whoever holds it (the loops) gets the new callers
         live = [e for e in self._entries if not e.disabled]
         self._extensions = {point: tuple(e for e in live if isinstance(e.hook, cls))
                             for point, cls in EXTENSION_POINTS.items()}
         self.step_guards = tuple(e.hook for e in self._extensions["step guard"])
 
     # -- calling -------------------------------------------------------------------------------
+    def _compile(self, mount: str) -> Callable[..., None]:
+        return compile_caller(mount, self._tables[mount], self._env)
+
     def call(self, mount: str, **kwargs: Any) -> None:
         """Run ``mount`` on every hook that implements it, in order — the hot path: one counter
         per call; a clock read per hook only on the timed calls (module docstring)."""
