@@ -116,15 +116,11 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 def cmd_hooks(args: argparse.Namespace) -> int:
     from .config import Config
-    from .hook_builder import HookPlanOwner, build_dispatcher, with_launcher_hooks
-    from .sinks import SinkSet
+    from .hook_builder import plan_hooks
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
     if args.launcher is not None:
         cfg["launcher"] = args.launcher
-    hooks = build_dispatcher(HookPlanOwner(), cfg.get("default_hooks"),
-                             with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")))
-    SinkSet.build(hooks.sink_specs(), build=False)  # a misspelled sink fails here too
-    print(hooks.plan_text())
+    print(plan_hooks(cfg).plan_text())  # a misspelled sink fails here too
     return 0
 
 

@@ -155,5 +155,16 @@ def build_dispatcher(owner: Any, default_hooks: dict | None, custom_hooks: list 
     return dispatcher
 
 
+def plan_hooks(cfg: Any):
+    """The config's hooks as its launcher runs them, with their sinks checked but not built —
+    what the Ray driver validates and ``drun hooks`` prints (no Runner, no model, no data)."""
+    from .sinks import SinkSet
+
+    hooks = build_dispatcher(HookPlanOwner(), cfg.get("default_hooks"),
+                             with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")))
+    SinkSet.build(hooks.sink_specs(), build=False)
+    return hooks
+
+
 class HookPlanOwner:
     """Stands in for the runner when hooks are only planned (``drun hooks``, driver checks)."""

@@ -76,16 +76,13 @@ def validate_config(cfg: dict) -> None:
     constructors' signatures.
     """
     from . import registry
-    from .hook_builder import HookPlanOwner, build_dispatcher, with_launcher_hooks
-    from .sinks import SinkSet
+    from .hook_builder import plan_hooks
 
     import_custom_modules(cfg.get("custom_imports"))  # the driver's side of Runner.from_cfg
     for key in ("work_dir", "model"):
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing: set {key} in the config")
-    hooks = build_dispatcher(HookPlanOwner(), cfg.get("default_hooks"),
-                             with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")))
-    SinkSet.build(hooks.sink_specs(), build=False)  # names and arguments, nothing opened
+    plan_hooks(cfg)  # hooks built and checked, sinks' names and arguments checked, none built
 
     def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
         if isinstance(spec, dict):

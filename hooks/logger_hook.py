@@ -7,10 +7,10 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from distributed_runner import dist
-from distributed_runner.errors import ArgumentError, argument_errors
+from distributed_runner.errors import ArgumentError
 from distributed_runner.interval import Interval
 from distributed_runner.registry import HOOKS
-from distributed_runner.sinks import LogRecord, validate_sink_spec
+from distributed_runner.sinks import LogRecord
 
 from .extension_points import SinkProvider
 from .hook import DataBatch, Hook
@@ -56,12 +56,9 @@ class LoggerHook(Hook, SinkProvider):
             raise ArgumentError("interval", "must be >= 1")
         self.interval = int(self.every.every) if self.every.kind == "iter" else 0
         self.ignore_last = ignore_last
-        if isinstance(sinks, (str, dict)):
-            sinks = [sinks]
-        with argument_errors():
-            for i, spec in enumerate(sinks):
-                validate_sink_spec(spec, f"sinks[{i}]")
-        self.sink_specs = list(sinks)
+        # validated where they are built (the Runner) or checked (the Ray driver, drun hooks):
+        # SinkSet.build, with their config keys
+        self.sink_specs = [sinks] if isinstance(sinks, (str, dict)) else list(sinks)
         self.top_hooks = int(top_hooks)
         self.hook_time_warn_share = float(hook_time_warn_share)
         self._last_logged = 0  # runner.iter when the last train record was written
@@ -151,15 +148,16 @@ class LoggerHook(Hook, SinkProvider):
         top = sorted(delta.items(), key=lambda kv: -kv[1])[:self.top_hooks]
         return [(name, 1e6 * seconds / window) for name, seconds in top if seconds > 0]
 
-    def _check_hook_shares(self, runner) -> None:
+    def _check_hook_shares(self, runner, now_or_never: bool = False) -> None:
         """Warn once per hook whose cumulative share of the training wall time since the first
-        record exceeds ``hook_time_warn_share`` (at most every SHARE_CHECK_SECONDS)."""
+        record exceeds ``hook_time_warn_share`` (at most every SHARE_CHECK_SECONDS, unless
+        ``now_or_never``: the last check, at the end of training)."""
         now = time.perf_counter()
         if self._share_base is None:  # first record: one-off start-up costs are not a trend
             self._share_base = (now, dict(runner.hook_seconds()))
             self._share_checked = now
             return
-        if now - self._share_checked < SHARE_CHECK_SECONDS:
+        if now - self._share_checked < SHARE_CHECK_SECONDS and not now_or_never:
             return
         self._share_checked = now
         now_seconds = runner.hook_seconds()
@@ -175,8 +173,7 @@ class LoggerHook(Hook, SinkProvider):
 
     def after_train(self, runner) -> None:
         if self._share_base is not None:
-            self._share_checked = -SHARE_CHECK_SECONDS
-            self._check_hook_shares(runner)  # a short run: its whole time counts once
+            self._check_hook_shares(runner, now_or_never=True)  # a short run counts too
         if runner.rank == 0:
             runner.logger.info(format_hook_timings(runner.hook_timings()))
 

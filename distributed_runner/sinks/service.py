@@ -35,10 +35,11 @@ class SinkSet:
 
     @classmethod
     def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> "SinkSet":
-        """Validate every ``(config key, spec)``; build them when ``build`` (rank 0)."""
-        for key, spec in specs:
-            validate_sink_spec(spec, key)
+        """Validate every ``(config key, spec)``; build them when ``build`` (rank 0; building
+        validates each first, so a bad spec is the same one-line error either way)."""
         if not build:
+            for key, spec in specs:
+                validate_sink_spec(spec, key)
             return cls()
         return cls([(key, build_sink(spec, key)) for key, spec in specs])
 
