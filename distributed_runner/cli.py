@@ -5,7 +5,7 @@
                 [--name NAME] [--max-failures K]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...] [--launcher none|ray]
-    drun plot  WORK_DIR [--out curves.png]
+    drun plot  WORK_DIR [WORK_DIR ...] [--out curves.png] [--smooth W]
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
 (``--debug`` shows its traceback); anything else is a bug and keeps its traceback. A run stopped by
@@ -21,6 +21,7 @@ from typing import Sequence
 
 from .errors import ConfigError
 from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
+from .ray_connect import persistent_path
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -56,9 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     hooks.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
     hooks.add_argument("--launcher", choices=["none", "ray"], default=None,
                        help="plan as this launcher runs it (ray adds its RayReportHook)")
-    plot = sub.add_parser("plot", help="draw loss, lr and validation curves of a run")
-    plot.add_argument("work_dir")
-    plot.add_argument("--out", help="image file (default WORK_DIR/curves.png)")
+    plot = sub.add_parser("plot", help="draw loss, lr and validation curves of one run or "
+                                       "several overlaid")
+    plot.add_argument("work_dir", nargs="+", help="work_dir(s) of runs (jsonl or parquet sink)")
+    plot.add_argument("--out", help="image file (default FIRST_WORK_DIR/curves.png)")
+    plot.add_argument("--smooth", type=float, default=0.0, metavar="W",
+                      help="EMA weight in [0, 1) for the training curves, e.g. 0.6 (default 0)")
     return parser
 
 
@@ -69,7 +73,10 @@ def load_config(args: argparse.Namespace):
         cfg["work_dir"] = args.work_dir
     if cfg.get("work_dir") is None:
         cfg["work_dir"] = str(Path("work_dirs") / Path(args.config).stem)
-    cfg["work_dir"] = str(Path(cfg["work_dir"]).expanduser().resolve())
+    work_dir, note = persistent_path(str(cfg["work_dir"]), "work_dir")
+    if note:  # inside a `ray job submit` package folder, which Ray deletes
+        print(f"drun: {note}", file=sys.stderr, flush=True)
+    cfg["work_dir"] = work_dir
     return cfg
 
 
@@ -126,10 +133,12 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot
+    if not 0.0 <= args.smooth < 1.0:
+        raise ConfigError("--smooth", f"{args.smooth} is not in [0, 1): try 0.6")
     try:
-        path = plot(args.work_dir, args.out)
+        path = plot(args.work_dir, args.out, smooth=args.smooth)
     except FileNotFoundError as e:
-        raise ConfigError(args.work_dir, str(e)) from None
+        raise ConfigError("work_dir", str(e)) from None
     print(path)
     return 0
 

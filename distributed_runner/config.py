@@ -134,6 +134,16 @@ def _load_raw(path: Path, seen: tuple[Path, ...]) -> dict:
     return merge(merged, data)
 
 
+def _git_commit(folder: Path) -> str | None:
+    import subprocess
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 class Config(ConfigDict):
     """A loaded config; ``filename`` is where it came from (None for one built from a dict)."""
 
@@ -154,8 +164,28 @@ class Config(ConfigDict):
     def filename(self) -> str | None:
         return getattr(self, "_filename", None)
 
+    @property
+    def git_commit(self) -> str | None:
+        """The commit of the git checkout holding the config file (None outside one). Ray workers
+        get the driver's answer (:meth:`with_source`): the file may not exist on their node."""
+        if not hasattr(self, "_git_commit"):
+            object.__setattr__(self, "_git_commit",
+                               _git_commit(Path(self.filename).parent) if self.filename else None)
+        return self._git_commit
+
+    def source(self) -> dict:
+        """Where the config came from, as plain data a Ray worker can be given."""
+        return {"filename": self.filename, "git_commit": self.git_commit}
+
+    def with_source(self, source: dict | None) -> "Config":
+        """Adopt a :meth:`source` computed elsewhere (on the driver); returns self."""
+        if source:
+            object.__setattr__(self, "_filename", source.get("filename"))
+            object.__setattr__(self, "_git_commit", source.get("git_commit"))
+        return self
+
     def __getattr__(self, name: str) -> Any:
-        if name == "_filename":
+        if name in ("_filename", "_git_commit"):
             raise AttributeError(name)
         return super().__getattr__(name)
 

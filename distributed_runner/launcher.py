@@ -10,22 +10,26 @@ Train ``TorchTrainer`` whose workers each build the Runner from the plain config
 (:func:`distributed_runner.ray_worker.train_worker`). The driver never builds the model.
 
 * no ``address`` and no ``RAY_ADDRESS``: a local Ray is started in this process;
-  ``address='auto'`` (or ``RAY_ADDRESS``) joins a running cluster (``ray start --head``).
+  ``address='auto'`` (or ``RAY_ADDRESS``) joins the one running cluster (``ray start --head``) and
+  refuses when several run on the machine; the driver prints which cluster it joined, and forwards
+  its ``MLFLOW_*`` environment to the workers (:mod:`distributed_runner.ray_connect`).
 * ``storage_path`` defaults to ``work_dir/ray_storage``; multi-node runs point it at shared storage
   (an NFS path or ``s3://``). ``name`` defaults to the work_dir's folder name, so rerunning the same
-  config continues the run from its last reported checkpoint instead of starting over.
+  config continues the run from its last reported checkpoint instead of starting over. Relative
+  paths inside a ``ray job submit`` package folder go under ``$DRUN_WORK_ROOT`` (``~/drun``).
 * ``max_failures``: how many times Ray restarts the worker group after a worker dies; each restart
   resumes exactly from the last checkpoint Ray holds.
 """
 from __future__ import annotations
 
-import os
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from .config import import_custom_modules, to_plain
+from .config import Config, import_custom_modules, to_plain
 from .errors import ConfigError, did_you_mean
+from .ray_connect import forwarded_env, persistent_path, resolve_address
 from .registry import check_arguments
 
 RAY_DEFAULTS: dict[str, Any] = {
@@ -128,22 +132,31 @@ class RayLauncher:
     def __init__(self, cfg: dict, launcher: dict) -> None:
         self.cfg = cfg
         self.opts = launcher
-        self.work_dir = Path(cfg["work_dir"]).expanduser().resolve()
-        self.storage_path = str(launcher["storage_path"] or self.work_dir / "ray_storage")
-        if "://" not in self.storage_path:
-            self.storage_path = str(Path(self.storage_path).expanduser().resolve())
+        self.work_dir = Path(_announced(str(cfg["work_dir"]), "work_dir"))
+        self.storage_path = _announced(str(launcher["storage_path"]), "launcher.storage_path") \
+            if launcher["storage_path"] else str(self.work_dir / "ray_storage")
         self.name = launcher["name"] or self.work_dir.name
+        self.joined = "a local Ray started by this process"
 
     # -- cluster -------------------------------------------------------------------------------
     def connect(self) -> None:
+        """Join the cluster the launcher names (see :func:`ray_connect.resolve_address`), or
+        start a local one. The driver's ``MLFLOW_*`` variables go to every worker."""
         import ray
         if ray.is_initialized():
+            self.joined = f"the Ray cluster this process is connected to " \
+                          f"({ray.get_runtime_context().gcs_address})"
             return
-        address = self.opts["address"] or os.environ.get("RAY_ADDRESS")
+        address = resolve_address(self.opts["address"])
+        runtime_env = {"env_vars": forwarded_env()}
         if address:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
+            self.joined = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
         else:
-            ray.init(include_dashboard=False)
+            # the dashboard serves the State API that Ray Train's placement-group cleaner
+            # polls; without it the cleaner warns every second for the whole run
+            ray.init(include_dashboard=True, dashboard_host="127.0.0.1",
+                     runtime_env=runtime_env)
 
     def worker_resources(self) -> dict[str, float]:
         res = dict(self.opts["resources_per_worker"] or {})
@@ -187,9 +200,11 @@ class RayLauncher:
         # the resolved run name travels too: sinks tag the run with it
         plain["launcher"] = {**self.opts, "name": self.name, "storage_path": self.storage_path}
         datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
+        # the config file and its git commit are the driver's: workers may not have the file
+        source = self.cfg.source() if isinstance(self.cfg, Config) else None
         return TorchTrainer(
             train_worker,
-            train_loop_config={"cfg": plain},
+            train_loop_config={"cfg": plain, "source": source},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=self.opts["num_workers"], use_gpu=self.opts["use_gpu"],
                 resources_per_worker=self.opts["resources_per_worker"],
@@ -209,6 +224,7 @@ class RayLauncher:
         validate_config(self.cfg)
         self.connect()
         self.check_resources(ray.cluster_resources())
+        print(f"distributed-runner on Ray: joined {self.joined}", flush=True)
         print(f"distributed-runner on Ray: {self.opts['num_workers']} workers"
               f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
               f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
@@ -223,6 +239,7 @@ class RayLauncher:
             self.fit()
         except TrainingFailedError as e:
             print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
+            mark_mlflow_run_failed(self.work_dir)
             return 1
         print(f"distributed-runner on Ray: finished; checkpoints in "
               f"{self.storage_path}/{self.name}", flush=True)
@@ -230,16 +247,40 @@ class RayLauncher:
 
 
     def _mlflow_note(self) -> str:
-        """`` | MLflow <uri>`` when the logger has an MLflow sink."""
+        """`` | MLflow <uri>`` when the logger has an MLflow sink: where rank 0 will log (the
+        config's URI, else the ``MLFLOW_TRACKING_URI`` forwarded to the workers)."""
         logger = (self.cfg.get("default_hooks") or {}).get("logger")
         sinks = logger.get("sinks", []) if isinstance(logger, dict) else []
         for sink in sinks:
             spec = {"type": sink} if isinstance(sink, str) else sink
             if isinstance(spec, dict) and spec.get("type") in ("mlflow", "MLflowSink"):
-                uri = spec.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or \
-                    f"sqlite:///{self.work_dir / 'mlflow.db'}"
-                return f" | MLflow {uri}"
+                from .sinks.mlflow import tracking_uri
+                return f" | MLflow {tracking_uri(spec.get('tracking_uri'), self.work_dir)}"
         return ""
+
+
+def _announced(path: str, key: str) -> str:
+    """``path`` made persistent (:func:`ray_connect.persistent_path`), telling the user if moved."""
+    resolved, note = persistent_path(path, key)
+    if note:
+        print(f"drun: {note}", file=sys.stderr, flush=True)
+    return resolved
+
+
+def mark_mlflow_run_failed(work_dir: Path) -> None:
+    """After the workers gave up, end the run's MLflow run as FAILED (rank 0 died before it could
+    say so). Best effort: the run file is on the driver only when work_dir is shared."""
+    from .sinks.mlflow import RUN_FILE
+    run_file = work_dir / RUN_FILE
+    if not run_file.is_file():
+        return
+    try:
+        info = json.loads(run_file.read_text())
+        from mlflow.tracking import MlflowClient
+        MlflowClient(info["tracking_uri"]).set_terminated(info["run_id"], "FAILED")
+    except Exception as e:  # noqa: BLE001 - the failure is already reported
+        print(f"drun: could not mark the MLflow run FAILED ({type(e).__name__}: {e})",
+              file=sys.stderr)
 
 
 def _first_lines(error: BaseException, n: int = 12) -> str:

@@ -41,7 +41,7 @@ def train_worker(config: dict) -> None:
 
     from .runner import Runner
 
-    cfg = Config(to_config_dict(config["cfg"]))
+    cfg = Config(to_config_dict(config["cfg"])).with_source(config.get("source"))
     # every saved checkpoint is reported to Ray (RayReportHook, shown by drun hooks --launcher ray)
     cfg["custom_hooks"] = with_launcher_hooks(cfg.get("custom_hooks"), "ray")
     ctx = ray.train.get_context()

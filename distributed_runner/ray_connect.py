@@ -1,0 +1,101 @@
+"""The Ray driver's view of where it runs: which cluster to join, where relative paths may live,
+and which of the driver's environment the workers need.
+
+Three things a driver cannot leave to Ray's defaults without surprising a user:
+
+* **Which cluster.** ``address='auto'`` makes Ray pick the cluster named in
+  ``/tmp/ray/ray_current_cluster``; a head started with ``--temp-dir`` writes its address only
+  there, so with two clusters on one machine Ray joins one of them silently. We list the running
+  clusters (their GCS servers) and refuse when 'auto' could mean more than one.
+* **Where a relative path goes.** ``ray job submit --working-dir`` runs the entrypoint inside
+  ``.../runtime_resources/working_dir_files/_ray_pkg_<hash>``, a folder Ray deletes; a relative
+  ``work_dir`` or ``storage_path`` there would lose every checkpoint. Inside such a folder they
+  resolve under ``$DRUN_WORK_ROOT`` (default ``~/drun``) and the driver says so.
+* **What the workers must see.** On a running cluster the workers were started by ``ray start``,
+  not by this driver: an ``MLFLOW_TRACKING_URI`` exported in the driver's shell never reaches them.
+  The driver forwards its ``MLFLOW_*`` variables through the job's ``runtime_env``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+from .errors import ConfigError
+
+WORK_ROOT_ENV = "DRUN_WORK_ROOT"
+FORWARDED_PREFIXES = ("MLFLOW_",)
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for the entrypoint
+
+
+def running_clusters() -> list[str]:
+    """GCS addresses of the Ray clusters with a node on this machine (empty if unknown)."""
+    try:
+        from ray._private.services import find_gcs_addresses
+    except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
+        return []
+    find_gcs_addresses.cache_clear()
+    return sorted(find_gcs_addresses())
+
+
+def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ,
+                    clusters: list[str] | None = None) -> str | None:
+    """The address to join, or None to start a local Ray in this process.
+
+    ``address`` (the launcher's) wins over ``RAY_ADDRESS``. 'auto' means: ``RAY_ADDRESS`` if it
+    names a cluster (``ray job submit`` sets it for the entrypoint), else the one cluster running
+    on this machine; none or several is a one-line error naming them.
+    """
+    env_address = environ.get("RAY_ADDRESS") or None
+    address = address or env_address
+    if address != "auto":
+        return address
+    if env_address and env_address != "auto":
+        return env_address
+    found = running_clusters() if clusters is None else clusters
+    if not found:
+        raise ConfigError("launcher.address", "'auto' found no running Ray cluster on this "
+                                              "machine: start one (cluster/local/start_head.sh) "
+                                              "or pass --address HOST:PORT")
+    if len(found) > 1:
+        raise ConfigError("launcher.address", f"'auto' is ambiguous: {len(found)} Ray clusters "
+                                              f"run on this machine ({', '.join(found)}); pass "
+                                              f"one of them with --address")
+    return found[0]
+
+
+def in_job_package(cwd: Path | None = None) -> bool:
+    """Whether this process runs inside a ``ray job submit --working-dir`` package folder."""
+    parts = (cwd or Path.cwd()).resolve().parts
+    return "working_dir_files" in parts and any(p.startswith("_ray_pkg_") for p in parts)
+
+
+def persistent_path(path: str, key: str, environ: Mapping[str, str] = os.environ,
+                    cwd: Path | None = None) -> tuple[str, str | None]:
+    """``path`` made absolute, and a note for the user when it was moved out of a job's package
+    folder (see the module docstring). URIs (``s3://``) are returned as they are."""
+    if "://" in path:
+        return path, None
+    p = Path(path).expanduser()
+    if p.is_absolute() or not in_job_package(cwd):
+        return str(((cwd or Path.cwd()) / p).resolve()), None
+    root = Path(environ.get(WORK_ROOT_ENV) or Path.home() / "drun").expanduser()
+    moved = str((root / p).resolve())
+    return moved, (f"{key} {path!r} is relative and this Ray job runs in Ray's temporary "
+                   f"package folder (deleted after the job): using {moved} (set "
+                   f"{WORK_ROOT_ENV} or pass an absolute path)")
+
+
+def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The driver's ``MLFLOW_*`` variables the workers need, less those the job's own
+    runtime_env already sets (Ray refuses to merge the same variable from both)."""
+    job_env: dict = {}
+    if environ.get(_JOB_CONFIG_ENV):
+        try:
+            job_env = (json.loads(environ[_JOB_CONFIG_ENV]).get("runtime_env") or {}).get(
+                "env_vars") or {}
+        except (ValueError, AttributeError):
+            job_env = {}
+    return {k: v for k, v in environ.items()
+            if k.startswith(FORWARDED_PREFIXES) and k not in job_env}
