@@ -383,11 +383,12 @@ class Runner:
         are flushed first, so a run resumed from this checkpoint finds every record up to it;
         ``after_save_checkpoint(path, checkpoint)`` runs on every rank once the file is written.
         """
+        if self.rank == 0:  # first: the flush also settles the sinks' state (the MLflow run id)
+            self.sinks.flush()
         ckpt = collect_training_state(self, save_optimizer, save_param_scheduler, meta)
         self.call_hook("before_save_checkpoint", checkpoint=ckpt)
         path = Path(out_dir) / filename
         if self.rank == 0:
-            self.sinks.flush()
             atomic_save(ckpt, path)
         self.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
         return path

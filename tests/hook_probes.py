@@ -82,6 +82,18 @@ class SignalHook(Hook):
 
 
 @HOOKS.register_module(force=True)
+class CrashAtHook(Hook):
+    """Raises after iteration ``at_iter``: a run that fails."""
+
+    def __init__(self, at_iter: int) -> None:
+        self.at_iter = at_iter
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 == self.at_iter:
+            raise RuntimeError("simulated crash")
+
+
+@HOOKS.register_module(force=True)
 class SleepHook(Hook):
     """Sleeps ``seconds`` after every training iteration (a slow hook)."""
 

@@ -29,7 +29,7 @@ class LogSink:
     (also after a failure, so buffered data is flushed)."""
 
     def open(self, runner: Any) -> None:
-        """Called at ``before_run``."""
+        """Called before each ``train()``/``val()``/``test()`` (before ``before_run``)."""
 
     def write(self, record: LogRecord) -> None:
         raise NotImplementedError
@@ -38,8 +38,12 @@ class LogSink:
         """Make everything written so far durable; called before each checkpoint is saved, so
         a resumed run finds every record up to its checkpoint."""
 
+    def finish(self, outcome: str) -> None:
+        """Told, just before ``close``, how the run ended: ``'FINISHED'``, ``'FAILED'`` (it
+        raised) or ``'KILLED'`` (preempted after its checkpoint) — MLflow's run statuses."""
+
     def close(self) -> None:
-        """Called at ``after_run``."""
+        """Called after ``after_run``, also when the run raised."""
 
 
 _ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink",

@@ -16,10 +16,19 @@
   the server is unreachable training goes on: the sender warns once, keeps the buffered metrics
   and sends them when the server answers again; beyond ``max_buffer`` it drops the oldest and
   says how many.
+* **Never stalls the first step either.** The run is opened by the sender while training goes on
+  (the sender imports MLflow and creates the run); the sink learns the run id at the next flush,
+  which comes before any checkpoint records it.
+* **Tells the truth about the end.** The run ends ``FINISHED``, ``FAILED`` when training raised,
+  ``KILLED`` when it was preempted after its checkpoint; a resumed run goes back to ``RUNNING``.
 * **What a run holds.** Params: the flattened config with secret-looking values redacted. Tags:
-  world size, launcher, Ray run name, git commit (when the config lives in a git checkout).
-* ``tracking_uri``: the config value, else ``MLFLOW_TRACKING_URI``, else a SQLite store in
-  ``work_dir/mlflow.db``. ``experiment``: default the run's ``experiment_name``.
+  world size, launcher, Ray run name and job id, git commit of the config's checkout (computed on
+  the Ray driver, so workers tag it too).
+* ``tracking_uri``: the config value, else ``MLFLOW_TRACKING_URI`` (the Ray driver forwards its
+  ``MLFLOW_*`` variables to the workers), else a SQLite store in ``work_dir/mlflow.db``.
+  ``experiment``: the config value, else ``MLFLOW_EXPERIMENT_NAME``, else the run's
+  ``experiment_name``. ``run_name``: default the Ray run name (or work_dir's folder name) and the
+  run's start time, e.g. ``digits_cnn-20261122_181500``, so runs of one experiment are told apart.
 """
 from __future__ import annotations
 
@@ -29,7 +38,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -45,13 +53,10 @@ logger = logging.getLogger(LOGGER_NAME)
 RUN_FILE = "mlflow_run.json"
 
 
-def _git_commit(folder: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                             text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+def tracking_uri(configured: str | None, work_dir: Path) -> str:
+    """Where the sink logs (see the module docstring)."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or \
+        f"sqlite:///{Path(work_dir) / 'mlflow.db'}"
 
 
 def _ray_job_id() -> str | None:
@@ -90,27 +95,32 @@ class MLflowSink(LogSink):
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self, runner: Any) -> None:
         self.work_dir = Path(runner.work_dir)
-        self.uri = (self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                    or f"sqlite:///{self.work_dir / 'mlflow.db'}")
+        self.uri = tracking_uri(self.tracking_uri, self.work_dir)
         tags = {"world_size": str(runner.world_size),
                 "launcher": runner.launcher if isinstance(runner.launcher, str) else "ray",
                 "experiment_name": runner.experiment_name}
         launcher = runner.cfg.get("launcher") if hasattr(runner.cfg, "get") else None
-        if isinstance(launcher, dict) and launcher.get("name"):
-            tags["ray_run_name"] = str(launcher["name"])
+        ray_name = launcher.get("name") if isinstance(launcher, dict) else None
+        if ray_name:
+            tags["ray_run_name"] = str(ray_name)
         job_id = _ray_job_id()
         if job_id:
             tags["ray_job_id"] = job_id
-        config_file = getattr(runner.cfg, "filename", None)
-        commit = _git_commit(Path(config_file).parent) if config_file else None
+        commit = getattr(runner.cfg, "git_commit", None)
         if commit:
             tags["git_commit"] = commit
-        experiment = self.experiment or runner.experiment_name
+        experiment = (self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+                      or runner.experiment_name)
+        run_name = self.run_name or f"{ray_name or self.work_dir.name}-{runner.timestamp}"
         # plain strings only: the sender is another process, and a config may hold objects
         params = {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
                   for k, v in flatten(redact(to_plain(runner.cfg))).items()}
-        self._run_info = {"experiment": experiment, "run_name": self.run_name or experiment,
+        self._run_info = {"experiment": experiment, "run_name": run_name,
                           "tags": tags, "params": params if self.log_params else None}
+        self._outcome = "FINISHED"
+        self._run_opened = False  # each train()/val()/test() has its own sender to tell
+        self._opening: int | None = None  # the id of the ensure_run request not yet answered
+        self._answers: dict[int, tuple[bool, Any]] = {}
         ctx = multiprocessing.get_context("spawn")
         self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
         settings = {"max_buffer": self.max_buffer, "flush_interval": self.flush_interval}
@@ -118,21 +128,41 @@ class MLflowSink(LogSink):
                                     args=(self.uri, settings, self._inbox, self._outbox))
         self._process.start()
 
-    def _request(self, command: str, *args: Any, timeout: float = 120.0) -> Any:
-        """Ask the sender process; raises RuntimeError with its error, or on no answer."""
+    def _post(self, command: str, *args: Any) -> int:
+        """Send a request to the sender process without waiting; returns its id."""
         self._hand_over()  # metrics first: a flush or close covers everything written so far
         request_id = next(self._ids)
         self._inbox.put((request_id, command, args))
-        end = time.monotonic() + timeout
-        while True:
+        return request_id
+
+    def _answer(self, request_id: int, timeout: float | None) -> tuple[bool, Any] | None:
+        """The sender's answer to ``request_id`` (None if not there within ``timeout``; a
+        ``timeout`` of None only looks). Answers to other requests are kept for their askers."""
+        end = time.monotonic() + (timeout or 0.0)
+        while request_id not in self._answers:
             try:
-                answer_id, ok, result = self._outbox.get(timeout=max(end - time.monotonic(), 0))
+                if timeout is None:
+                    answer_id, ok, result = self._outbox.get_nowait()
+                else:
+                    answer_id, ok, result = self._outbox.get(
+                        timeout=max(end - time.monotonic(), 0))
             except queue.Empty:
-                raise RuntimeError(f"no answer from the MLflow sender to {command!r}") from None
-            if answer_id == request_id:
-                if not ok:
-                    raise RuntimeError(result)
-                return result
+                return None
+            self._answers[answer_id] = (ok, result)
+        return self._answers.pop(request_id)
+
+    def _request(self, command: str, *args: Any, timeout: float = 120.0) -> Any:
+        """Ask the sender process and wait; raises RuntimeError with its error, or on no
+        answer. The answer to an earlier ``ensure_run`` is taken up on the way."""
+        request_id = self._post(command, *args)
+        answer = self._answer(request_id, timeout)
+        self._take_opening(wait=False)  # answered before this request: the sender keeps order
+        if answer is None:
+            raise RuntimeError(f"no answer from the MLflow sender to {command!r}")
+        ok, result = answer
+        if not ok:
+            raise RuntimeError(result)
+        return result
 
     def state_dict(self) -> dict:
         return {"run_id": self.run_id}
@@ -141,14 +171,29 @@ class MLflowSink(LogSink):
         self.run_id = state.get("run_id") or self.run_id
 
     def _ensure_run(self) -> None:
-        """Once, at the first record: the run must exist before a checkpoint records its id, or a
-        resume would start a second run. Restored runs are adopted, new ones created."""
+        """Once, at the first record, ask the sender to open the run — without waiting for it:
+        the run must exist before a checkpoint records its id (or a resume would start a
+        second run), and every flush before a checkpoint waits for the sender, which answers in
+        order. Restored runs are adopted, new ones created."""
         self._run_opened = True
-        try:
-            self._adopt(self._request("ensure_run", self.run_id, self._run_info, timeout=60))
-        except RuntimeError as e:
+        self._opening = self._post("ensure_run", self.run_id, self._run_info)
+
+    def _take_opening(self, wait: bool) -> None:
+        """Adopt the answer to ``ensure_run`` once it is there (or warn that the server is
+        down: metrics are buffered and the run opened when it answers)."""
+        if self._opening is None:
+            return
+        answer = self._answer(self._opening, 60.0 if wait else None)
+        if answer is None:
+            return
+        self._opening = None
+        ok, result = answer
+        if ok:
+            self._adopt(result)
+        else:
             logger.warning("MLflow at %s is unreachable (%s); training goes on, metrics are "
-                           "buffered and the run is opened when the server answers", self.uri, e)
+                           "buffered and the run is opened when the server answers", self.uri,
+                           result)
 
     def _adopt(self, run_id: str | None) -> None:
         """Record the run id the sender reports (in LoggerHook's state and work_dir)."""
@@ -179,15 +224,23 @@ class MLflowSink(LogSink):
             self._inbox.put(("m", self._pending))
             self._pending = []
         self._handed = time.monotonic()
+        if self._opening is not None:  # once a second: say where the run is as soon as known
+            self._take_opening(wait=False)
 
     def flush(self) -> None:
         """Before a checkpoint: give the sender a few seconds to send what it holds, so a resumed
         run finds every step up to its checkpoint in MLflow (it never waits longer)."""
         if self._process is not None and getattr(self, "_run_opened", False):
+            opening, start = self._opening is not None, time.monotonic()
             try:
-                self._adopt(self._request("flush", 5.0, timeout=30))
+                self._adopt(self._request("flush", 5.0, timeout=90))
             except RuntimeError as e:
                 logger.warning("MLflow: flush before the checkpoint failed (%s)", e)
+            waited = time.monotonic() - start
+            if opening and waited > 1.0:  # so that a slow first checkpoint is explained
+                logger.info("MLflow: the checkpoint waited %.1f s for the sender to start and "
+                            "open the run (its id goes into the checkpoint); only the first one "
+                            "does", waited)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file (a checkpoint) to the run."""
@@ -195,11 +248,15 @@ class MLflowSink(LogSink):
             self._ensure_run()
         self._request("artifact", str(path), artifact_path, timeout=600)
 
+    def finish(self, outcome: str) -> None:
+        self._outcome = outcome
+
     def close(self) -> None:
         if self._process is None:
             return
         try:
-            summary = self._request("close", self.close_timeout, timeout=self.close_timeout + 60)
+            summary = self._request("close", self.close_timeout, self._outcome,
+                                    timeout=self.close_timeout + 60)
         except RuntimeError as e:
             summary = None
             logger.warning("MLflow sender did not finish (%s)", e)

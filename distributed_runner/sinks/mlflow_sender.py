@@ -9,11 +9,12 @@ Protocol (all through two multiprocessing queues): the sink puts ``("m", [(key, 
 timestamp_ms, step), ...])`` for metrics and ``(request_id, command, args)`` for requests; the
 sender answers requests with ``(request_id, ok, result)`` on the reply queue. Commands:
 ``ensure_run`` (create the run, or adopt a restored one and learn which steps it has), ``flush``,
-``artifact``, ``close``.
+``artifact``, ``close`` (send what is left, end the run with the outcome it is given).
 """
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import queue
 import re
@@ -133,12 +134,19 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
     interval = settings["flush_interval"]
     next_send = time.monotonic() + interval
     backoff = 0.5
+    parent = multiprocessing.parent_process()
     while True:
         timeout = max(next_send - time.monotonic(), 0.0)
         try:
             message = inbox.get(timeout=timeout)
         except queue.Empty:
             message = None
+            if parent is not None and not parent.is_alive():
+                # the training process died (a Ray worker killed, a crash without close): send
+                # what it handed over, leave the run RUNNING for a resume (or the Ray driver,
+                # which marks it FAILED when Ray gives up), and do not outlive it
+                sender.drain(time.monotonic() + 10.0)
+                return
         if message is not None and message[0] == "m":
             sender.add(message[1])
             if len(sender.buffer) < BATCH:
@@ -165,11 +173,14 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
                     sender.client.log_artifact(sender.run_id, *args)
                     result = None
                 elif command == "close":
-                    sent = sender.drain(time.monotonic() + args[0])
+                    timeout, outcome = args
+                    sent = sender.drain(time.monotonic() + timeout)
                     if sender.run_id is None:
                         sent = False
-                    if sent and sender.run_id is not None:
-                        sender.client.set_terminated(sender.run_id, "FINISHED")
+                    # a run whose metrics could not all be sent is not marked FINISHED: it stays
+                    # RUNNING, and a resume adopts it and sends the rest
+                    if sender.run_id is not None and (sent or outcome != "FINISHED"):
+                        sender.client.set_terminated(sender.run_id, outcome)
                     outbox.put((request_id, True, {"sent": sent, "unsent": len(sender.buffer),
                                                    "dropped": sender.dropped,
                                                    "run_id": sender.run_id}))

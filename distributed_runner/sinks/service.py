@@ -7,7 +7,8 @@ Who writes: LoggerHook decides *when* (intervals, validation); VisualizationHook
 MLflowCheckpointHook write images and files through the same sinks.
 
 Lifecycle: :meth:`SinkSet.opened` around each ``train()``/``val()``/``test()`` (outside
-``before_run``/``after_run``, so every hook may write at both); :meth:`SinkSet.flush` before each
+``before_run``/``after_run``, so every hook may write at both), which tells each sink the outcome
+(``FINISHED``, ``FAILED``, ``KILLED``) before closing it; :meth:`SinkSet.flush` before each
 checkpoint is written, so a resumed run finds every record up to its checkpoint. Only rank 0
 builds real sinks; on the other ranks the set is empty and every call is free. A sink that fails
 is reported once and skipped; the others still write.
@@ -20,6 +21,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..log import LOGGER_NAME
+from ..preemption import TrainingPreempted
 from .base import LogRecord, LogSink, build_sink, validate_sink_spec
 
 _log = logging.getLogger(LOGGER_NAME)
@@ -89,19 +91,31 @@ class SinkSet:
             try:
                 sink.open(runner)
             except ConfigError:
-                self.close()
+                self.close("FAILED")
                 raise
             except Exception as exc:  # noqa: BLE001 - a sink that cannot open is left out
                 _log.warning("sink %s (%s) could not open (%s: %s); this run goes on without it",
                              type(sink).__name__, key, type(exc).__name__, exc)
                 continue
             self._open.append((key, sink))
+        outcome = "FAILED"
         try:
             yield self
+            outcome = "FINISHED"
+        except TrainingPreempted:
+            outcome = "KILLED"
+            raise
         finally:
-            self.close()
+            self.close(outcome)
 
-    def close(self) -> None:
+    def close(self, outcome: str = "FINISHED") -> None:
+        """Tell every open sink how the run ended (:meth:`LogSink.finish`), then close it."""
+        for key, sink in self._open:
+            try:
+                sink.finish(outcome)
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("sink %s (%s) failed to record the outcome %s: %s: %s",
+                             type(sink).__name__, key, outcome, type(exc).__name__, exc)
         for key, sink in self._open:
             try:
                 sink.close()

@@ -47,9 +47,15 @@ class TerminalSink(LogSink):
     """One line per record through ``runner.logger`` (so also in ``work_dir/logs/run.log``).
 
     ``progress='auto'`` (default): on an interactive terminal a rich progress bar with the ETA
-    and the latest values replaces the scrolling training lines (validation lines still print
-    above it); when stdout is not a TTY — CI, ``ray job`` logs, a file — plain lines. ``True``
-    or ``False`` force it. The log file always gets the plain lines.
+    and the latest values replaces the scrolling training lines; when stdout is not a TTY — CI,
+    ``ray job`` logs, a file — plain lines. ``True`` or ``False`` force it. The log file always
+    gets the plain lines.
+
+    While the bar is live every other log line (validation, "new best ...", warnings) is printed
+    *above* it through the bar's console, so neither clobbers the other. The bar does not wait
+    for records: rich's refresh thread reads the position from ``runner.train_state`` about 10
+    times a second, which costs the training thread nothing and gives an ETA within the first
+    second.
     """
 
     def __init__(self, progress: str | bool = "auto", console: Any = None) -> None:
@@ -60,45 +66,75 @@ class TerminalSink(LogSink):
         self.progress = progress
         self.console = console
         self._bar: Any = None
+        self._rerouted: list[tuple[logging.StreamHandler, Any]] = []
 
     def open(self, runner: Any) -> None:
         self._logger = runner.logger
         use_bar = self.progress is True or (self.progress == "auto" and sys.stdout.isatty())
-        if use_bar:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn)
-
-            console = self.console or Console()
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[values]}"), console=console,
-                                 transient=False)
-            self._task = self._bar.add_task("train", total=max(runner.max_iters, 1),
-                                            completed=runner.iter, values="")
+        # a bar for training only: val()/test() alone print their lines
+        if use_bar and runner.train_loop is not None and runner.max_iters:
+            self._bar = _live_bar(self.console, runner.train_state)
             self._bar.start()
+            # the logger's terminal handler writes through the bar's console from now on
+            # (rich redirects sys.stdout/sys.stderr to print above the live bar)
+            for handler in self._logger.handlers:
+                if type(handler) is logging.StreamHandler:
+                    proxy = sys.stderr if handler.stream is sys.__stderr__ else sys.stdout
+                    self._rerouted.append((handler, handler.setStream(proxy)))
 
     def write(self, record: LogRecord) -> None:
         line = format_record(record)
-        if self._bar is None:
+        if self._bar is None or record.mode != "train":
             logger = self._logger
             if logger.isEnabledFor(logging.INFO):  # logger.info without finding the caller
                 logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line,
                                                 None, None))
             return
         _to_file_only(self._logger, line)
-        if record.mode == "train":
-            values = "  ".join(f"{k}: {format_value(k, v)}" for k, v in record.scalars.items()
-                               if k not in ("time", "data_time"))
-            self._bar.update(self._task, completed=record.step,
-                             description=f"epoch {record.epoch}", values=values)
-        else:
-            self._bar.console.print(line, markup=False, highlight=False)
+        self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
+                                     for k, v in record.scalars.items()
+                                     if k not in ("time", "data_time"))
 
     def close(self) -> None:
         if self._bar is not None:
+            self._bar.sync()  # the final position, whatever the last refresh showed
             self._bar.stop()
             self._bar = None
+        for handler, stream in self._rerouted:
+            handler.setStream(stream)
+        self._rerouted = []
+
+
+def _live_bar(console: Any, state: Any) -> Any:
+    """A rich Progress that, before each refresh, reads its position from ``state``."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    class StateProgress(Progress):
+        values = ""
+        task = None
+
+        def sync(self) -> None:
+            if self.task is None:  # add_task refreshes before it returns the task's id
+                return
+            epoch = f"epoch {min(state.epoch + 1, state.max_epochs)}/{state.max_epochs}" \
+                if state.by_epoch else "train"
+            self.update(self.task, completed=min(state.iter, state.max_iters),
+                        description=epoch, values=self.values)
+
+        def get_renderables(self):
+            self.sync()
+            return super().get_renderables()
+
+    bar = StateProgress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
+                        TimeRemainingColumn(), TextColumn("{task.fields[values]}"),
+                        console=console or Console(), transient=False, refresh_per_second=8,
+                        speed_estimate_period=60.0)
+    bar.task = bar.add_task("train", total=max(state.max_iters, 1), completed=state.iter,
+                            values="")
+    return bar
 
 
 def _to_file_only(logger: Any, line: str) -> None:
