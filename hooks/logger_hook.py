@@ -35,8 +35,9 @@ class LoggerHook(Hook, SinkProvider):
 
     Hook timing (from the dispatcher's always-on timing): the table (hook, mount point, calls,
     total, mean) is logged after training; a hook whose cumulative time since the first record
-    exceeds ``hook_time_warn_share`` of the wall time is warned about once (checked at most every
-    :data:`SHARE_CHECK_SECONDS`). ``top_hooks=N`` also puts the N slowest hooks of each window
+    exceeds ``hook_time_warn_share`` of the wall time *and* ``hook_time_warn_seconds`` is warned
+    about once (checked at most every :data:`SHARE_CHECK_SECONDS`) — the floor keeps a short run's
+    one 70 ms checkpoint from reading as a hook over budget. ``top_hooks=N`` also puts the N slowest hooks of each window
     into the record (µs per iteration; the terminal line shows them) — off by default, as a
     diagnosis tool rather than something every line should carry.
 
@@ -50,7 +51,7 @@ class LoggerHook(Hook, SinkProvider):
 
     def __init__(self, interval: Union[int, str] = 10, ignore_last: bool = True,
                  sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 0,
-                 hook_time_warn_share: float = 0.1) -> None:
+                 hook_time_warn_share: float = 0.1, hook_time_warn_seconds: float = 1.0) -> None:
         self.every = Interval.parse(interval, by_epoch=False, key="interval")
         if self.every.never:
             raise ArgumentError("interval", "must be >= 1")
@@ -61,6 +62,7 @@ class LoggerHook(Hook, SinkProvider):
         self.sink_specs = [sinks] if isinstance(sinks, (str, dict)) else list(sinks)
         self.top_hooks = int(top_hooks)
         self.hook_time_warn_share = float(hook_time_warn_share)
+        self.hook_time_warn_seconds = float(hook_time_warn_seconds)
         self._last_logged = 0  # runner.iter when the last train record was written
         self._warned_hooks: set[str] = set()
 
@@ -163,8 +165,10 @@ class LoggerHook(Hook, SinkProvider):
         now_seconds = runner.hook_seconds()
         elapsed = now - self._share_base[0]
         for name, total in now_seconds.items() if elapsed > 0 else ():
-            share = (total - self._share_base[1].get(name, 0.0)) / elapsed
-            if share > self.hook_time_warn_share and name not in self._warned_hooks:
+            spent = total - self._share_base[1].get(name, 0.0)
+            if (spent / elapsed > self.hook_time_warn_share and name not in self._warned_hooks
+                    and spent >= self.hook_time_warn_seconds):
+                share = spent / elapsed
                 self._warned_hooks.add(name)
                 runner.logger.warning(
                     "hook %r took %.0f%% of the training time so far (above LoggerHook's "

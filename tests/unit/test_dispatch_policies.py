@@ -192,6 +192,7 @@ def test_timing_is_per_hook_and_mount_point_and_reported(tmp_path, runlog):
     runner = make_runner(tmp_path, custom_hooks=[dict(type="SleepHook", seconds=0.01)],
                          default_hooks=dict(logger=dict(type="LoggerHook", interval=5,
                                                         sinks=[sink], hook_time_warn_share=0.2,
+                                                        hook_time_warn_seconds=0.1,
                                                         top_hooks=3)),
                          log_level="INFO")
     runner.train()

@@ -5,11 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from distributed_runner.redact import REDACTED, flatten, is_secret_key, redact
 from distributed_runner.sinks import read_scalars
-from tests.toy import make_runner
+import tests.hook_probes  # noqa: F401 - SignalHook
+from tests.toy import ListSink, make_runner
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-very-secret-value"
@@ -84,18 +86,48 @@ def test_redaction_rules():
                                                               "d": "[]"}
 
 
-def test_drun_plot_draws_the_curves(tmp_path):
-    train(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot", str(tmp_path),
-                          "--out", str(tmp_path / "c.png")], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+def test_drun_plot_draws_a_default_run_and_overlays_runs(tmp_path):
+    from distributed_runner.plot import build_figure, series
+
+    train(tmp_path / "parquet")  # jsonl + parquet + tensorboard: read from Parquet
+    # a default run (jsonl only) that crashed after its epoch-1 checkpoint and was resumed: the
+    # steps logged twice are plotted once
+    default = dict(logger=dict(type="LoggerHook", interval=5))
+    with pytest.raises(RuntimeError):
+        make_runner(tmp_path / "default", default_hooks=default,
+                    custom_hooks=[dict(type="CrashAtHook", at_iter=17)]).train()
+    make_runner(tmp_path / "default", default_hooks=default, resume=True).train()
+    data = series(tmp_path / "default")
+    assert data[("train", "loss")][0] == [5, 10, 15, 20, 25, 30]
+    assert data[("val", "accuracy")][0] == [10, 20, 30]
+    assert series(tmp_path / "parquet")[("train", "loss")][0] == [5, 10, 15, 20]
+
+    fig = build_figure([tmp_path / "default", tmp_path / "parquet"], smooth=0.6)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["training loss (smoothed 0.6)", "learning rate", "validation"]
+    assert all(ax.get_xlabel() == "iteration" for ax in fig.axes)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "lr", "metric"]
+    loss_axis = fig.axes[0]
+    labels = [line.get_label() for line in loss_axis.lines if not line.get_label().startswith("_")]
+    assert labels == ["default: train/loss", "parquet: train/loss"]  # one legend entry a run
+    # epoch ends of each run (not the last) as vertical lines: steps 10, 20 and 10
+    vertical = sorted(line.get_xdata()[0] for line in loss_axis.lines
+                      if len(set(line.get_xdata())) == 1 and len(line.get_xdata()) == 2)
+    assert vertical == [10, 10, 20]
+    assert fig._suptitle.get_text() == "default vs parquet"
+
+    out = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot",
+                          str(tmp_path / "default"), str(tmp_path / "parquet"), "--smooth",
+                          "0.6", "--out", str(tmp_path / "c.png")], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     png = (tmp_path / "c.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    empty = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot",
-                            str(tmp_path / "nothing")], capture_output=True, text=True,
-                           timeout=120, cwd=ROOT)
-    assert empty.returncode == 2 and "no Parquet scalars" in empty.stderr
+    for args, fragment in (([str(tmp_path / "nothing")], "no logs/scalars.jsonl"),
+                           ([str(tmp_path / "default"), "--smooth", "1.5"], "--smooth: 1.5")):
+        bad = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot", *args],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert bad.returncode == 2 and fragment in bad.stderr, bad.stderr
 
 
 def test_terminal_progress_bar_on_a_tty_plain_lines_otherwise(tmp_path):
@@ -125,3 +157,36 @@ def test_terminal_progress_bar_on_a_tty_plain_lines_otherwise(tmp_path):
     runner.train()
     assert plain._bar is None
     assert "Epoch(train) [1][ 5/10]" in (tmp_path / "plain" / "logs" / "run.log").read_text()
+
+
+class OutcomeSink(ListSink):
+    """Records the outcome the Runner tells its sinks before closing them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcomes: list = []
+
+    def finish(self, outcome: str) -> None:
+        self.outcomes.append((outcome, self.closed))
+
+
+def test_sinks_are_told_how_the_run_ended(tmp_path):
+    from distributed_runner.preemption import TrainingPreempted
+
+    def run(name, hooks):
+        sink = OutcomeSink()
+        runner = make_runner(tmp_path / name, custom_hooks=hooks, default_hooks=dict(
+            logger=dict(type="LoggerHook", interval=5, sinks=[sink])))
+        return sink, runner
+
+    sink, runner = run("ok", [])
+    runner.train()
+    assert sink.outcomes == [("FINISHED", False)] and sink.closed  # told, then closed
+    sink, runner = run("crash", [dict(type="CrashAtHook", at_iter=7)])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        runner.train()
+    assert sink.outcomes == [("FAILED", False)] and sink.closed
+    sink, runner = run("preempted", [dict(type="SignalHook", at_iter=7)])
+    with pytest.raises(TrainingPreempted):
+        runner.train()
+    assert sink.outcomes == [("KILLED", False)] and sink.closed
