@@ -1,10 +1,22 @@
-"""A real head node on 127.0.0.1 (cluster/local/start_head.sh, 2 CPUs) and ``ray job submit
---working-dir`` of the digits example with 2 workers, twice with the same run name: the second
-submission resumes from the first one's checkpoint instead of starting over."""
+"""The README's cluster section, end to end, on a real head node on 127.0.0.1
+(cluster/local/start_head.sh, 2 CPUs, its own temp dir and ports — the session's in-process
+cluster may run beside it):
+
+* ``ray job submit --working-dir .`` of the README's command, which leaves work_dir relative:
+  the run lands under ``DRUN_WORK_ROOT``, not in Ray's temporary package folder; submitted again
+  with the same name it resumes.
+* ``drun train --address HEAD`` with ``MLFLOW_TRACKING_URI`` exported in the driver's shell only:
+  the workers (started by ``ray start``, not by the driver) log to that server — one run, named
+  after the run, tagged with the git commit, FINISHED.
+* ``--address auto`` with two clusters on the machine is refused, naming both.
+* ``cluster/local/stop.sh`` stops this cluster completely and leaves the other one running.
+"""
 import os
 import socket
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,8 +34,10 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def head_node(tmp_path_factory):
     temp = Path("/tmp") / f"drun-ray-{os.getpid()}"  # short: Ray's socket paths have a limit
+    work_root = tmp_path_factory.mktemp("drun_work_root")
     # its own ports and temp dir: another Ray (the session's in-process cluster) may be running
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_TEMP_DIR=str(temp),
+               DRUN_WORK_ROOT=str(work_root), STOP_GRACE_S="5", RAY_USAGE_STATS_ENABLED="0",
                **{name: str(free_port()) for name in (
                    "RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT",
                    "RAY_AGENT_GRPC_PORT", "RAY_RUNTIME_ENV_AGENT_PORT",
@@ -32,42 +46,113 @@ def head_node(tmp_path_factory):
     out = subprocess.run(["bash", str(ROOT / "cluster/local/start_head.sh"), "2"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    yield env, f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"
+    yield env
     subprocess.run(["bash", str(ROOT / "cluster/local/stop.sh")], env=env, capture_output=True,
                    timeout=120)
 
 
-def submit(env, address, work_dir, epochs):
-    """``ray job submit``; retried while the new head's job agent is still registering."""
+def submit(env, epochs):
+    """The README's ``ray job submit``; retried while the new head's job agent registers."""
     deadline = time.monotonic() + 90
     while True:
-        out = _submit(env, address, work_dir, epochs)
+        out = subprocess.run(
+            ["ray", "job", "submit", "--address",
+             f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}", "--working-dir", ".",
+             "--runtime-env", "cluster/runtime_env.yaml", "--",
+             "drun", "train", "configs/digits_cnn.py", "--launcher", "ray", "--address", "auto",
+             "--num-workers", "2", "--name", "digits-job",
+             "--cfg-options", f"train_cfg.max_epochs={epochs}", "param_scheduler=None",
+             "default_hooks.checkpoint.interval=1"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         if "No available agent" not in out.stderr or time.monotonic() > deadline:
             return out
         time.sleep(3)
 
 
-def _submit(env, address, work_dir, epochs):
-    return subprocess.run(
-        ["ray", "job", "submit", "--address", address, "--working-dir", ".",
-         "--runtime-env", "cluster/runtime_env.yaml", "--",
-         "drun", "train", "configs/digits_cnn.py", "--launcher", "ray", "--address", "auto",
-         "--num-workers", "2", "--work-dir", str(work_dir), "--name", "digits-job",
-         "--cfg-options", f"train_cfg.max_epochs={epochs}", "param_scheduler=None",
-         "default_hooks.checkpoint.interval=1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_job_submit_then_resubmit_resumes(head_node, tmp_path):
-    env, address = head_node
-    first = submit(env, address, tmp_path, epochs=1)
+def test_job_submit_keeps_its_results_and_resubmit_resumes(head_node):
+    first = submit(head_node, epochs=1)
+    logs = first.stdout + first.stderr
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    assert "succeeded" in first.stdout + first.stderr
-    storage = tmp_path / "ray_storage" / "digits-job"
+    assert "succeeded" in logs
+    work_dir = Path(head_node["DRUN_WORK_ROOT"]) / "work_dirs" / "digits_cnn"
+    assert f"using {work_dir}" in logs  # said where the relative work_dir went
+    assert "_ray_pkg_" not in logs.split("work_dir ")[-1].splitlines()[0]
+    storage = work_dir / "ray_storage" / "digits-job"
     assert any(p.name.startswith("epoch_1-") for p in storage.iterdir())
-    second = submit(env, address, tmp_path, epochs=2)
+    assert (work_dir / "epoch_1.pth").is_file()
+    second = submit(head_node, epochs=2)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     logs = second.stdout + second.stderr
     assert "Ray restored checkpoint" in logs and "resumed from" in logs
     assert "Epoch(train) [1]" not in logs and "Epoch(train) [2]" in logs
     assert any(p.name.startswith("epoch_2-") for p in storage.iterdir())
+
+
+def test_drivers_mlflow_environment_reaches_the_workers_of_a_running_head(head_node,
+                                                                          mlflow_server,
+                                                                          tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    experiment = f"head-{uuid.uuid4().hex[:6]}"
+    env = dict(head_node, MLFLOW_TRACKING_URI=mlflow_server.uri,
+               MLFLOW_EXPERIMENT_NAME=experiment)
+    gcs = f"127.0.0.1:{env['RAY_PORT']}"
+    out = subprocess.run(
+        [sys.executable, "-m", "distributed_runner.cli", "train", "configs/digits_cnn.py",
+         "--launcher", "ray", "--address", gcs, "--num-workers", "2",
+         "--work-dir", str(tmp_path / "wd"),
+         "--cfg-options", "train_cfg.max_epochs=1", "default_hooks.logger.sinks=['mlflow']"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    joined = next(line for line in out.stdout.splitlines() if "joined" in line)
+    assert "joined the Ray cluster at " in joined and joined.endswith(f":{env['RAY_PORT']}")
+    assert f"MLflow {mlflow_server.uri}" in out.stdout
+    assert not (tmp_path / "wd" / "mlflow.db").exists()  # not the workers' SQLite fallback
+    client = MlflowClient(mlflow_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name.startswith("wd-") and run.info.run_name != experiment
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    assert run.data.tags["git_commit"] == head and run.data.tags["world_size"] == "2"
+    assert "train/loss" in run.data.metrics and "val/accuracy" in run.data.metrics
+
+
+def test_address_auto_with_two_clusters_is_refused(head_node, ray_cluster, tmp_path):
+    env = dict(head_node)
+    out = subprocess.run(
+        [sys.executable, "-m", "distributed_runner.cli", "train", "configs/digits_cnn.py",
+         "--launcher", "ray", "--address", "auto", "--work-dir", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("drun: error:")]
+    assert len(errors) == 1 and "launcher.address: 'auto' is ambiguous" in errors[0]
+    assert f":{head_node['RAY_PORT']}" in errors[0]
+
+
+def live_processes(fragment: str) -> list[str]:
+    """Command lines of the live (not zombie) processes whose command line holds ``fragment``."""
+    ps = subprocess.run(["ps", "-eww", "-o", "stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines()
+            if fragment in line and not line.lstrip().startswith("Z")]
+
+
+def test_stop_script_stops_this_cluster_completely_and_only_it(head_node, ray_cluster):
+    import ray
+
+    session = str(Path(head_node["RAY_TEMP_DIR"], "session_latest").resolve())
+    agents_before = len(live_processes("ray::DashboardAgent"))
+    assert live_processes(session) and agents_before >= 1
+    out = subprocess.run(["bash", str(ROOT / "cluster/local/stop.sh")], env=head_node,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "stopped the Ray cluster of" in out.stdout
+    assert live_processes(session) == []
+    # the head's agents (their command lines no longer name the session) went with it
+    assert len(live_processes("ray::DashboardAgent")) == agents_before - 1
+    assert not [p for p in live_processes("ray.util.client.server")
+                if f":{head_node['RAY_PORT']} " in p]
+    # the other cluster (this session's) still runs work
+    assert ray.get(ray.remote(lambda: 42).remote(), timeout=60) == 42

@@ -1,6 +1,7 @@
 """The KubeRay manifests validate against KubeRay's CRD schemas (defaults applied first, as the API
 server does) and agree with the code: the entrypoint's config exists, --num-workers fits the
-worker group, and every Ray version equals the one pyproject.toml pins."""
+worker group, every Ray version equals the one pyproject.toml pins, the pod that runs rank 0 gets
+the MLflow settings, and everything they reference (claim, Secret keys) is in prerequisites.yaml."""
 import copy
 import functools
 import re
@@ -172,3 +173,80 @@ def test_dockerfile_lints_clean():
     declared = set(re.findall(r"^ARG (\w+)=", text, re.M))
     assert used <= declared, f"undeclared build args: {used - declared}"
     assert "--no-cache-dir" in text
+
+
+def pods(name: str) -> list[tuple[str, dict, dict]]:
+    """(group, rayStartParams, container) of the head and every worker group."""
+    spec = cluster_spec(name)
+    groups = [("head", spec["headGroupSpec"])] + [(g["groupName"], g)
+                                                  for g in spec["workerGroupSpecs"]]
+    return [(group, g.get("rayStartParams") or {}, g["template"]["spec"]["containers"][0])
+            for group, g in groups]
+
+
+def env_of(container: dict) -> dict:
+    return {e["name"]: e.get("valueFrom", e.get("value")) for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_the_pod_that_runs_rank_0_gets_the_tracking_settings(name):
+    """The head takes no training (num-cpus 0), so rank 0 — the rank that talks to MLflow — runs
+    on a worker pod: every pod that can run a training worker needs the head's MLflow env."""
+    head = env_of(pods(name)[0][2])
+    assert {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"} <= set(head)
+    trainers = [(group, container) for group, params, container in pods(name)
+                if params.get("num-cpus") != "0"]
+    assert trainers and all(group != "head" for group, _ in trainers)
+    for group, container in trainers:
+        env = env_of(container)
+        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"):
+            assert env.get(key) == head[key], f"{name}: {group} lacks the head's {key}"
+
+
+def prerequisites() -> list[dict]:
+    return list(yaml.safe_load_all((ROOT / "cluster" / "kuberay" / "prerequisites.yaml")
+                                   .read_text()))
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_what_the_manifests_reference_is_in_prerequisites(name):
+    docs = prerequisites()
+    claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    spec = cluster_spec(name)
+    templates = [spec["headGroupSpec"]["template"]] + [g["template"]
+                                                       for g in spec["workerGroupSpecs"]]
+    for template in templates:
+        for volume in template["spec"].get("volumes", []):
+            claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+            if claim:
+                assert claim in claims, f"{name}: claim {claim} is not in prerequisites.yaml"
+                # every node reads and writes checkpoints there
+                assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"]
+        for container in template["spec"]["containers"]:
+            for entry in container.get("env", []):
+                ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    secret = secrets.get(ref["name"])
+                    assert secret is not None, f"{name}: Secret {ref['name']} is not defined"
+                    assert ref["key"] in secret["stringData"] or ref.get("optional"), \
+                        f"{name}: Secret {ref['name']} has no key {ref['key']}"
+                assert "configMapKeyRef" not in (entry.get("valueFrom") or {}), \
+                    f"{name}: a ConfigMap prerequisites.yaml does not create"
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_token_auth_states_the_kuberay_it_needs(name):
+    text = (ROOT / "cluster" / "kuberay" / name).read_text()
+    assert cluster_spec(name)["authOptions"]["mode"] == "token"
+    assert "KubeRay >= 1.5.1" in text and "1.4" not in text
+    assert "prerequisites.yaml" in text.split("\napiVersion:")[0]  # said in the header
+
+
+def test_image_torch_is_the_tested_one():
+    dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
+    tested = re.search(r"torch==([\d.]+)", (ROOT / ".ci" / "run").read_text()).group(1)
+    assert re.search(rf"^ARG TORCH_VERSION={re.escape(tested)}$", dockerfile, re.M)
+    cuda = re.search(r"^ARG CUDA_TAG=(cu\d+)$", dockerfile, re.M).group(1)
+    assert re.search(rf"^ARG TORCH_CUDA={cuda}$", dockerfile, re.M)  # same CUDA
+    assert "ray-ml" not in dockerfile
