@@ -23,13 +23,16 @@ Train ``TorchTrainer`` whose workers each build the Runner from the plain config
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from .config import Config, import_custom_modules, to_plain
 from .errors import ConfigError, did_you_mean
-from .ray_connect import forwarded_env, persistent_path, resolve_address
+from .ray_connect import (check_storage, forwarded_env, persistent_path, probe_address,
+                          resolve_address)
+from .redact import redact_url
 from .registry import check_arguments
 
 RAY_DEFAULTS: dict[str, Any] = {
@@ -150,6 +153,7 @@ class RayLauncher:
         address = resolve_address(self.opts["address"])
         runtime_env = {"env_vars": forwarded_env()}
         if address:
+            probe_address(address)
             ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
             self.joined = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
         else:
@@ -222,6 +226,7 @@ class RayLauncher:
         import ray
 
         validate_config(self.cfg)
+        check_storage(self.storage_path)
         self.connect()
         self.check_resources(ray.cluster_resources())
         print(f"distributed-runner on Ray: joined {self.joined}", flush=True)
@@ -239,24 +244,29 @@ class RayLauncher:
             self.fit()
         except TrainingFailedError as e:
             print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
-            mark_mlflow_run_failed(self.work_dir)
+            mark_mlflow_run_failed(self.work_dir, self.mlflow_uri())
             return 1
         print(f"distributed-runner on Ray: finished; checkpoints in "
               f"{self.storage_path}/{self.name}", flush=True)
         return 0
 
 
-    def _mlflow_note(self) -> str:
-        """`` | MLflow <uri>`` when the logger has an MLflow sink: where rank 0 will log (the
-        config's URI, else the ``MLFLOW_TRACKING_URI`` forwarded to the workers)."""
+    def mlflow_uri(self) -> str | None:
+        """Where rank 0 logs when the logger has an MLflow sink (the config's URI, else the
+        ``MLFLOW_TRACKING_URI`` forwarded to the workers, else the SQLite fallback)."""
         logger = (self.cfg.get("default_hooks") or {}).get("logger")
         sinks = logger.get("sinks", []) if isinstance(logger, dict) else []
         for sink in sinks:
             spec = {"type": sink} if isinstance(sink, str) else sink
             if isinstance(spec, dict) and spec.get("type") in ("mlflow", "MLflowSink"):
                 from .sinks.mlflow import tracking_uri
-                return f" | MLflow {tracking_uri(spec.get('tracking_uri'), self.work_dir)}"
-        return ""
+                return tracking_uri(spec.get("tracking_uri"), self.work_dir)
+        return None
+
+    def _mlflow_note(self) -> str:
+        """`` | MLflow <uri>`` (its password redacted) when the logger has an MLflow sink."""
+        uri = self.mlflow_uri()
+        return f" | MLflow {redact_url(uri)}" if uri else ""
 
 
 def _announced(path: str, key: str) -> str:
@@ -267,17 +277,18 @@ def _announced(path: str, key: str) -> str:
     return resolved
 
 
-def mark_mlflow_run_failed(work_dir: Path) -> None:
+def mark_mlflow_run_failed(work_dir: Path, uri: str | None) -> None:
     """After the workers gave up, end the run's MLflow run as FAILED (rank 0 died before it could
     say so). Best effort: the run file is on the driver only when work_dir is shared."""
     from .sinks.mlflow import RUN_FILE
     run_file = work_dir / RUN_FILE
-    if not run_file.is_file():
+    if uri is None or not run_file.is_file():
         return
     try:
         info = json.loads(run_file.read_text())
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # it shows the password
         from mlflow.tracking import MlflowClient
-        MlflowClient(info["tracking_uri"]).set_terminated(info["run_id"], "FAILED")
+        MlflowClient(uri).set_terminated(info["run_id"], "FAILED")
     except Exception as e:  # noqa: BLE001 - the failure is already reported
         print(f"drun: could not mark the MLflow run FAILED ({type(e).__name__}: {e})",
               file=sys.stderr)

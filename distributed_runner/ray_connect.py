@@ -11,6 +11,8 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
   ``.../runtime_resources/working_dir_files/_ray_pkg_<hash>``, a folder Ray deletes; a relative
   ``work_dir`` or ``storage_path`` there would lose every checkpoint. Inside such a folder they
   resolve under ``$DRUN_WORK_ROOT`` (default ``~/drun``) and the driver says so.
+* **What answers.** An explicit address nobody listens at is a one-line error within seconds
+  (``ray.init`` would wait minutes), and so is a ``storage_path`` that cannot be written.
 * **What the workers must see.** On a running cluster the workers were started by ``ray start``,
   not by this driver: an ``MLFLOW_TRACKING_URI`` exported in the driver's shell never reaches them.
   The driver forwards its ``MLFLOW_*`` variables through the job's ``runtime_env``.
@@ -63,6 +65,52 @@ def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ
                                               f"run on this machine ({', '.join(found)}); pass "
                                               f"one of them with --address")
     return found[0]
+
+
+def probe_address(address: str, timeout: float = 3.0) -> None:
+    """One-line error within ``timeout`` seconds when nothing listens at ``address`` (a GCS
+    ``host:port`` or a ``ray://host:port`` client address): ``ray.init`` would wait minutes."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError("launcher.address", f"{address!r} is not HOST:PORT, ray://HOST:PORT "
+                                              f"or 'auto'")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError("launcher.address", f"nothing answers at {address} ({reason}): is "
+                                              f"the head running (ray status --address "
+                                              f"{hostport})? check host and port") from None
+
+
+def check_storage(path: str) -> None:
+    """One-line error, before any worker starts, when ``storage_path`` cannot be written (Ray
+    would fail after its workers started, with a traceback)."""
+    probe_name = ".drun_write_probe"
+    try:
+        if "://" in path:
+            import pyarrow.fs
+
+            fs, root = pyarrow.fs.FileSystem.from_uri(path)
+            fs.create_dir(root, recursive=True)
+            with fs.open_output_stream(f"{root.rstrip('/')}/{probe_name}") as f:
+                f.write(b"ok")
+            fs.delete_file(f"{root.rstrip('/')}/{probe_name}")
+        else:
+            folder = Path(path)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / probe_name).write_bytes(b"ok")
+            (folder / probe_name).unlink()
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+        raise ConfigError("launcher.storage_path", f"cannot write to {path} ({reason}): pass a "
+                                                   f"writable --storage-path (shared storage "
+                                                   f"or s3://BUCKET/PATH on several nodes)") \
+            from None
 
 
 def in_job_package(cwd: Path | None = None) -> bool:

@@ -3,6 +3,11 @@
 A value is redacted when its key looks like a secret: it contains ``token``, ``password``,
 ``passwd``, ``secret`` or ``credential``, is ``key``, or ends in ``api_key``/``access_key``/
 ``private_key`` (with or without the underscore). ``label_key`` and friends are not secrets.
+
+Credentials inside URLs are redacted wherever a string holds one, whatever its key
+(:func:`redact_url`): the password of ``http://user:PASSWORD@host:5000`` and the values of
+secret-looking query parameters (``?token=...``). Anything that prints or stores a tracking URI
+goes through it.
 """
 from __future__ import annotations
 
@@ -14,12 +19,28 @@ _SECRET = re.compile(r"token|password|passwd|secret|credential|api_?key$|access_
                      r"private_?key$|^key$", re.IGNORECASE)
 
 
+# scheme://user:password@  and  ?|&secret_name=value
+_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)(@)")
+_URL_QUERY = re.compile(r"([?&])([^=&#\s]+)=([^&#\s]*)")
+
+
 def is_secret_key(key: Any) -> bool:
     return isinstance(key, str) and bool(_SECRET.search(key))
 
 
+def redact_url(text: str) -> str:
+    """``text`` with URL passwords and secret-looking query values replaced by ``******``."""
+    if "://" not in text:
+        return text
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    return _URL_QUERY.sub(lambda m: f"{m.group(1)}{m.group(2)}="
+                                    f"{REDACTED if is_secret_key(m.group(2)) else m.group(3)}",
+                          text)
+
+
 def redact(obj: Any) -> Any:
-    """A copy of ``obj`` (dicts, lists, tuples) with secret-looking keys' values replaced."""
+    """A copy of ``obj`` (dicts, lists, tuples) with secret-looking keys' values replaced, and
+    credentials in URL strings (:func:`redact_url`)."""
     if isinstance(obj, dict):
         return type(obj)({k: (REDACTED if is_secret_key(k) and v is not None else redact(v))
                           for k, v in obj.items()})
@@ -27,6 +48,8 @@ def redact(obj: Any) -> Any:
         return [redact(v) for v in obj]
     if isinstance(obj, tuple):
         return tuple(redact(v) for v in obj)
+    if isinstance(obj, str):
+        return redact_url(obj)
     return obj
 
 

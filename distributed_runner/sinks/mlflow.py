@@ -44,7 +44,7 @@ from typing import Any
 
 from ..config import to_plain
 from ..log import LOGGER_NAME
-from ..redact import flatten, redact
+from ..redact import flatten, redact, redact_url
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
 from .mlflow_sender import sender_main
@@ -96,6 +96,7 @@ class MLflowSink(LogSink):
     def open(self, runner: Any) -> None:
         self.work_dir = Path(runner.work_dir)
         self.uri = tracking_uri(self.tracking_uri, self.work_dir)
+        self.shown_uri = redact_url(self.uri)  # what logs and files say: no password
         tags = {"world_size": str(runner.world_size),
                 "launcher": runner.launcher if isinstance(runner.launcher, str) else "ray",
                 "experiment_name": runner.experiment_name}
@@ -192,7 +193,7 @@ class MLflowSink(LogSink):
             self._adopt(result)
         else:
             logger.warning("MLflow at %s is unreachable (%s); training goes on, metrics are "
-                           "buffered and the run is opened when the server answers", self.uri,
+                           "buffered and the run is opened when the server answers", self.shown_uri,
                            result)
 
     def _adopt(self, run_id: str | None) -> None:
@@ -201,10 +202,10 @@ class MLflowSink(LogSink):
             return
         self.run_id = run_id
         (self.work_dir / RUN_FILE).write_text(json.dumps(
-            {"run_id": run_id, "tracking_uri": self.uri,
+            {"run_id": run_id, "tracking_uri": self.shown_uri,
              "experiment": self._run_info["experiment"]}))
         logger.info("MLflow run %s in experiment %r at %s", run_id,
-                    self._run_info["experiment"], self.uri)
+                    self._run_info["experiment"], self.shown_uri)
 
     # -- records -------------------------------------------------------------------------------
     def write(self, record: LogRecord) -> None:
@@ -267,6 +268,10 @@ class MLflowSink(LogSink):
         if summary:
             self._adopt(summary["run_id"])
             self.dropped = summary["dropped"]
+            if summary.get("experiment_id") and self.shown_uri.startswith(("http://", "https://")):
+                logger.info("MLflow run %s (%s): %s/#/experiments/%s/runs/%s", summary["run_id"],
+                            self._outcome, self.shown_uri.rstrip("/"),
+                            summary["experiment_id"], summary["run_id"])
             if summary["unsent"]:
                 logger.warning("MLflow: %d metrics could not be sent before the run ended",
                                summary["unsent"])

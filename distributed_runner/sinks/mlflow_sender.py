@@ -23,6 +23,8 @@ import time
 from collections import deque
 from typing import Any
 
+from ..redact import redact_url
+
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
 BATCH = 1000
 
@@ -32,7 +34,7 @@ class _Sender:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        self.uri = uri
+        self.uri = redact_url(uri)  # for messages only
         self.settings = settings
         self.buffer: deque = deque()
         self.max_buffer = settings["max_buffer"]
@@ -128,6 +130,9 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
     """Entry point of the sender process."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # we retry, not mlflow
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    # MLflow's own "View run ... at" line repeats the tracking URI, password included: the sink
+    # logs the link itself, redacted
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%m/%d %H:%M:%S")
     sender = _Sender(uri, settings)
@@ -181,9 +186,12 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
                     # RUNNING, and a resume adopts it and sends the rest
                     if sender.run_id is not None and (sent or outcome != "FINISHED"):
                         sender.client.set_terminated(sender.run_id, outcome)
+                    experiment_id = (sender.client.get_run(sender.run_id).info.experiment_id
+                                     if sender.run_id is not None and not sender.down else None)
                     outbox.put((request_id, True, {"sent": sent, "unsent": len(sender.buffer),
                                                    "dropped": sender.dropped,
-                                                   "run_id": sender.run_id}))
+                                                   "run_id": sender.run_id,
+                                                   "experiment_id": experiment_id}))
                     return
                 else:
                     raise ValueError(f"unknown command {command!r}")

@@ -156,3 +156,26 @@ def test_under_ray_a_worker_death_still_makes_one_whole_run_logged_by_rank_0(
     assert steps(client, run.info.run_id, "val/accuracy") == [5, 10, 15]
     artifacts = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "checkpoints")}
     assert artifacts == {"epoch_3.pth"}  # the kept checkpoint, no leftovers of the dead attempt
+
+
+def test_a_password_in_the_tracking_uri_is_never_shown_or_stored(mlflow_server, tmp_path, capfd):
+    """``http://user:PASSWORD@host`` works (the password is sent) but appears in no terminal
+    line (the sender's included), no work_dir file, no MLflow param or tag."""
+    password = "pw-" + uuid.uuid4().hex
+    uri = mlflow_server.uri.replace("http://", f"http://drun:{password}@")
+    name = f"secret-uri-{uuid.uuid4().hex[:6]}"
+    cfg = base_cfg(tmp_path, experiment_name=name, log_level="INFO",
+                   train_cfg=dict(by_epoch=True, max_epochs=1),
+                   default_hooks=dict(logger=dict(type="LoggerHook", interval=5, sinks=[
+                       "terminal", "jsonl", mlflow_sink(mlflow_server)])))
+    cfg["default_hooks"]["logger"]["sinks"][2]["tracking_uri"] = uri
+    Runner.from_cfg(cfg).train()
+    out, err = capfd.readouterr()
+    assert password not in out + err
+    assert f"drun:******@127.0.0.1:{mlflow_server.port}/#/experiments/" in out + err  # the link
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert password.encode() not in path.read_bytes(), path
+    client, runs = runs_of(mlflow_server, name)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert password not in str(runs[0].data.params) + str(runs[0].data.tags)

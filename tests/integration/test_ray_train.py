@@ -1,5 +1,6 @@
 """Real Ray Train runs (CPU, gloo, 2 workers): DDP equivalence, rank-aware hooks, master-only
 checkpoints reported to Ray, exact resume after a worker dies and after a driver rerun."""
+import json
 import time
 from pathlib import Path
 
@@ -149,7 +150,16 @@ def test_impossible_requests_fail_fast_with_one_line(ray_cluster, tmp_path):
         assert str(err.value).startswith(key + ":") and "\n" not in str(err.value)
 
 
-def test_worker_errors_make_the_driver_fail(ray_cluster, tmp_path):
-    cfg = ray_cfg(tmp_path, custom_hooks=[dict(type="DieOnceHook", at_iter=3)])
-    status, _, _ = fit(cfg)
-    assert status == 1
+def test_worker_errors_make_the_driver_fail_and_the_mlflow_run_failed(ray_cluster, mlflow_server,
+                                                                     tmp_path):
+    """Rank 0 — the one holding the MLflow run — is killed after the iteration-7 checkpoint and
+    Ray may not restart it: the driver exits 1 and ends the MLflow run FAILED (the dead worker
+    could not), instead of leaving it RUNNING forever."""
+    from mlflow.tracking import MlflowClient
+
+    cfg = ray_cfg(tmp_path, custom_hooks=[dict(type="DieOnceHook", at_iter=9, rank=0)])
+    cfg["default_hooks"]["logger"]["sinks"] = [dict(type="MLflowSink",
+                                                    tracking_uri=mlflow_server.uri)]
+    assert RayLauncher(cfg, normalize_launcher(cfg["launcher"])).train() == 1  # as drun runs it
+    run_id = json.loads((tmp_path / "mlflow_run.json").read_text())["run_id"]
+    assert MlflowClient(mlflow_server.uri).get_run(run_id).info.status == "FAILED"

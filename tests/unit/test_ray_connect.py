@@ -1,7 +1,9 @@
 """The Ray driver's choices that Ray would otherwise make silently: which cluster 'auto' joins,
 where a relative path goes inside a ``ray job submit`` package folder, which environment the
-workers get; and what travels with the config to them (its git commit)."""
+workers get, what travels with the config to them (its git commit); and the probes that turn a
+dead address or an unwritable storage path into one line within seconds."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +118,62 @@ def test_git_commit_of_the_config_travels_with_it(tmp_path):
     worker = Config(dict(cfg)).with_source(cfg.source())
     assert worker.git_commit == head and worker.filename == str(repo / "cfg.py")
     assert Config({}).git_commit is None
+
+
+def closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens
+
+
+def test_an_address_nobody_listens_at_is_one_line_in_seconds():
+    import socket
+    import time
+
+    from distributed_runner.ray_connect import probe_address
+
+    port = closed_port()
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        probe_address(f"127.0.0.1:{port}")
+    assert time.monotonic() - start < 5
+    assert str(err.value).startswith(f"launcher.address: nothing answers at 127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match="is not HOST:PORT"):
+        probe_address("localhost")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        probe_address(f"127.0.0.1:{server.getsockname()[1]}")  # answers: no error
+        probe_address(f"ray://127.0.0.1:{server.getsockname()[1]}")
+
+
+def test_an_unwritable_storage_path_is_one_line(tmp_path):
+    from distributed_runner.ray_connect import check_storage
+
+    check_storage(str(tmp_path / "storage"))
+    assert (tmp_path / "storage").is_dir() and not any((tmp_path / "storage").iterdir())
+    check_storage(f"file://{tmp_path / 'uri_storage'}")  # a URI goes through pyarrow's fs
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ConfigError) as err:
+        check_storage(str(tmp_path / "a_file" / "storage"))  # a path under a regular file
+    assert str(err.value).startswith(f"launcher.storage_path: cannot write to {tmp_path}")
+
+
+def test_drun_with_a_dead_address_fails_fast_without_starting_ray(tmp_path):
+    import time
+
+    port = closed_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "train",
+                          "configs/digits_cnn.py", "--launcher", "ray", "--address",
+                          f"127.0.0.1:{port}", "--work-dir", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"drun: error: launcher.address: nothing answers at 127.0.0.1:{port} (Connection "
+        f"refused): is the head running (ray status --address 127.0.0.1:{port})? check host "
+        f"and port"]
+    assert elapsed < 60 and "Started a local Ray" not in out.stdout + out.stderr

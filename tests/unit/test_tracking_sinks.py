@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed_runner.redact import REDACTED, flatten, is_secret_key, redact
+from distributed_runner.redact import REDACTED, flatten, is_secret_key, redact, redact_url
 from distributed_runner.sinks import read_scalars
 import tests.hook_probes  # noqa: F401 - SignalHook
 from tests.toy import ListSink, make_runner
@@ -62,7 +62,8 @@ def test_parquet_table_and_resume_keeps_one_row_per_step(tmp_path):
 
 def test_secrets_never_reach_any_output(tmp_path):
     runner = train(tmp_path, epochs=1,
-                   mlflow=dict(tracking_token=SECRET, password=SECRET, api_key=SECRET),
+                   mlflow=dict(tracking_token=SECRET, password=SECRET, api_key=SECRET,
+                               server=f"https://drun:{SECRET}@mlflow.example.com:5000"),
                    experiment_name="secret-test")
     assert runner.cfg["mlflow"]["password"] == SECRET  # the run itself still has it
     for path in tmp_path.rglob("*"):
@@ -72,6 +73,7 @@ def test_secrets_never_reach_any_output(tmp_path):
     assert SECRET not in ckpt["meta"]["config"]
     assert json.loads(ckpt["meta"]["config"])["mlflow"]["api_key"] == REDACTED
     assert f"'password': '{REDACTED}'" in (tmp_path / "config.py").read_text()
+    assert f"https://drun:{REDACTED}@mlflow.example.com:5000" in (tmp_path / "config.py").read_text()
 
 
 def test_redaction_rules():
@@ -84,6 +86,15 @@ def test_redaction_rules():
         {"a": {"token": REDACTED, "n": 1}, "l": [{"secret": REDACTED}]}
     assert flatten({"a": {"b": 1}, "c": [2, 3], "d": []}) == {"a.b": 1, "c.0": 2, "c.1": 3,
                                                               "d": "[]"}
+    # credentials inside URLs, whatever the key; the rest of the URL stays readable
+    assert redact_url("http://user:pa55@host:5000") == f"http://user:{REDACTED}@host:5000"
+    assert redact_url("https://h/p?token=abc&run=1") == f"https://h/p?token={REDACTED}&run=1"
+    assert redact_url("see s3://k:s@b/x and http://h:5000") == \
+        f"see s3://k:{REDACTED}@b/x and http://h:5000"
+    for plain in ("sqlite:////tmp/a.db", "http://127.0.0.1:5000", "databricks://profile:pre"):
+        assert redact_url(plain) == plain
+    assert redact({"uri": "http://u:p@h", "urls": ["http://u:p@h"]}) == \
+        {"uri": f"http://u:{REDACTED}@h", "urls": [f"http://u:{REDACTED}@h"]}
 
 
 def test_drun_plot_draws_a_default_run_and_overlays_runs(tmp_path):
