@@ -16,40 +16,114 @@ read it without running pickled code)::
     rank_buffers      per rank: the model's buffers (BN statistics differ between syncs);
                       only with several ranks
 
-Files are written to a temporary name in the same folder and renamed into place, so a crash never
-leaves a half-written file under a final name.
+Files are written to a temporary name in the same folder and renamed into place (and the folder
+synced), so a crash never leaves a half-written file under a final name. Beside each file, a
+checksum (``NAME.pth.crc32``: CRC-32 and size of the file's bytes, computed while writing) lets
+every load find bit rot and truncation: :func:`load_file` verifies it on a second thread while
+torch reads the file, so verifying costs little wall time. A damaged file is
+:class:`CheckpointDamaged` (a one-line ConfigError); a file without a checksum (written by
+something else) loads unverified. A write that fails for lack of space is one line too
+(:class:`CheckpointWriteError`), and the previous checkpoints stay as they were.
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
 import random
+import re
+import shutil
 import tempfile
+import threading
+import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from .errors import CheckpointWriteError, ConfigError
 
 LAST_CHECKPOINT_POINTER = "last_checkpoint"
+CHECKSUM_SUFFIX = ".crc32"
+_CHUNK = 16 << 20
+
+
+class CheckpointDamaged(ConfigError):
+    """A checkpoint file that exists but cannot be trusted: unreadable, truncated, or its bytes
+    differ from the checksum recorded when it was written."""
+
+
+class _ChecksumWriter:
+    """The file object torch.save writes through: CRC-32 and size of every byte written."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.crc, self.size = f, 0, 0
+
+    def write(self, data: Any) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def checksum_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` to a temporary file beside ``path``, then rename it into place."""
+    """``torch.save`` to a temporary file beside ``path``, rename it into place, write its
+    checksum beside it and sync the folder (so the rename survives a power cut)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            writer = _ChecksumWriter(f)
+            torch.save(obj, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        atomic_write_text(json.dumps({"crc32": f"{writer.crc:08x}", "size": writer.size}),
+                          checksum_path(path))
+        _sync_folder(path.parent)
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if _out_of_space(e):
+            free = shutil.disk_usage(path.parent).free / 2**20
+            raise CheckpointWriteError(
+                f"no space left on device writing {path.name} in {path.parent} ({free:.0f} MiB "
+                f"free); the checkpoints written before it are intact: free space (or lower "
+                f"max_keep_ckpts) and resume") from None
         raise
     return path
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """ENOSPC, also when torch's zip writer reports it as 'unexpected pos' (the OSError is
+    its context)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - a platform without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(text: str, path: str | os.PathLike) -> None:
@@ -60,32 +134,112 @@ def atomic_write_text(text: str, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """Delete a checkpoint and its checksum."""
+    Path(path).unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> tuple[int, int]:
+    """Delete the temporaries of checkpoint writes a crash interrupted (``.NAME.pth.*.tmp``);
+    returns (files, bytes). Call it before this run writes anything into ``folder``."""
+    count = size = 0
+    for tmp in Path(folder).glob(".*.pth.*.tmp"):
+        try:
+            size += tmp.stat().st_size
+            tmp.unlink()
+            count += 1
+        except OSError:
+            pass
+    return count, size
+
+
+def _file_crc32(path: Path, out: dict) -> None:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)  # releases the GIL: torch.load runs meanwhile
+    out["crc32"] = f"{crc:08x}"
+
+
 def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True``; a file that is not one is a one-line error."""
+    """Load a checkpoint with ``weights_only=True``, verified against its checksum when it has
+    one. A missing file is a ConfigError, a damaged one :class:`CheckpointDamaged`; both one
+    line naming ``key`` and the file."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(key, f"checkpoint {str(p)!r} does not exist: check the path")
+    expected = _recorded_checksum(p)
+    if expected is not None and p.stat().st_size != expected["size"]:
+        raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {p.stat().st_size} bytes, "
+                                     f"{expected['size']} when it was written (truncated?)")
+    found: dict = {}
+    verifier = threading.Thread(target=_file_crc32, args=(p, found), daemon=True)         if expected is not None else None
+    if verifier is not None:
+        verifier.start()
     try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's pickle-protocol warning asks to file an issue
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle errors, truncated files, foreign formats
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-        reason = next((ln for ln in lines if "Unpickler error" in ln), lines[0])
-        raise ConfigError(key, f"{str(p)!r} is not a loadable checkpoint ({reason[:200]}); pass a "
-                               f".pth written by CheckpointHook or torch.save(state_dict)") from None
+        raise CheckpointDamaged(key, f"{str(p)!r} is not a loadable checkpoint "
+                                     f"({_load_error_reason(e)}); pass a .pth written by "
+                                     f"CheckpointHook or torch.save(state_dict)") from None
+    finally:
+        if verifier is not None:
+            verifier.join()
+    if expected is not None and found.get("crc32") != expected["crc32"]:
+        raise CheckpointDamaged(key, f"{str(p)!r} is damaged: its CRC-32 is "
+                                     f"{found.get('crc32')}, {expected['crc32']} when it was "
+                                     f"written (bit rot or an overwrite); it was not loaded")
     if not isinstance(ckpt, dict):
         raise ConfigError(key, f"{str(p)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
 
 
+def _recorded_checksum(path: Path) -> dict | None:
+    try:
+        recorded = json.loads(checksum_path(path).read_text())
+        return {"crc32": str(recorded["crc32"]), "size": int(recorded["size"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none written (another tool's file), or unreadable: load unverified
+
+
+def _load_error_reason(exc: Exception) -> str:
+    """The informative part of torch's load error: which global a refused pickle wanted, or
+    what was wrong with the bytes — never its advice to load with weights_only=False, nor its
+    request to file an issue."""
+    text = str(exc)
+    glob = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", text)
+    if glob:
+        return f"it asks to run code ({glob.group(1)}), which is refused"
+    if "Unpickler error" in text or "Unsupported operand" in text:
+        return "its pickle holds instructions other than tensors and plain data, which are " \
+               "refused"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(exc).__name__]
+    reason = lines[0]
+    for advice in ("Please file an issue", "weights_only", "If you trust"):
+        reason = reason.split(advice)[0]
+    return reason.strip(" .;,")[:160] or type(exc).__name__
+
+
 def read_pointer(folder: str | os.PathLike) -> Path | None:
-    """The checkpoint the ``last_checkpoint`` pointer in ``folder`` names, if it still exists."""
+    """The checkpoint the ``last_checkpoint`` pointer in ``folder`` names, if it exists (the
+    pointer holds the name relative to its folder; an absolute one from an older run, or a
+    work_dir moved since, is looked up by its name in ``folder`` too). A pointer that is empty,
+    binary or names a folder gives None."""
     pointer = Path(folder) / LAST_CHECKPOINT_POINTER
-    if not pointer.is_file():
+    try:
+        text = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
         return None
-    target = Path(pointer.read_text().strip())
-    if not target.is_absolute():
-        target = Path(folder) / target
-    return target if target.is_file() else None
+    if not text or "\x00" in text:
+        return None
+    target = Path(text)
+    candidates = [target] if target.is_absolute() else [Path(folder) / target]
+    candidates.append(Path(folder) / target.name)
+    found = next((c for c in candidates if c.is_file()), None)
+    return found.resolve() if found is not None else None
 
 
 def capture_rng() -> dict:
@@ -115,6 +269,30 @@ def restore_rng(state: dict) -> None:
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.PathLike,
+                 strict: bool = True) -> None:
+    """``model.load_state_dict(state)``; a checkpoint of another model is one line naming the
+    first tensors that differ (torch's message lists every one, over dozens of lines)."""
+    try:
+        model.load_state_dict(state, strict=strict)
+    except RuntimeError:
+        own = model.state_dict()
+        shapes = [f"{k} {list(v.shape)} in the checkpoint, {list(own[k].shape)} in the model"
+                  for k, v in state.items()
+                  if k in own and hasattr(v, "shape") and tuple(v.shape) != tuple(own[k].shape)]
+        missing = [k for k in own if k not in state] if strict else []
+        unexpected = [k for k in state if k not in own] if strict else []
+
+        def first(items: list[str], n: int = 3) -> str:
+            return "; ".join(items[:n]) + (f"; ... ({len(items)} in all)" if len(items) > n
+                                           else "")
+        parts = ([f"shapes differ: {first(shapes)}"] if shapes else []) + \
+                ([f"missing in the checkpoint: {first(missing)}"] if missing else []) + \
+                ([f"not in the model: {first(unexpected)}"] if unexpected else [])
+        raise ConfigError(key, f"{path} does not fit the model ({' | '.join(parts) or 'load_state_dict failed'})"
+                               f": is it a checkpoint of this config's model?") from None
 
 
 def model_state_from(ckpt: dict) -> dict:

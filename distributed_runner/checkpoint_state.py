@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import __version__, dist
-from .checkpoint import capture_rng, load_file, model_state_from, restore_rng
+from .checkpoint import capture_rng, load_weights, model_state_from, restore_rng
 from .config import dumps_json
 from .redact import redact
 
@@ -60,7 +60,7 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
 def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
     """Give ``runner`` back the state in ``ckpt``; each rank takes its own per-rank parts."""
     meta = ckpt["meta"]
-    runner.model.load_state_dict(model_state_from(ckpt))
+    load_weights(runner.model, model_state_from(ckpt), "resume", path)
     if runner.optim_wrapper is not None:
         if "optimizer" in ckpt:
             runner.optim_wrapper.load_state_dict(ckpt["optimizer"])
@@ -114,13 +114,16 @@ def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
 
 
 def newest_checkpoint_everywhere(runner: Any, reason: str) -> tuple[dict, str]:
-    """The newest checkpoint (``last_checkpoint``) and its path on every rank: rank 0 reads the
-    file and broadcasts it, so ranks on other machines need not see ``work_dir``."""
-    path = dist.broadcast_object(str(runner.find_latest_checkpoint() or "")
-                                 if runner.rank == 0 else None)
+    """The newest checkpoint that verifies (:func:`~.resume_choice.choose_checkpoint`) and its
+    path on every rank: rank 0 reads the file and broadcasts it, so ranks on other machines need
+    not see ``work_dir``."""
+    from .resume_choice import choose_checkpoint
+
+    path, ckpt = choose_checkpoint(runner.work_dir, runner.logger, "rollback") \
+        if runner.rank == 0 else (None, None)
+    path = dist.broadcast_object(str(path or "") if runner.rank == 0 else None)
     if not path:
         raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
                                  f"save earlier (default_hooks.checkpoint.interval) or use "
                                  f"policy='skip'")
-    ckpt = load_file(path, "rollback") if runner.rank == 0 else None
     return dist.broadcast_object(ckpt), path

@@ -8,7 +8,8 @@
     drun plot  WORK_DIR [WORK_DIR ...] [--out curves.png] [--smooth W]
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
-(``--debug`` shows its traceback); anything else is a bug and keeps its traceback. A run stopped by
+(``--debug`` shows its traceback); a checkpoint that cannot be written (a full disk) is one line
+and status 1; anything else is a bug and keeps its traceback. A run stopped by
 SIGTERM after writing its checkpoint exits with 143 (see :mod:`distributed_runner.preemption`).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .errors import ConfigError
+from .errors import CheckpointWriteError, ConfigError
 from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
 from .ray_connect import persistent_path
 
@@ -156,6 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingPreempted as e:
         print(f"drun: {e}", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
+    except CheckpointWriteError as e:  # e.g. a full disk: what happened, what is intact
+        if args.debug:
+            raise
+        print(f"drun: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,7 +42,7 @@ from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, overrides
 from hooks.priority import get_priority, priority_name
 
 from .call_plan import Callers, compile_caller
-from .errors import ArgumentError, ConfigError, did_you_mean
+from .errors import ArgumentError, CheckpointWriteError, ConfigError, did_you_mean
 from .hook_order import names_of, order_entries
 from .log import LOGGER_NAME
 
@@ -228,7 +228,9 @@ class HookDispatcher:
         if isinstance(exc, ArgumentError):  # a bad argument found late: name its real config path
             raise exc.under(entry.key) from exc
         if entry.on_error == "raise":
-            exc.add_note(f"raised in {where}; set on_error='warn' in its config to keep training")
+            if not isinstance(exc, CheckpointWriteError):  # going on would never save the run
+                exc.add_note(f"raised in {where}; set on_error='warn' in its config to keep "
+                             f"training")
             raise exc
         if entry.on_error == "disable":
             _log.warning("%s failed and is disabled for the rest of this run (on_error="

@@ -71,3 +71,9 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     if not hits:
         return ""
     return " (did you mean " + " or ".join(repr(h) for h in hits) + "?)"
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (the disk is full, ...); the ones written before it are
+    intact. Not a config mistake (``drun`` exits 1), and never something to ignore: a hook's
+    ``on_error='warn'`` would train on without ever saving."""

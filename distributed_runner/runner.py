@@ -29,7 +29,7 @@ from torch import nn
 
 from . import __version__, dist
 from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, atomic_write_text, load_file, \
-    model_state_from, read_pointer
+    load_weights, model_state_from, read_pointer
 from .config import Config, import_custom_modules, to_config_dict
 from .control import ControlRequests
 from .data import build_dataloader
@@ -45,6 +45,7 @@ from .preemption import parse_preemption, preemption_signals
 from .redact import redact
 from .randomness import set_random_seed
 from .registry import LOOPS, check_arguments
+from .resume_choice import choose_checkpoint
 from .schedulers import build_param_schedulers
 from .checkpoint_state import collect_training_state, newest_checkpoint_everywhere, \
     restore_training_state
@@ -284,7 +285,7 @@ class Runner:
             return saver.save_on_request(self, reason)
         path = self.save_checkpoint(self.work_dir, f"iter_{self.iter}.pth")
         if self.rank == 0:
-            atomic_write_text(str(path), self.work_dir / LAST_CHECKPOINT_POINTER)
+            atomic_write_text(path.name, self.work_dir / LAST_CHECKPOINT_POINTER)
         return path
 
     def rollback(self, reason: str) -> Path:
@@ -333,14 +334,16 @@ class Runner:
         if self._has_loaded:
             return
         self._has_loaded = True
+        if isinstance(self._resume, (str, Path)):
+            self.resume(self._resume)  # the file the user named, verified: no second-guessing
+            return
         if self._resume:
-            path = self._resume if isinstance(self._resume, (str, Path)) else \
-                self.find_latest_checkpoint()
+            path, ckpt = choose_checkpoint(self.work_dir, self.logger)
             if path is None:
                 self.logger.info("resume=True but %s has no checkpoint yet: starting fresh",
                                  self.work_dir)
             else:
-                self.resume(path)
+                self._resume_from(ckpt, path)
                 return
         if self._load_from:
             self.load_checkpoint(self._load_from)
@@ -349,18 +352,16 @@ class Runner:
                         map_location: Any = "cpu") -> dict:
         """Load model weights only (``load_from``); returns the checkpoint dict."""
         ckpt = load_file(path, "load_from", map_location)
-        try:
-            self.model.load_state_dict(model_state_from(ckpt), strict=strict)
-        except RuntimeError as e:
-            raise ConfigError("load_from", f"{path} does not fit the model: "
-                                           f"{str(e).splitlines()[0]}") from None
+        load_weights(self.model, model_state_from(ckpt), "load_from", path, strict=strict)
         self.logger.info("loaded weights from %s", path)
         self.call_hook("after_load_checkpoint", checkpoint=ckpt)
         return ckpt
 
     def resume(self, path: str | Path) -> dict:
         """Restore the full training state of ``path`` and continue exactly where it stopped."""
-        ckpt = load_file(path, "resume")
+        return self._resume_from(load_file(path, "resume"), path)
+
+    def _resume_from(self, ckpt: dict, path: str | Path) -> dict:
         for key in ("meta", "state_dict"):
             if key not in ckpt:
                 raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
-    atomic_write_text, load_file
+    atomic_write_text, checksum_path, load_file, remove_checkpoint, remove_stale_temporaries
 from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule
@@ -132,6 +132,11 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            # a write that a crash or SIGKILL interrupted left a checkpoint-sized temporary
+            count, size = remove_stale_temporaries(self.out_dir)
+            if count:
+                runner.logger.info("removed %d interrupted checkpoint write(s) from %s (%.1f "
+                                   "MB)", count, self.out_dir, size / 1e6)
         if self.every.kind == "epoch" and not runner.by_epoch:
             runner.logger.warning("CheckpointHook: by_epoch is True but training is "
                                   "iteration-based: set by_epoch=False to save every %s "
@@ -179,11 +184,12 @@ class CheckpointHook(Hook, CheckpointSaver):
         if runner.rank == 0:
             self._point_at(runner, path)
             for name in removed:
-                (self.out_dir / name).unlink(missing_ok=True)
+                remove_checkpoint(self.out_dir / name)
 
     def _point_at(self, runner, path: Path) -> None:
         for folder in {self.out_dir, Path(runner.work_dir)}:
-            atomic_write_text(str(path), folder / LAST_CHECKPOINT_POINTER)
+            # relative: a work_dir moved or copied keeps a pointer that resolves
+            atomic_write_text(os.path.relpath(path, folder), folder / LAST_CHECKPOINT_POINTER)
 
     # -- best ----------------------------------------------------------------------------------
     def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
@@ -215,7 +221,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                 runner.logger.info("%s %s = %.4f: saved %s", "new best" if place == 0 else
                                    f"top-{self.save_topk}", key, value, name)
                 for old in dropped:
-                    (self.out_dir / old).unlink(missing_ok=True)
+                    remove_checkpoint(self.out_dir / old)
 
     # -- end of training -----------------------------------------------------------------------
     def after_train(self, runner) -> None:
@@ -246,6 +252,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]
         final = path.with_name(f"{path.stem}-{digest}.pth")
         os.replace(tmp, final)
+        os.replace(checksum_path(tmp), checksum_path(final))
         return final
 
     def saved_files(self) -> dict[str, list[Path]]:

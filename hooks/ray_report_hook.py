@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distributed_runner.checkpoint import checksum_path
 from distributed_runner.registry import HOOKS
 
 from .hook import Hook
@@ -45,10 +46,13 @@ class RayReportHook(Hook):
             return
         path = Path(path)
         with tempfile.TemporaryDirectory(prefix="drun-report-") as tmp:
-            target = Path(tmp) / path.name
-            try:
-                os.link(path, target)  # same filesystem: no copy before Ray persists it
-            except OSError:
-                shutil.copy2(path, target)
+            for source in (path, checksum_path(path)):  # the checksum travels with it
+                if not source.is_file():
+                    continue
+                target = Path(tmp) / source.name
+                try:
+                    os.link(source, target)  # same filesystem: no copy before Ray persists it
+                except OSError:
+                    shutil.copy2(source, target)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=f"{path.stem}-{time.time_ns()}")

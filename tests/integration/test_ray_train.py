@@ -88,6 +88,9 @@ def test_only_rank_0_writes_and_ray_lists_the_checkpoints(uninterrupted):
     storage = Path(launcher.storage_path) / launcher.name
     reported = sorted(p.name.rsplit("-", 1)[0] for p in storage.iterdir() if p.is_dir())
     assert reported == ["iter_14", "iter_7", "last"]
+    for folder in (p for p in storage.iterdir() if p.is_dir()):  # the checksum travels along
+        stem = folder.name.rsplit("-", 1)[0]
+        assert sorted(f.name for f in folder.iterdir()) == [f"{stem}.pth", f"{stem}.pth.crc32"]
     assert result.checkpoint is not None and result.metrics["iter"] == 15
 
 

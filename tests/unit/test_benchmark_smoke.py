@@ -1,4 +1,4 @@
-"""The hook-overhead benchmark runs (its figures are read by people, never asserted here)."""
+"""The benchmarks run (their figures are read by people, never asserted here)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -15,3 +15,12 @@ def test_hook_overhead_benchmark_runs_the_users_path():
     assert lines[0].startswith("user path: per-sample dict dataset")
     assert len(lines) == 2 and lines[1].startswith("bare loop")
     assert "| Runner" in lines[1] and "median of pair differences" in lines[1]
+
+
+def test_checkpoint_verify_benchmark_runs():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_verify.py"),
+                          "--mb", "8", "--rounds", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("load and restore a 8 MB checkpoint (median of 2, interleaved)")
+    assert "| ratio " in out.stdout

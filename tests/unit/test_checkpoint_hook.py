@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from distributed_runner.checkpoint import read_pointer
 from distributed_runner.errors import ConfigError
 from distributed_runner.evaluator import BaseMetric
 from distributed_runner.registry import METRICS
@@ -15,7 +16,7 @@ ONE_ITER_PER_EPOCH = dict(train_dataloader=dict(dataset=dict(type="ToyDataset", 
 
 
 def files(folder, pattern=r".*\.pth$"):
-    return sorted(p.name for p in folder.iterdir() if re.match(pattern, p.name))
+    return sorted(p.name for p in folder.iterdir() if re.fullmatch(pattern, p.name))
 
 
 def train(tmp_path, checkpoint, max_epochs=None, train_cfg=None, **extra):
@@ -64,8 +65,10 @@ def test_last_checkpoint_pointer_and_out_dir(tmp_path):
     out = tmp_path / "elsewhere"
     train(tmp_path / "wd", dict(interval=2, out_dir=str(out)), max_epochs=4)
     assert files(out) == ["epoch_2.pth", "epoch_4.pth"]
-    assert (tmp_path / "wd" / "last_checkpoint").read_text() == str(out / "epoch_4.pth")
-    assert (out / "last_checkpoint").read_text() == str(out / "epoch_4.pth")
+    # relative to the pointer's folder: a moved or copied work_dir still resolves it
+    assert (tmp_path / "wd" / "last_checkpoint").read_text() == "../elsewhere/epoch_4.pth"
+    assert (out / "last_checkpoint").read_text() == "epoch_4.pth"
+    assert read_pointer(tmp_path / "wd") == read_pointer(out) == out / "epoch_4.pth"
 
 
 @METRICS.register_module(force=True)
@@ -96,7 +99,7 @@ def test_save_best_auto_uses_the_first_metric(tmp_path):
                                            rule="greater")))
     runner.train()
     # first = 1, 2, 0, 1, 2 over epochs 1..5: the best (2) first appears at epoch 2
-    assert files(tmp_path, r"best_.*") == ["best_first_epoch_2.pth"]
+    assert files(tmp_path, r"best_.*\.pth") == ["best_first_epoch_2.pth"]
     assert runner.get_hook("checkpoint").best_scores == {"first": 2.0}
 
 
@@ -107,7 +110,7 @@ def test_save_best_several_keys_and_rules(tmp_path):
         **val_with("TwoNumbers"),
         default_hooks=dict(checkpoint=dict(type="CheckpointHook", save_best=["first", "second"],
                                            rule=["greater", "less"]))).train()
-    assert files(tmp_path, r"best_.*") == ["best_first_epoch_2.pth", "best_second_epoch_4.pth"]
+    assert files(tmp_path, r"best_.*\.pth") == ["best_first_epoch_2.pth", "best_second_epoch_4.pth"]
 
 
 def test_seed_published_keys_with_rule_less(tmp_path):

@@ -1,5 +1,4 @@
 """The dispatcher's cross-cutting policies: error policy, ordering constraints, always-on timing."""
-import logging
 
 import pytest
 
@@ -13,16 +12,6 @@ from tests.toy import ListSink, make_runner
 
 class Holder:
     pass
-
-
-@pytest.fixture
-def runlog(caplog):
-    """caplog for the project logger (which does not propagate to the root logger)."""
-    logger = logging.getLogger("distributed_runner")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="distributed_runner")
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 @HOOKS.register_module(force=True)

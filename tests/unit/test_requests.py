@@ -19,6 +19,7 @@ import tests.hook_probes  # noqa: F401
 from distributed_runner import Runner
 from distributed_runner.errors import ConfigError
 from distributed_runner.interval import Interval
+from distributed_runner.checkpoint import read_pointer
 from distributed_runner.preemption import TrainingPreempted
 from tests.toy import assert_state_equal, base_cfg, make_runner, params_of
 
@@ -31,7 +32,7 @@ def test_stop_request_ends_training_after_that_iteration_with_its_reason(tmp_pat
     runner.train()
     assert runner.iter == 7
     assert runner.requests.log == [(7, "stop", ("test stop at 7",))]
-    kept = torch.load((tmp_path / "last_checkpoint").read_text(), weights_only=True)
+    kept = torch.load(read_pointer(tmp_path), weights_only=True)
     assert kept["meta"]["iter"] == 7  # stopped = finished: the final state is kept
 
 
@@ -239,7 +240,7 @@ def test_drun_train_on_sigterm_exits_143_within_the_bound_then_resumes_exactly(t
     assert proc.returncode == 143, err[-2000:]
     assert time.monotonic() - sent < 20
     assert "preempted (SIGTERM)" in err and "--resume" in err
-    pointer = (tmp_path / "wd" / "last_checkpoint").read_text()
+    pointer = str(read_pointer(tmp_path / "wd"))
     stopped_at = torch.load(pointer, weights_only=True)["meta"]["iter"]
     assert 10 <= stopped_at < 30
     done = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True,
@@ -247,7 +248,7 @@ def test_drun_train_on_sigterm_exits_143_within_the_bound_then_resumes_exactly(t
     assert done.returncode == 0, done.stderr[-2000:]
     full = make_runner(tmp_path / "full")
     full.train()
-    final = torch.load((tmp_path / "wd" / "last_checkpoint").read_text(), weights_only=True)
+    final = torch.load(read_pointer(tmp_path / "wd"), weights_only=True)
     assert final["meta"]["iter"] == 30
     assert_state_equal(final["state_dict"], params_of(full.model))
 
