@@ -94,10 +94,27 @@ def _read_python(path: Path) -> dict:
         code = compile(path.read_text(), str(path), "exec")
     except SyntaxError as e:
         raise ConfigError(str(path), f"syntax error on line {e.lineno}: {e.msg}") from None
-    exec(code, namespace)  # the config is the user's own code, like MMEngine's .py configs
+    try:
+        exec(code, namespace)  # the config is the user's own code, like MMEngine's .py configs
+    except Exception as e:  # noqa: BLE001 - a config that raises is the user's to fix: one line
+        line = _failing_line(e, str(path))
+        raise ConfigError(str(path), f"raised {type(e).__name__}"
+                                     f"{f' on line {line}' if line else ''}: "
+                                     f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))\
+            from e
     return {k: v for k, v in namespace.items()
             if (not k.startswith("_") or k == BASE_KEY)
             and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
+
+
+def _failing_line(exc: BaseException, filename: str) -> int | None:
+    """The line of ``filename`` where ``exc`` was raised (its innermost frame there)."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 def _read_yaml(path: Path) -> dict:
@@ -209,7 +226,20 @@ def _split_option(option: str) -> tuple[str, Any]:
         raise ConfigError("--cfg-options", f"{option!r} is not KEY=VALUE (e.g. "
                                            f"train_cfg.max_epochs=5)")
     key, raw = option.split("=", 1)
-    return key.strip(), parse_value(raw.strip())
+    key, raw = key.strip(), raw.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise ConfigError("--cfg-options", f"{option!r} has an empty key part: write "
+                                           f"a.b.c=VALUE")
+    if any(p.startswith("__") for p in parts):
+        raise ConfigError("--cfg-options", f"{key!r}: names starting with '__' are not config "
+                                           f"keys")
+    value = parse_value(raw)
+    closing = {"[": "]", "(": ")", "{": "}"}
+    if isinstance(value, str) and raw[:1] in closing and not raw.endswith(closing[raw[0]]):
+        raise ConfigError("--cfg-options", f"{key}={raw}: the value opens {raw[0]!r} but does "
+                                           f"not close it (quote the whole option in the shell)")
+    return key, value
 
 
 def parse_value(raw: str) -> Any:

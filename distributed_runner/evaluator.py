@@ -26,6 +26,12 @@ class BaseMetric:
     def process(self, data_batch: Any, outputs: Any) -> None:
         raise NotImplementedError
 
+    def metric_names(self) -> list[str] | None:
+        """The keys :meth:`compute` returns (before the prefix), if known before evaluating —
+        so ``save_best``/``monitor`` typos fail before training, not after the first epoch.
+        None (the default) means unknown: those checks then wait for the first validation."""
+        return None
+
     def compute(self, results: list) -> dict[str, float]:
         compute_metrics = getattr(self, "compute_metrics", None)
         if compute_metrics is None:
@@ -92,6 +98,9 @@ class Accuracy(BaseMetric):
                                 torch.full_like(labels.reshape(-1), maxk))
         self.results.extend(first_hit.cpu().tolist())
 
+    def metric_names(self) -> list[str]:
+        return ["accuracy"] if len(self.topk) == 1 else [f"accuracy/top{k}" for k in self.topk]
+
     def compute(self, results: list) -> dict[str, float]:
         n = max(len(results), 1)
         ranks = torch.tensor(results, dtype=torch.long)
@@ -106,6 +115,18 @@ class Evaluator:
 
     def __init__(self, metrics: Sequence[BaseMetric]) -> None:
         self.metrics = list(metrics)
+
+    def metric_names(self) -> list[str] | None:
+        """Every key :meth:`evaluate` returns, prefixes included; None if a metric does not
+        declare its names."""
+        names: list[str] = []
+        for metric in self.metrics:
+            declared = metric.metric_names() if hasattr(metric, "metric_names") else None
+            if declared is None:
+                return None
+            prefix = getattr(metric, "prefix", None)
+            names += [f"{prefix}/{n}" if prefix else n for n in declared]
+        return names
 
     @classmethod
     def build(cls, spec: Any, key: str) -> "Evaluator":

@@ -89,6 +89,10 @@ def validate_config(cfg: dict) -> None:
     for key in ("work_dir", "model"):
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing: set {key} in the config")
+    from .config_check import check_config
+    from .runner import OTHER_CONFIG_KEYS, RUNNER_KEYS
+    check_config({k: v for k, v in cfg.items() if k != "device"}, RUNNER_KEYS,
+                 OTHER_CONFIG_KEYS)  # the device is the workers' (the driver may have no GPU)
     plan_hooks(cfg)  # hooks built and checked, sinks' names and arguments checked, none built
 
     def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:

@@ -164,6 +164,11 @@ class Registry:
             raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) rejected its "
                                    f"arguments: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                               ) from e
+        except Exception as e:  # noqa: BLE001 - anything else the user's constructor raised
+            raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) raised "
+                                   f"{type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else '(no message)'} "
+                                   f"(drun --debug shows where)") from e
 
     def _example(self) -> str:
         return next(iter(self._table), "...")

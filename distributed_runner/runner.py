@@ -18,7 +18,6 @@ swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the positio
 """
 from __future__ import annotations
 
-import logging
 import time
 from operator import attrgetter
 from pathlib import Path
@@ -31,12 +30,13 @@ from . import __version__, dist
 from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, atomic_write_text, load_file, \
     load_weights, model_state_from, read_pointer
 from .config import Config, import_custom_modules, to_config_dict
+from .config_check import check_config
 from .control import ControlRequests
 from .data import build_dataloader
-from .errors import ConfigError, closest
+from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
-from .log import LOGGER_NAME, setup_logger
+from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .model_setup import build_model, wrap_model
@@ -132,12 +132,7 @@ class Runner:
                                           "pass --work-dir")
         if cfg.get("model") is None:
             raise ConfigError("model", "missing: set model=dict(type=...)")
-        for key in cfg:
-            if key not in RUNNER_KEYS and key not in OTHER_CONFIG_KEYS:
-                near = closest(key, RUNNER_KEYS)
-                if near and near[0] != key:
-                    logging.getLogger(LOGGER_NAME).warning(
-                        "config key %r is not used by the Runner (did you mean %r?)", key, near[0])
+        check_config(cfg, RUNNER_KEYS, OTHER_CONFIG_KEYS)  # types and ranges, typo'd keys
         args = {k: cfg[k] for k in RUNNER_KEYS if k in cfg and k != "cfg"}
         runner = cls(**args, cfg=cfg)
         if runner.rank == 0:
@@ -250,6 +245,13 @@ class Runner:
         """Registered name -> hook, for the hooks whose state a checkpoint keeps."""
         return {e.name: e.hook for e in self._hooks.entries
                 if callable(getattr(e.hook, "state_dict", None))}
+
+    def val_metric_names(self) -> list[str] | None:
+        """The keys validation will report, if its metrics declare them (else None): hooks that
+        name a metric (``save_best``, ``monitor``) check it before training starts."""
+        if self.val_loop is None or not hasattr(self.val_loop.evaluator, "metric_names"):
+            return None
+        return self.val_loop.evaluator.metric_names()
 
     def get_hook(self, name: str) -> Any:
         """The hook registered under ``name`` (e.g. ``'checkpoint'``), or None."""

@@ -33,7 +33,8 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     * ``interval`` / ``by_epoch`` / ``save_begin``: save after every ``interval`` epochs (or
       iterations) counted from ``save_begin`` — ``interval=2, save_begin=5`` over 10 epochs saves
-      epochs 5, 7 and 9. ``interval <= 0`` saves no periodic checkpoints. ``interval`` may also
+      epochs 5, 7 and 9. ``interval=-1`` (the default, MMEngine's) saves no periodic
+      checkpoints; 0 and other negatives are mistakes and refused. ``interval`` may also
       be ``'500it'``, ``'2ep'`` or a wall time, ``'30min'``/``'1h'`` (rank 0's clock, checked
       after every iteration; a checkpoint request every rank agrees on; saved as
       ``iter_{N}.pth``).
@@ -68,20 +69,28 @@ class CheckpointHook(Hook, CheckpointSaver):
                  filename_tmpl: Optional[str] = None,
                  published_keys: Union[str, Sequence[str], None] = None,
                  save_begin: int = 0, save_topk: int = 1) -> None:
+        if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
+                interval != int(interval) or interval == 0 or interval < -1):
+            raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
+                                            f"periodic checkpoints) or a spec like '500it', "
+                                            f"'2ep', '30min'")
+        for name, value, low in (("max_keep_ckpts", max_keep_ckpts, -1), ("save_begin",
+                                                                         save_begin, 0),
+                                 ("save_topk", save_topk, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
+        if not isinstance(by_epoch, bool):
+            raise ArgumentError("by_epoch", f"got {by_epoch!r}; takes True or False")
         self.every = Interval.parse(interval, bool(by_epoch), "interval")
         self.interval = interval
         self.by_epoch = bool(by_epoch)
         self.save_topk = int(save_topk)
-        if self.save_topk < 1:
-            raise ArgumentError("save_topk", "must be >= 1")
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
         self.out_dir_arg = out_dir
         self.max_keep_ckpts = int(max_keep_ckpts)
         self.save_last = save_last
         self.save_begin = int(save_begin)
-        if self.save_begin < 0:
-            raise ArgumentError("save_begin", "must be >= 0")
         by_epoch_names = self.every.kind == "epoch" or (self.every.never and self.by_epoch)
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch_names else "iter_{}.pth")
         if "{}" not in self.filename_tmpl:
@@ -129,6 +138,11 @@ class CheckpointHook(Hook, CheckpointSaver):
                                          f"rule='greater' or rule='less'")
 
     def before_train(self, runner) -> None:
+        names = runner.val_metric_names() if hasattr(runner, "val_metric_names") else None
+        for key in self.save_best if names is not None else ():
+            if key != "auto" and key not in names:  # now, not after the first epoch
+                raise ArgumentError("save_best", f"{key!r} is not a validation metric; the "
+                                                 f"evaluator reports: {', '.join(names)}")
         self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)

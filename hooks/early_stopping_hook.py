@@ -21,7 +21,10 @@ class EarlyStoppingHook(Hook):
     * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
       training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
       ``check_finite`` stops when it is NaN or infinite.
-    * ``strict=True`` makes a missing ``monitor`` an error; otherwise it is warned about once.
+    * a ``monitor`` the evaluator does not report is an error before training starts when its
+      metrics declare their names (``metric_names()``, as ``Accuracy`` does) — a typo would
+      otherwise never stop anything. For metrics that do not, it is found at the first
+      validation: ``strict=True`` makes it an error there; otherwise it is warned about once.
 
     Stopping goes through ``runner.request_stop(reason)``: every rank stops after the same
     validation and the reason is logged. ``best_score`` and ``wait_count`` are in the checkpoint,
@@ -61,6 +64,12 @@ class EarlyStoppingHook(Hook):
             return False
         return value >= self.stopping_threshold if self.rule == "greater" \
             else value <= self.stopping_threshold
+
+    def before_train(self, runner) -> None:
+        names = runner.val_metric_names() if hasattr(runner, "val_metric_names") else None
+        if names is not None and self.monitor not in names:  # it would never stop: say so now
+            raise ArgumentError("monitor", f"{self.monitor!r} is not a validation metric; the "
+                                           f"evaluator reports: {', '.join(names)}")
 
     def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         if runner.train_loop is None or metrics is None:

@@ -199,7 +199,7 @@ def test_hook_argument_errors_name_where_the_hook_is_configured(tmp_path, where,
         else dict(default_hooks=dict(checkpoint=spec))
     with pytest.raises(ConfigError) as err:
         make_runner(tmp_path, **cfg)
-    assert str(err.value) == f"{key}: must be >= 1"
+    assert str(err.value) == f"{key}: got 0; takes an int >= 1"
 
 
 def test_argument_errors_found_later_and_nested_are_placed_too(tmp_path):
@@ -242,7 +242,8 @@ def test_a_request_raised_after_the_last_agreement_point_is_acted_on(tmp_path):
     runner = make_runner(tmp_path, custom_hooks=[LateRequest()],
                          default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=-1,
                                                             save_last=False)),
-                         train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=0))
+                         train_cfg=dict(by_epoch=True, max_epochs=2), val_dataloader=None,
+                         val_evaluator=None, val_cfg=None)
     runner.train()
     assert [e[:2] for e in runner.requests.log] == [(20, "checkpoint")]
     assert (tmp_path / "iter_20.pth").is_file()

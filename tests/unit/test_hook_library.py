@@ -171,11 +171,16 @@ def test_early_stopping_monitor_and_rule_checks(tmp_path, caplog):
     assert make_runner(tmp_path, custom_hooks=[dict(type="EarlyStoppingHook",
                                                     monitor="val_loss")]) \
         .get_hook("early_stopping").rule == "less"
-    with pytest.raises(ConfigError, match="'acc' is not a validation metric.*accuracy"):
-        make_runner(tmp_path / "s", custom_hooks=[dict(type="EarlyStoppingHook", monitor="acc",
-                                                       strict=True)]).train()
-    lenient = make_runner(tmp_path / "l", custom_hooks=[dict(type="EarlyStoppingHook",
-                                                             monitor="acc")])
+    # Accuracy declares its names: a monitor it does not report fails before training
+    for strict in (True, False):
+        runner = make_runner(tmp_path / f"s{strict}", custom_hooks=[dict(
+            type="EarlyStoppingHook", monitor="acc", strict=strict)])
+        with pytest.raises(ConfigError, match="'acc' is not a validation metric.*accuracy"):
+            runner.train()
+        assert runner.iter == 0
+    # a metric that does not declare them: found at the first validation; strict=False warns
+    lenient = make_runner(tmp_path / "l", val_evaluator=dict(type="SeqMetric", values=[1.0]),
+                          custom_hooks=[dict(type="EarlyStoppingHook", monitor="acc")])
     lenient.train()
     assert lenient.iter == 30
 

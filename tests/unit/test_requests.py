@@ -131,7 +131,7 @@ def test_save_topk_keeps_the_k_best(tmp_path):
     assert hook.best_scores == {"score": 0.9} and hook.best_files["score"] == "best_score_epoch_2.pth"
     assert [p.name for p in hook.saved_files()["best"]] == ["best_score_epoch_2.pth",
                                                              "best_score_epoch_4.pth"]
-    with pytest.raises(ConfigError, match="save_topk: must be >= 1"):
+    with pytest.raises(ConfigError, match="save_topk: got 0; takes an int >= 1"):
         make_runner(tmp_path, default_hooks=dict(checkpoint=dict(type="CheckpointHook",
                                                                  save_topk=0)))
 
@@ -365,7 +365,8 @@ def _late_worker(rank: int, port: int, out_dir: str) -> None:
         runner = Runner.from_cfg(base_cfg(
             os.path.join(out_dir, "wd"), default_hooks=dict(checkpoint=dict(
                 type="CheckpointHook", interval=-1, save_last=False)),
-            train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=0, agree_every=4),
+            train_cfg=dict(by_epoch=True, max_epochs=2, agree_every=4), val_dataloader=None,
+            val_evaluator=None, val_cfg=None,
             custom_hooks=[dict(type="RequestHook", kind="checkpoint", at_iter=9, rank=1)]))
         runner.train()
         with open(os.path.join(out_dir, f"late{rank}.json"), "w") as f:
@@ -382,5 +383,5 @@ def test_a_request_after_the_last_agreement_point_is_agreed_on_at_the_end(tmp_pa
 
 
 def test_agree_every_is_checked(tmp_path):
-    with pytest.raises(ConfigError, match="train_cfg.agree_every: 'auto' or an int >= 1"):
+    with pytest.raises(ConfigError, match="train_cfg.agree_every: got 0; takes an int >= 1 or 'auto'"):
         make_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1, agree_every=0))

@@ -1,9 +1,9 @@
 """The seeds' CheckInvalidLossHook, written exactly as in MMEngine's docs with our imports."""
-import math
 
 import pytest
 import torch
 
+import tests.hook_probes  # noqa: F401 - NanModel
 from tests.toy import make_runner
 
 SEED_HOOK = '''
@@ -77,7 +77,7 @@ def test_seed_hook_priority_as_class_attribute(tmp_path):
 def test_seed_hook_catches_a_nan_loss(tmp_path):
     define(SEED_HOOK)
     runner = make_runner(tmp_path, custom_hooks=[dict(type="CheckInvalidLossHook", interval=1)],
-                         optim_wrapper=dict(optimizer=dict(type="SGD", lr=math.inf)))
+                         model=dict(type="NanModel", nan_at=[3]))
     with pytest.raises(AssertionError):
         runner.train()
     assert not torch.isfinite(next(runner.model.parameters())).all()

@@ -1,0 +1,182 @@
+"""Types and ranges of the engine-owned config keys, checked before anything is built.
+
+Why a checker of its own: the values flow into ``int()``, ``torch.device``, ``DataLoader`` and
+optimizers, which either raise from deep inside (a traceback instead of a line a user can act on)
+or quietly coerce (``max_epochs='12'`` or ``12.5`` or ``True`` trained; ``val_interval=0`` never
+validated). Every key here is checked for its type *and* range, and a mistake is one
+:class:`~distributed_runner.errors.ConfigError` naming the key path, what it got and what it
+takes. It runs in :meth:`Runner.from_cfg` and on the Ray driver (``validate_config``), so a bad
+config never reaches a worker.
+
+The user's own objects (models, datasets, metrics, hooks) check their own arguments; an
+exception their constructors raise is wrapped into one line by the registries.
+
+Top-level keys the Runner does not know are allowed — MMEngine configs keep helper variables
+(``data_root = ...``) at the top — unless the name is a near-miss of one the Runner knows
+(``trian_cfg``): a typo must not silently turn a feature off.
+"""
+from __future__ import annotations
+
+import math
+import os
+from difflib import SequenceMatcher
+from typing import Any, Iterable
+
+from .errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(cfg: dict, name: str, key: str, minimum: int = 1,
+                 allowed: Iterable[Any] = ()) -> None:
+    """``cfg[name]``, if present, is an int >= ``minimum`` (or one of ``allowed``)."""
+    value = cfg.get(name, _MISSING)
+    if value is _MISSING or value in tuple(allowed):
+        return
+    if not _is_int(value) or value < minimum:
+        also = "".join(f" or {a!r}" for a in allowed)
+        raise ConfigError(f"{key}.{name}", f"got {_show(value)}; takes an int >= {minimum}{also}")
+
+
+def boolean(cfg: dict, name: str, key: str) -> None:
+    value = cfg.get(name, _MISSING)
+    if value is not _MISSING and not isinstance(value, bool):
+        raise ConfigError(f"{key}.{name}", f"got {_show(value)}; takes True or False")
+
+
+def number(cfg: dict, name: str, key: str, minimum: float = 0.0, exclusive: bool = False) -> None:
+    """A finite int or float >= ``minimum`` (> with ``exclusive``)."""
+    value = cfg.get(name, _MISSING)
+    if value is _MISSING:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and (value > minimum if exclusive else value >= minimum)
+    if not ok:
+        bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
+        raise ConfigError(f"{key}.{name}", f"got {_show(value)}; takes a finite number {bound}")
+
+
+def mapping(cfg: dict, name: str, optional: bool = True) -> dict | None:
+    value = cfg.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(name, f"got {_show(value)}; takes a dict")
+    return value
+
+
+def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str]) -> None:
+    """Raise one ConfigError for the first engine-owned key with a wrong type or range."""
+    _check_top_level(cfg, tuple(runner_keys) + tuple(other_keys))
+    work_dir = cfg.get("work_dir")
+    if work_dir is not None and not isinstance(work_dir, (str, os.PathLike)):
+        raise ConfigError("work_dir", f"got {_show(work_dir)}; takes a path string")
+    level = cfg.get("log_level", "INFO")
+    if not (isinstance(level, str) and level.upper() in LOG_LEVELS) and not _is_int(level):
+        raise ConfigError("log_level", f"got {_show(level)}; takes one of "
+                                       f"{', '.join(LOG_LEVELS)}")
+    _check_device(cfg.get("device"))
+    randomness = mapping(cfg, "randomness")
+    if randomness is not None:
+        if randomness.get("seed") is not None:
+            positive_int(randomness, "seed", "randomness", minimum=0)
+        boolean(randomness, "deterministic", "randomness")
+        boolean(randomness, "diff_rank_seed", "randomness")
+    train_cfg = mapping(cfg, "train_cfg")
+    if train_cfg is not None:
+        boolean(train_cfg, "by_epoch", "train_cfg")
+        for name in ("max_epochs", "max_iters", "val_interval", "val_begin"):
+            positive_int(train_cfg, name, "train_cfg")
+        positive_int(train_cfg, "agree_every", "train_cfg", allowed=("auto",))
+    for stage in ("val_cfg", "test_cfg"):
+        mapping(cfg, stage)
+    for stage in ("train", "val", "test"):
+        loader = cfg.get(f"{stage}_dataloader")
+        if isinstance(loader, dict):
+            _check_loader(loader, f"{stage}_dataloader")
+    optim = mapping(cfg, "optim_wrapper")
+    if optim is not None:
+        _check_optim(optim)
+    for name, kind in (("default_hooks", dict), ("custom_hooks", list)):
+        value = cfg.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise ConfigError(name, f"got {_show(value)}; takes a "
+                                    f"{'dict of hook configs' if kind is dict else 'list of hook configs'}")
+
+
+NEAR_MISS = 0.82  # trian_cfg ~ train_cfg 0.89; data_root ~ default_hooks 0.55, norm_cfg 0.67
+
+
+def _check_top_level(cfg: dict, known: tuple[str, ...]) -> None:
+    for key in cfg:
+        if not isinstance(key, str) or key in known or key.startswith("_"):
+            continue
+        near = max(known, key=lambda k: SequenceMatcher(None, key, k).ratio())
+        if SequenceMatcher(None, key, near).ratio() >= NEAR_MISS:
+            raise ConfigError(key, f"not a config key the Runner takes; did you mean {near!r}? "
+                                   f"(helper variables are fine; near-misses of the Runner's "
+                                   f"keys are refused so a typo cannot switch a part off)")
+
+
+def _check_device(device: Any) -> None:
+    if device is None:
+        return
+    import torch
+
+    if not isinstance(device, (str, torch.device)):
+        raise ConfigError("device", f"got {_show(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
+                                    f"None (automatic)")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError("device", f"got {_show(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
+                                    f"None (automatic)") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device", f"{device!r} but this machine has no usable CUDA GPU "
+                                        f"(or torch is a CPU build): use device='cpu' or leave "
+                                        f"it unset")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError("device", f"{device!r} but this machine has "
+                                        f"{torch.cuda.device_count()} GPU(s)")
+
+
+def _check_loader(loader: dict, key: str) -> None:
+    positive_int(loader, "batch_size", key)
+    positive_int(loader, "num_workers", key, minimum=0)
+    positive_int(loader, "prefetch_factor", key)
+    for name in ("drop_last", "pin_memory", "persistent_workers"):
+        boolean(loader, name, key)
+    dataset = loader.get("dataset")
+    if dataset is not None and not isinstance(dataset, dict) and not hasattr(dataset,
+                                                                              "__getitem__"):
+        raise ConfigError(f"{key}.dataset", f"got {_show(dataset)}; takes dict(type=...) or a "
+                                            f"dataset object")
+
+
+def _check_optim(optim: dict) -> None:
+    optimizer = optim.get("optimizer")
+    if isinstance(optimizer, dict):
+        number(optimizer, "lr", "optim_wrapper.optimizer")
+        number(optimizer, "weight_decay", "optim_wrapper.optimizer")
+        number(optimizer, "momentum", "optim_wrapper.optimizer")
+    elif optimizer is not None and not hasattr(optimizer, "step"):
+        raise ConfigError("optim_wrapper.optimizer", f"got {_show(optimizer)}; takes "
+                                                     f"dict(type='SGD', lr=...) or an optimizer")
+    positive_int(optim, "accumulative_counts", "optim_wrapper")
+    clip = optim.get("clip_grad")
+    if clip is not None:
+        if not isinstance(clip, dict):
+            raise ConfigError("optim_wrapper.clip_grad", f"got {_show(clip)}; takes None or "
+                                                         f"dict(max_norm=1.0)")
+        number(clip, "max_norm", "optim_wrapper.clip_grad", exclusive=True)
