@@ -148,23 +148,21 @@ class RayLauncher:
     # -- cluster -------------------------------------------------------------------------------
     def connect(self) -> None:
         """Join the cluster the launcher names (see :func:`ray_connect.resolve_address`), or
-        start a local one. The driver's ``MLFLOW_*`` variables go to every worker."""
+        start a local one."""
         import ray
         if ray.is_initialized():
             self.joined = f"the Ray cluster this process is connected to " \
                           f"({ray.get_runtime_context().gcs_address})"
             return
         address = resolve_address(self.opts["address"])
-        runtime_env = {"env_vars": forwarded_env()}
         if address:
             probe_address(address)
-            ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
+            ray.init(address=address, log_to_driver=True)
             self.joined = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
         else:
             # the dashboard serves the State API that Ray Train's placement-group cleaner
             # polls; without it the cleaner warns every second for the whole run
-            ray.init(include_dashboard=True, dashboard_host="127.0.0.1",
-                     runtime_env=runtime_env)
+            ray.init(include_dashboard=True, dashboard_host="127.0.0.1")
 
     def worker_resources(self) -> dict[str, float]:
         res = dict(self.opts["resources_per_worker"] or {})
@@ -197,6 +195,7 @@ class RayLauncher:
 
     # -- the run -------------------------------------------------------------------------------
     def build_trainer(self) -> Any:
+        import ray
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -210,9 +209,11 @@ class RayLauncher:
         datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
         # the config file and its git commit are the driver's: workers may not have the file
         source = self.cfg.source() if isinstance(self.cfg, Config) else None
+        # the driver's MLFLOW_* for every worker, by reference: never shown in job metadata
+        env = ray.put(forwarded_env())
         return TorchTrainer(
             train_worker,
-            train_loop_config={"cfg": plain, "source": source},
+            train_loop_config={"cfg": plain, "source": source, "env": env},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=self.opts["num_workers"], use_gpu=self.opts["use_gpu"],
                 resources_per_worker=self.opts["resources_per_worker"],

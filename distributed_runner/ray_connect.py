@@ -15,11 +15,13 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
   (``ray.init`` would wait minutes), and so is a ``storage_path`` that cannot be written.
 * **What the workers must see.** On a running cluster the workers were started by ``ray start``,
   not by this driver: an ``MLFLOW_TRACKING_URI`` exported in the driver's shell never reaches them.
-  The driver forwards its ``MLFLOW_*`` variables through the job's ``runtime_env``.
+  The driver hands its ``MLFLOW_*`` variables to every training worker through Ray's object store
+  (an object reference in the trainer's config), not through the job's ``runtime_env``: Ray shows
+  a job's runtime_env to anyone who can open its dashboard, and these may hold a token or a
+  password.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Mapping
@@ -28,7 +30,6 @@ from .errors import ConfigError
 
 WORK_ROOT_ENV = "DRUN_WORK_ROOT"
 FORWARDED_PREFIXES = ("MLFLOW_",)
-_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for the entrypoint
 
 
 def running_clusters() -> list[str]:
@@ -136,14 +137,6 @@ def persistent_path(path: str, key: str, environ: Mapping[str, str] = os.environ
 
 
 def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The driver's ``MLFLOW_*`` variables the workers need, less those the job's own
-    runtime_env already sets (Ray refuses to merge the same variable from both)."""
-    job_env: dict = {}
-    if environ.get(_JOB_CONFIG_ENV):
-        try:
-            job_env = (json.loads(environ[_JOB_CONFIG_ENV]).get("runtime_env") or {}).get(
-                "env_vars") or {}
-        except (ValueError, AttributeError):
-            job_env = {}
-    return {k: v for k, v in environ.items()
-            if k.startswith(FORWARDED_PREFIXES) and k not in job_env}
+    """The driver's ``MLFLOW_*`` variables, which every training worker gets (see the module
+    docstring)."""
+    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}

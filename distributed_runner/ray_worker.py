@@ -8,6 +8,7 @@ wraps the model in DDP itself.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -36,11 +37,14 @@ def restore_from_ray(work_dir: str, rank: int) -> str | None:
 
 def train_worker(config: dict) -> None:
     """``train_loop_per_worker`` of the TorchTrainer the Ray launcher builds."""
+    import ray
     import ray.train
     import ray.train.torch
 
     from .runner import Runner
 
+    if config.get("env") is not None:  # the driver's MLFLOW_* (ray_connect.forwarded_env)
+        os.environ.update(ray.get(config["env"]))
     cfg = Config(to_config_dict(config["cfg"])).with_source(config.get("source"))
     # every saved checkpoint is reported to Ray (RayReportHook, shown by drun hooks --launcher ray)
     cfg["custom_hooks"] = with_launcher_hooks(cfg.get("custom_hooks"), "ray")

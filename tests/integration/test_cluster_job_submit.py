@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -94,8 +95,9 @@ def test_drivers_mlflow_environment_reaches_the_workers_of_a_running_head(head_n
     from mlflow.tracking import MlflowClient
 
     experiment = f"head-{uuid.uuid4().hex[:6]}"
-    env = dict(head_node, MLFLOW_TRACKING_URI=mlflow_server.uri,
-               MLFLOW_EXPERIMENT_NAME=experiment)
+    password = f"pw-{uuid.uuid4().hex}"  # in the URI: used, never shown or stored
+    env = dict(head_node, MLFLOW_TRACKING_URI=mlflow_server.uri.replace(
+        "http://", f"http://drun:{password}@"), MLFLOW_EXPERIMENT_NAME=experiment)
     gcs = f"127.0.0.1:{env['RAY_PORT']}"
     out = subprocess.run(
         [sys.executable, "-m", "distributed_runner.cli", "train", "configs/digits_cnn.py",
@@ -106,7 +108,13 @@ def test_drivers_mlflow_environment_reaches_the_workers_of_a_running_head(head_n
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     joined = next(line for line in out.stdout.splitlines() if "joined" in line)
     assert "joined the Ray cluster at " in joined and joined.endswith(f":{env['RAY_PORT']}")
-    assert f"MLflow {mlflow_server.uri}" in out.stdout
+    assert f"MLflow http://drun:******@127.0.0.1:{mlflow_server.port}" in out.stdout
+    assert password not in out.stdout + out.stderr
+    # nor in what the cluster shows about its jobs (a runtime_env would be listed there)
+    with urllib.request.urlopen(f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}/api/jobs/",
+                                timeout=30) as answer:
+        jobs = answer.read().decode()
+    assert "runtime_env" in jobs and password not in jobs
     assert not (tmp_path / "wd" / "mlflow.db").exists()  # not the workers' SQLite fallback
     client = MlflowClient(mlflow_server.uri)
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])

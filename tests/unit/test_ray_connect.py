@@ -2,7 +2,6 @@
 where a relative path goes inside a ``ray job submit`` package folder, which environment the
 workers get, what travels with the config to them (its git commit); and the probes that turn a
 dead address or an unwritable storage path into one line within seconds."""
-import json
 import os
 import subprocess
 import sys
@@ -86,16 +85,11 @@ def test_drun_inside_a_job_package_writes_where_it_says(tmp_path):
     assert (moved / "epoch_1.pth").is_file() and not (pkg / "work_dirs").exists()
 
 
-def test_workers_get_the_drivers_mlflow_settings_not_the_jobs_twice():
+def test_workers_get_the_drivers_mlflow_settings_and_nothing_else():
     environ = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "MLFLOW_TRACKING_TOKEN": "t",
                "MLFLOW_EXPERIMENT_NAME": "e", "HOME": "/root", "AWS_REGION": "x"}
     assert forwarded_env(environ) == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
                                       "MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_EXPERIMENT_NAME": "e"}
-    # a job whose runtime_env sets the URI already: Ray refuses the same variable twice
-    job = {"runtime_env": {"env_vars": {"MLFLOW_TRACKING_URI": "http://h:5000"}}}
-    environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = json.dumps(job)
-    assert "MLFLOW_TRACKING_URI" not in forwarded_env(environ)
-    assert forwarded_env(environ)["MLFLOW_TRACKING_TOKEN"] == "t"
 
 
 def test_git_commit_of_the_config_travels_with_it(tmp_path):
