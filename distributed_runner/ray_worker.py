@@ -1,6 +1,7 @@
 """What runs inside each Ray Train worker: build the Runner from the plain config (with the
 launcher's RayReportHook, which reports every checkpoint to Ray), resume from Ray's checkpoint if
-there is one, and train.
+there is one — or from a newer one already persisted under the run's storage, which Ray's
+controller had not registered when a worker died — and train.
 
 Ray Train has already started the process group (gloo on CPU, NCCL on GPU) when this runs, so the
 Runner sees the rank and world size through :mod:`distributed_runner.dist` like under torchrun and
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+
+import torch
 
 from .config import Config, to_config_dict
 from .hook_builder import with_launcher_hooks
@@ -35,6 +38,62 @@ def restore_from_ray(work_dir: str, rank: int) -> str | None:
     return str(files[0])
 
 
+def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
+    """The newest checkpoint reported under ``storage/name`` that is newer than iteration
+    ``than_iter`` and verifies, or None. Ray hands a restarted group the checkpoint its
+    controller registered last; a worker killed right after a report can leave a newer one
+    persisted there that the controller never learned of. Local (or mounted) storage only."""
+    from .checkpoint import CheckpointDamaged, load_file
+
+    folder = Path(storage) / name
+    if "://" in storage or not folder.is_dir():
+        return None
+    ranked = []
+    for path in folder.glob("*/*.pth"):
+        try:  # the meta only: the file is mapped, no tensor is read
+            ranked.append((_iter_of(str(path)), path))
+        except Exception:  # noqa: BLE001 - a torn upload or another file: never resumed from
+            continue
+    for iteration, path in sorted(ranked, key=lambda r: r[0], reverse=True):
+        if iteration <= than_iter:
+            break
+        try:
+            load_file(path, "resume")  # verified against the checksum reported with it
+            return path
+        except CheckpointDamaged:
+            continue
+    return None
+
+
+def choose_restart_checkpoint(cfg: dict, rank: int) -> tuple[str | None, str | None]:
+    """The checkpoint a (re)started worker group resumes from, the same on every rank, and why
+    when it is not Ray's: Ray's, or a newer one already persisted under the run's storage (rank 0
+    looks; every rank must be able to read it, else Ray's is kept)."""
+    from . import dist
+
+    restored = restore_from_ray(cfg["work_dir"], rank)
+    launcher = cfg.get("launcher") or {}
+    newer = None
+    if rank == 0 and launcher.get("storage_path") and launcher.get("name"):
+        ray_iter = _iter_of(restored) if restored else -1
+        found = newest_persisted(launcher["storage_path"], launcher["name"], ray_iter)
+        newer = str(found) if found is not None else None
+    newer = dist.broadcast_object(newer)
+    if newer is not None:
+        readable = torch.tensor([1 if Path(newer).is_file() else 0])
+        if int(dist.all_reduce(readable, "min").item()) == 1:
+            handed = Path(restored).name if restored else "no checkpoint"
+            return newer, (f"Ray handed back {handed}; resuming from {newer} instead: it is "
+                           f"newer and verifies (its report had not reached Ray's controller "
+                           f"when a worker died)")
+    return restored, None
+
+
+def _iter_of(path: str) -> int:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return int(ckpt.get("meta", {}).get("iter", -1))
+
+
 def train_worker(config: dict) -> None:
     """``train_loop_per_worker`` of the TorchTrainer the Ray launcher builds."""
     import ray
@@ -50,10 +109,12 @@ def train_worker(config: dict) -> None:
     cfg["custom_hooks"] = with_launcher_hooks(cfg.get("custom_hooks"), "ray")
     ctx = ray.train.get_context()
     cfg["device"] = str(ray.train.torch.get_device())
-    restored = restore_from_ray(cfg["work_dir"], ctx.get_world_rank())
+    restored, why = choose_restart_checkpoint(cfg, ctx.get_world_rank())
     if restored is not None:
         cfg["resume"] = restored
     runner = Runner.from_cfg(cfg)
-    if restored is not None:
+    if why is not None:
+        runner.logger.warning(why)
+    elif restored is not None:
         runner.logger.info("Ray restored checkpoint %s", restored)
     runner.train()

@@ -166,3 +166,29 @@ def test_worker_errors_make_the_driver_fail_and_the_mlflow_run_failed(ray_cluste
     assert RayLauncher(cfg, normalize_launcher(cfg["launcher"])).train() == 1  # as drun runs it
     run_id = json.loads((tmp_path / "mlflow_run.json").read_text())["run_id"]
     assert MlflowClient(mlflow_server.uri).get_run(run_id).info.status == "FAILED"
+
+
+def test_a_restart_resumes_from_a_newer_persisted_checkpoint_ray_did_not_register(ray_cluster,
+                                                                                   tmp_path):
+    """A worker killed right after a report can leave a checkpoint persisted under the run's
+    storage that Ray's controller never registered; Ray then hands back an older one. Made
+    deterministic here: after a finished run, Ray's checkpoint-manager snapshot forgets every
+    checkpoint after iteration 7, and the driver is rerun for one more epoch. Ray hands back
+    iter_7; the workers resume from last.pth (iteration 15), which is newer and verifies."""
+    assert fit(ray_cfg(tmp_path))[0] == 0  # 15 iterations: iter_7, iter_14, last
+    snapshot = tmp_path / "ray_storage" / tmp_path.name / "checkpoint_manager_snapshot.json"
+    state = json.loads(snapshot.read_text())
+    kept = [r for r in state["checkpoint_results"] if r["metrics"]["iter"] == 7]
+    state.update(checkpoint_results=kept, checkpoint_report_indices=list(range(len(kept))),
+                 latest_checkpoint_result=kept[-1], current_report_index=len(kept))
+    snapshot.write_text(json.dumps(state))
+    status, _, result = fit(ray_cfg(tmp_path, log_level="INFO", train_cfg=dict(
+        by_epoch=True, max_epochs=4, val_interval=1)))
+    assert status == 0 and result.metrics["iter"] == 20
+    log = (tmp_path / "logs" / "run.log").read_text().split("Ray handed back", 1)
+    assert len(log) == 2, "the restart did not say which checkpoint it chose"
+    assert log[1].startswith(" iter_7.pth; resuming from ") and "last.pth instead" in log[1]
+    assert "(epoch 3, iter 15)" in log[1]
+    # no iteration repeated: iter_14 was not written again, only the new last.pth
+    writes = [line.split()[1] for line in (tmp_path / "writes.txt").read_text().splitlines()]
+    assert writes == ["iter_7.pth", "iter_14.pth", "last.pth", "last.pth"]
