@@ -170,11 +170,13 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
     if not p.is_file():
         raise ConfigError(key, f"checkpoint {str(p)!r} does not exist: check the path")
     expected = _recorded_checksum(p)
-    if expected is not None and p.stat().st_size != expected["size"]:
-        raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {p.stat().st_size} bytes, "
+    size = p.stat().st_size
+    if expected is not None and size != expected["size"]:
+        raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {size} bytes, "
                                      f"{expected['size']} when it was written (truncated?)")
     found: dict = {}
-    verifier = threading.Thread(target=_file_crc32, args=(p, found), daemon=True)         if expected is not None else None
+    verifier = threading.Thread(target=_file_crc32, args=(p, found), daemon=True) \
+        if expected is not None else None
     if verifier is not None:
         verifier.start()
     try:
@@ -291,8 +293,9 @@ def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.P
         parts = ([f"shapes differ: {first(shapes)}"] if shapes else []) + \
                 ([f"missing in the checkpoint: {first(missing)}"] if missing else []) + \
                 ([f"not in the model: {first(unexpected)}"] if unexpected else [])
-        raise ConfigError(key, f"{path} does not fit the model ({' | '.join(parts) or 'load_state_dict failed'})"
-                               f": is it a checkpoint of this config's model?") from None
+        differences = " | ".join(parts) or "load_state_dict failed"
+        raise ConfigError(key, f"{path} does not fit the model ({differences}): is it a "
+                               f"checkpoint of this config's model?") from None
 
 
 def model_state_from(ckpt: dict) -> dict:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from .errors import CheckpointWriteError, ConfigError
 from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
-from .ray_connect import persistent_path
+from .ray_connect import announced_path
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -74,10 +74,8 @@ def load_config(args: argparse.Namespace):
         cfg["work_dir"] = args.work_dir
     if cfg.get("work_dir") is None:
         cfg["work_dir"] = str(Path("work_dirs") / Path(args.config).stem)
-    work_dir, note = persistent_path(str(cfg["work_dir"]), "work_dir")
-    if note:  # inside a `ray job submit` package folder, which Ray deletes
-        print(f"drun: {note}", file=sys.stderr, flush=True)
-    cfg["work_dir"] = work_dir
+    # moved out of a `ray job submit` package folder (which Ray deletes), and said so
+    cfg["work_dir"] = announced_path(str(cfg["work_dir"]), "work_dir")
     return cfg
 
 

@@ -110,8 +110,8 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
     for name, kind in (("default_hooks", dict), ("custom_hooks", list)):
         value = cfg.get(name)
         if value is not None and not isinstance(value, kind):
-            raise ConfigError(name, f"got {_show(value)}; takes a "
-                                    f"{'dict of hook configs' if kind is dict else 'list of hook configs'}")
+            shape = "dict" if kind is dict else "list"
+            raise ConfigError(name, f"got {_show(value)}; takes a {shape} of hook configs")
 
 
 NEAR_MISS = 0.82  # trian_cfg ~ train_cfg 0.89; data_root ~ default_hooks 0.55, norm_cfg 0.67

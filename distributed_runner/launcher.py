@@ -30,7 +30,7 @@ from typing import Any
 
 from .config import Config, import_custom_modules, to_plain
 from .errors import ConfigError, did_you_mean
-from .ray_connect import (check_storage, forwarded_env, persistent_path, probe_address,
+from .ray_connect import (announced_path, check_storage, forwarded_env, probe_address,
                           resolve_address)
 from .redact import redact_url
 from .registry import check_arguments
@@ -139,8 +139,8 @@ class RayLauncher:
     def __init__(self, cfg: dict, launcher: dict) -> None:
         self.cfg = cfg
         self.opts = launcher
-        self.work_dir = Path(_announced(str(cfg["work_dir"]), "work_dir"))
-        self.storage_path = _announced(str(launcher["storage_path"]), "launcher.storage_path") \
+        self.work_dir = Path(announced_path(str(cfg["work_dir"]), "work_dir"))
+        self.storage_path = announced_path(str(launcher["storage_path"]), "launcher.storage_path") \
             if launcher["storage_path"] else str(self.work_dir / "ray_storage")
         self.name = launcher["name"] or self.work_dir.name
         self.joined = "a local Ray started by this process"
@@ -272,14 +272,6 @@ class RayLauncher:
         """`` | MLflow <uri>`` (its password redacted) when the logger has an MLflow sink."""
         uri = self.mlflow_uri()
         return f" | MLflow {redact_url(uri)}" if uri else ""
-
-
-def _announced(path: str, key: str) -> str:
-    """``path`` made persistent (:func:`ray_connect.persistent_path`), telling the user if moved."""
-    resolved, note = persistent_path(path, key)
-    if note:
-        print(f"drun: {note}", file=sys.stderr, flush=True)
-    return resolved
 
 
 def mark_mlflow_run_failed(work_dir: Path, uri: str | None) -> None:

@@ -1,11 +1,14 @@
-"""Whether a larger value of a metric is better: the rule save-best and early stopping share.
+"""Whether a larger value of a metric is better, and whether a named metric is reported at all:
+what save-best and early stopping share.
 
 MMEngine's keys: a metric whose name contains one of :data:`GREATER_KEYS` is better when larger,
 one containing :data:`LESS_KEYS` when smaller. An exact match wins over a substring match.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
+
+from .errors import ArgumentError
 
 GREATER_KEYS = ["acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc"]
 LESS_KEYS = ["loss"]
@@ -27,3 +30,14 @@ def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
     if any(k in low for k in less):
         return "less"
     return None
+
+
+def require_metric(arg: str, key: str, reported: Optional[Iterable[str]]) -> None:
+    """An ArgumentError on ``arg`` (``save_best``, ``monitor``) when ``key`` is not among the
+    metric names ``reported``; None means the names are not known yet, so nothing is checked."""
+    if reported is None:
+        return
+    names = list(reported)
+    if key not in names:
+        raise ArgumentError(arg, f"{key!r} is not a validation metric; the evaluator reports: "
+                                 f"{', '.join(names)}")

@@ -87,7 +87,8 @@ def build_figure(work_dirs: Sequence[str | Path], smooth: float = 0.0):
     styles = ["-", "--", ":", "-."]
     for r, (name, data) in enumerate(runs):
         colour = colours[r % len(colours)]
-        epoch_ends = data.get(("val", next((t for m, t in data if m == "val"), "")), ([], []))[0]
+        # every validation tag is logged at the same steps: the ends of epochs
+        epoch_ends = next((steps for (mode, _), (steps, _) in data.items() if mode == "val"), [])
         for title, label, group in panels_of(data):
             ax = axes[0][titles.index(title)]
             for i, ((mode, tag), (steps, values)) in enumerate(sorted(group.items())):

@@ -23,6 +23,7 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -134,6 +135,14 @@ def persistent_path(path: str, key: str, environ: Mapping[str, str] = os.environ
     return moved, (f"{key} {path!r} is relative and this Ray job runs in Ray's temporary "
                    f"package folder (deleted after the job): using {moved} (set "
                    f"{WORK_ROOT_ENV} or pass an absolute path)")
+
+
+def announced_path(path: str, key: str) -> str:
+    """:func:`persistent_path`, telling the user on stderr when the path was moved."""
+    resolved, note = persistent_path(path, key)
+    if note:
+        print(f"drun: {note}", file=sys.stderr, flush=True)
+    return resolved
 
 
 def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:

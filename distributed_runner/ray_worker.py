@@ -15,8 +15,11 @@ from pathlib import Path
 
 import torch
 
+from . import dist
+from .checkpoint import CheckpointDamaged, load_file
 from .config import Config, to_config_dict
 from .hook_builder import with_launcher_hooks
+from .resume_choice import ranked_checkpoints
 
 RESTORE_DIR = "ray_restore"
 
@@ -43,25 +46,17 @@ def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
     ``than_iter`` and verifies, or None. Ray hands a restarted group the checkpoint its
     controller registered last; a worker killed right after a report can leave a newer one
     persisted there that the controller never learned of. Local (or mounted) storage only."""
-    from .checkpoint import CheckpointDamaged, load_file
-
     folder = Path(storage) / name
     if "://" in storage or not folder.is_dir():
         return None
-    ranked = []
-    for path in folder.glob("*/*.pth"):
-        try:  # the meta only: the file is mapped, no tensor is read
-            ranked.append((_iter_of(str(path)), path))
-        except Exception:  # noqa: BLE001 - a torn upload or another file: never resumed from
-            continue
-    for iteration, path in sorted(ranked, key=lambda r: r[0], reverse=True):
-        if iteration <= than_iter:
+    for iteration, path in ranked_checkpoints(folder.glob("*/*.pth")):
+        if iteration <= than_iter:  # unreadable files rank at -1: never chosen
             break
         try:
             load_file(path, "resume")  # verified against the checksum reported with it
             return path
         except CheckpointDamaged:
-            continue
+            continue  # a torn upload
     return None
 
 
@@ -69,13 +64,12 @@ def choose_restart_checkpoint(cfg: dict, rank: int) -> tuple[str | None, str | N
     """The checkpoint a (re)started worker group resumes from, the same on every rank, and why
     when it is not Ray's: Ray's, or a newer one already persisted under the run's storage (rank 0
     looks; every rank must be able to read it, else Ray's is kept)."""
-    from . import dist
-
     restored = restore_from_ray(cfg["work_dir"], rank)
     launcher = cfg.get("launcher") or {}
     newer = None
     if rank == 0 and launcher.get("storage_path") and launcher.get("name"):
-        ray_iter = _iter_of(restored) if restored else -1
+        ranked = ranked_checkpoints([Path(restored)]) if restored else []
+        ray_iter = ranked[0][0] if ranked else -1
         found = newest_persisted(launcher["storage_path"], launcher["name"], ray_iter)
         newer = str(found) if found is not None else None
     newer = dist.broadcast_object(newer)
@@ -87,11 +81,6 @@ def choose_restart_checkpoint(cfg: dict, rank: int) -> tuple[str | None, str | N
                            f"newer and verifies (its report had not reached Ray's controller "
                            f"when a worker died)")
     return restored, None
-
-
-def _iter_of(path: str) -> int:
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return int(ckpt.get("meta", {}).get("iter", -1))
 
 
 def train_worker(config: dict) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -28,12 +28,13 @@ def _is_training_checkpoint(ckpt: Any) -> bool:
     return isinstance(ckpt, dict) and "meta" in ckpt and "state_dict" in ckpt
 
 
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The ``*.pth`` files in ``folder`` that may hold a training state, newest first. Reading
-    their meta maps the file (no tensor is read); files that do not even open sort last, so they
-    are tried — and reported — after every readable one. Weights-only files are left out."""
+def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:
+    """(iteration, path) of the ``paths`` that may hold a training state, newest first (by the
+    iteration in their meta, then by modification time). Reading the meta maps the file, no
+    tensor is read. Files that do not even open rank last, at iteration -1, so they are tried —
+    and reported — after every readable one. Weights-only files are left out."""
     ranked = []
-    for path in folder.glob("*.pth"):
+    for path in paths:
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # noqa: BLE001 - unreadable: a candidate that will be reported
@@ -41,7 +42,14 @@ def checkpoint_files(folder: Path) -> list[Path]:
             continue
         if _is_training_checkpoint(ckpt):
             ranked.append((int(ckpt["meta"].get("iter", -1)), path.stat().st_mtime, path))
-    return [path for *_, path in sorted(ranked, key=lambda r: (r[0], r[1]), reverse=True)]
+    ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+    return [(iteration, path) for iteration, _, path in ranked]
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The ``*.pth`` files in ``folder`` that may hold a training state, newest first
+    (:func:`ranked_checkpoints`)."""
+    return [path for _, path in ranked_checkpoints(folder.glob("*.pth"))]
 
 
 def _pointer_note(folder: Path, target: Path | None) -> str | None:

@@ -11,7 +11,7 @@ from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, 
     atomic_write_text, checksum_path, load_file, remove_checkpoint, remove_stale_temporaries
 from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
-from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule
+from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
 from distributed_runner.registry import HOOKS
 
 from .extension_points import CheckpointSaver
@@ -138,11 +138,10 @@ class CheckpointHook(Hook, CheckpointSaver):
                                          f"rule='greater' or rule='less'")
 
     def before_train(self, runner) -> None:
-        names = runner.val_metric_names() if hasattr(runner, "val_metric_names") else None
-        for key in self.save_best if names is not None else ():
-            if key != "auto" and key not in names:  # now, not after the first epoch
-                raise ArgumentError("save_best", f"{key!r} is not a validation metric; the "
-                                                 f"evaluator reports: {', '.join(names)}")
+        names = runner.val_metric_names()  # checked now, not after the first epoch
+        for key in self.save_best:
+            if key != "auto":
+                require_metric("save_best", key, names)
         self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,9 +212,7 @@ class CheckpointHook(Hook, CheckpointSaver):
             first = next(iter(metrics))
             self.save_best, self.rules = [first], [self.rules[0] or self._infer_rule(first)]
         for key, rule in zip(self.save_best, self.rules):
-            if key not in metrics:
-                raise ArgumentError("save_best", f"{key!r} is not a validation metric; "
-                                                      f"the evaluator reports: {', '.join(metrics)}")
+            require_metric("save_best", key, metrics)
             value = float(metrics[key])
             top = self.top.setdefault(key, [[self.best_scores[key], self.best_files[key]]]
                                       if key in self.best_files else [])

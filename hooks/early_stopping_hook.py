@@ -5,7 +5,7 @@ import math
 from typing import Optional
 
 from distributed_runner.errors import ArgumentError
-from distributed_runner.metric_rules import infer_rule
+from distributed_runner.metric_rules import infer_rule, require_metric
 from distributed_runner.registry import HOOKS
 
 from .hook import Hook
@@ -66,18 +66,15 @@ class EarlyStoppingHook(Hook):
             else value <= self.stopping_threshold
 
     def before_train(self, runner) -> None:
-        names = runner.val_metric_names() if hasattr(runner, "val_metric_names") else None
-        if names is not None and self.monitor not in names:  # it would never stop: say so now
-            raise ArgumentError("monitor", f"{self.monitor!r} is not a validation metric; the "
-                                           f"evaluator reports: {', '.join(names)}")
+        # a monitor the metrics do not report would never stop anything: say so now
+        require_metric("monitor", self.monitor, runner.val_metric_names())
 
     def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         if runner.train_loop is None or metrics is None:
             return
         if self.monitor not in metrics:
             if self.strict:
-                raise ArgumentError("monitor", f"{self.monitor!r} is not a validation "
-                                  f"metric; the evaluator reports: {', '.join(metrics)}")
+                require_metric("monitor", self.monitor, metrics)
             if not self._warned:
                 self._warned = True
                 runner.logger.warning("EarlyStoppingHook: %r is not among the validation metrics "

@@ -37,9 +37,9 @@ class LoggerHook(Hook, SinkProvider):
     total, mean) is logged after training; a hook whose cumulative time since the first record
     exceeds ``hook_time_warn_share`` of the wall time *and* ``hook_time_warn_seconds`` is warned
     about once (checked at most every :data:`SHARE_CHECK_SECONDS`) — the floor keeps a short run's
-    one 70 ms checkpoint from reading as a hook over budget. ``top_hooks=N`` also puts the N slowest hooks of each window
-    into the record (µs per iteration; the terminal line shows them) — off by default, as a
-    diagnosis tool rather than something every line should carry.
+    one 70 ms checkpoint from reading as a hook over budget. ``top_hooks=N`` also puts the N
+    slowest hooks of each window into the record (µs per iteration; the terminal line shows
+    them) — off by default, as a diagnosis tool rather than something every line should carry.
 
     A sink that raises is reported once and skipped for that record; the others still write
     (:class:`~distributed_runner.sinks.SinkSet`; ``on_error='warn'`` covers this hook itself).

@@ -157,7 +157,7 @@ class MLflowSink(LogSink):
         answer. The answer to an earlier ``ensure_run`` is taken up on the way."""
         request_id = self._post(command, *args)
         answer = self._answer(request_id, timeout)
-        self._take_opening(wait=False)  # answered before this request: the sender keeps order
+        self._take_opening()  # answered before this request: the sender keeps order
         if answer is None:
             raise RuntimeError(f"no answer from the MLflow sender to {command!r}")
         ok, result = answer
@@ -179,12 +179,12 @@ class MLflowSink(LogSink):
         self._run_opened = True
         self._opening = self._post("ensure_run", self.run_id, self._run_info)
 
-    def _take_opening(self, wait: bool) -> None:
-        """Adopt the answer to ``ensure_run`` once it is there (or warn that the server is
-        down: metrics are buffered and the run opened when it answers)."""
+    def _take_opening(self) -> None:
+        """Adopt the answer to ``ensure_run`` if it is there, without waiting (or warn that the
+        server is down: metrics are buffered and the run opened when it answers)."""
         if self._opening is None:
             return
-        answer = self._answer(self._opening, 60.0 if wait else None)
+        answer = self._answer(self._opening, None)
         if answer is None:
             return
         self._opening = None
@@ -193,8 +193,8 @@ class MLflowSink(LogSink):
             self._adopt(result)
         else:
             logger.warning("MLflow at %s is unreachable (%s); training goes on, metrics are "
-                           "buffered and the run is opened when the server answers", self.shown_uri,
-                           result)
+                           "buffered and the run is opened when the server answers",
+                           self.shown_uri, result)
 
     def _adopt(self, run_id: str | None) -> None:
         """Record the run id the sender reports (in LoggerHook's state and work_dir)."""
@@ -226,7 +226,7 @@ class MLflowSink(LogSink):
             self._pending = []
         self._handed = time.monotonic()
         if self._opening is not None:  # once a second: say where the run is as soon as known
-            self._take_opening(wait=False)
+            self._take_opening()
 
     def flush(self) -> None:
         """Before a checkpoint: give the sender a few seconds to send what it holds, so a resumed
@@ -268,7 +268,9 @@ class MLflowSink(LogSink):
         if summary:
             self._adopt(summary["run_id"])
             self.dropped = summary["dropped"]
-            if summary.get("experiment_id") and self.shown_uri.startswith(("http://", "https://")):
+            link = summary.get("experiment_id") and self.shown_uri.startswith(("http://",
+                                                                               "https://"))
+            if link:
                 logger.info("MLflow run %s (%s): %s/#/experiments/%s/runs/%s", summary["run_id"],
                             self._outcome, self.shown_uri.rstrip("/"),
                             summary["experiment_id"], summary["run_id"])

@@ -41,6 +41,7 @@ class _Sender:
         self.dropped = 0
         self.down = False
         self.run_id: str | None = None
+        self.experiment_id: str | None = None  # known once the run is open (for its link)
         self.pending: tuple | None = None  # an ensure_run that failed: retried before sending
         self.logged: set[tuple[str, int]] = set()
         self.log = logging.getLogger("distributed_runner.mlflow")
@@ -55,13 +56,13 @@ class _Sender:
                 for m in self.client.get_metric_history(run_id, key):
                     self.logged.add((key, m.step))
             self.client.update_run(run_id, status="RUNNING")
-            self.run_id = run_id
+            self.run_id, self.experiment_id = run_id, run.info.experiment_id
             return run_id
         experiment = self.client.get_experiment_by_name(info["experiment"])
         experiment_id = experiment.experiment_id if experiment else \
             self.client.create_experiment(info["experiment"])
         run = self.client.create_run(experiment_id, run_name=info["run_name"], tags=info["tags"])
-        self.run_id = run.info.run_id
+        self.run_id, self.experiment_id = run.info.run_id, experiment_id
         if info["params"] is not None:
             from mlflow.entities import Param
             params = [Param(_KEY_CHARS.sub("_", k)[:250], str(v)[:6000])
@@ -186,12 +187,10 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
                     # RUNNING, and a resume adopts it and sends the rest
                     if sender.run_id is not None and (sent or outcome != "FINISHED"):
                         sender.client.set_terminated(sender.run_id, outcome)
-                    experiment_id = (sender.client.get_run(sender.run_id).info.experiment_id
-                                     if sender.run_id is not None and not sender.down else None)
                     outbox.put((request_id, True, {"sent": sent, "unsent": len(sender.buffer),
                                                    "dropped": sender.dropped,
                                                    "run_id": sender.run_id,
-                                                   "experiment_id": experiment_id}))
+                                                   "experiment_id": sender.experiment_id}))
                     return
                 else:
                     raise ValueError(f"unknown command {command!r}")

@@ -53,7 +53,7 @@ class TerminalSink(LogSink):
 
     While the bar is live every other log line (validation, "new best ...", warnings) is printed
     *above* it through the bar's console, so neither clobbers the other. The bar does not wait
-    for records: rich's refresh thread reads the position from ``runner.train_state`` about 10
+    for records: rich's refresh thread reads the position from ``runner.train_state`` about 8
     times a second, which costs the training thread nothing and gives an ETA within the first
     second.
     """
