@@ -31,7 +31,7 @@ from typing import Any
 from .config import Config, import_custom_modules, to_plain
 from .errors import ConfigError, did_you_mean
 from .ray_connect import (announced_path, check_storage, forwarded_env, probe_address,
-                          resolve_address)
+                          resolve_address, start_local_ray)
 from .redact import redact_url
 from .registry import check_arguments
 
@@ -160,9 +160,7 @@ class RayLauncher:
             ray.init(address=address, log_to_driver=True)
             self.joined = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
         else:
-            # the dashboard serves the State API that Ray Train's placement-group cleaner
-            # polls; without it the cleaner warns every second for the whole run
-            ray.init(include_dashboard=True, dashboard_host="127.0.0.1")
+            start_local_ray()
 
     def worker_resources(self) -> dict[str, float]:
         res = dict(self.opts["resources_per_worker"] or {})

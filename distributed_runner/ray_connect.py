@@ -69,6 +69,39 @@ def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ
     return found[0]
 
 
+def start_local_ray() -> None:
+    """``ray.init`` of a new local Ray whose own processes know its address.
+
+    Ray's processes find "their" cluster through ``RAY_ADDRESS``, else by looking for GCS servers
+    on the machine; Ray Train's placement-group cleaner and autoscaling client do so. With another
+    cluster running they find two and die with tracebacks (``Found multiple active Ray
+    instances``, then ``GetTimeoutError``) in the middle of the run's output. So the GCS port is
+    chosen here and ``RAY_ADDRESS`` naming it is in the environment the cluster's processes are
+    started with; this process's environment is restored afterwards.
+    """
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    forced = {"RAY_GCS_SERVER_PORT": str(port),
+              "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
+    saved = {k: os.environ.get(k) for k in forced}
+    os.environ.update(forced)
+    try:
+        # the dashboard serves the State API that Ray Train's placement-group cleaner polls;
+        # without it the cleaner warns every second for the whole run
+        ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def probe_address(address: str, timeout: float = 3.0) -> None:
     """One-line error within ``timeout`` seconds when nothing listens at ``address`` (a GCS
     ``host:port`` or a ``ray://host:port`` client address): ``ray.init`` would wait minutes."""

@@ -11,7 +11,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_drun_train_on_two_ray_workers(tmp_path):
+def test_drun_train_on_two_ray_workers(ray_cluster, tmp_path):
+    """With another cluster running on the machine (this session's): Ray's own processes in
+    drun's local cluster must still find theirs, not die with tracebacks."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1")
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(
