@@ -190,7 +190,8 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
                     outbox.put((request_id, True, {"sent": sent, "unsent": len(sender.buffer),
                                                    "dropped": sender.dropped,
                                                    "run_id": sender.run_id,
-                                                   "experiment_id": sender.experiment_id}))
+                                                   "experiment_id": None if sender.down
+                                                   else sender.experiment_id}))
                     return
                 else:
                     raise ValueError(f"unknown command {command!r}")
