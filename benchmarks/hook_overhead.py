@@ -2,7 +2,8 @@
 
 **The user's path (the headline figure).** A per-sample dataset of dict samples, the Runner's own
 ``DefaultSampler(shuffle=False)`` and collate, the six default hooks (logger every 10 iterations
-writing terminal and JSON-lines records; checkpoints off), an MLP 32 -> 32 -> 1 with batch 16 —
+writing terminal and JSON-lines records at INFO, stdout sent to a file as ``drun train > out.log``
+does; checkpoints off), an MLP 32 -> 32 -> 1 with batch 16 —
 against a bare loop over a plain ``DataLoader(dataset, batch_size=16)`` of the same dataset, one
 thread. Each Runner epoch is preceded by a bare epoch in the same process (:class:`PairedEpochs`);
 the figure is the median of the pairs' differences in process CPU time. Target: <= 15 us/iter.
@@ -16,10 +17,12 @@ mount point called on a dispatcher holding 50 hooks of which 2 implement it, aga
 only those 2.
 
     python benchmarks/hook_overhead.py [--user-rounds 6] [--epochs 5] [--repeats 60] [--only-user-path]
+        [--log-level INFO]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -233,19 +236,21 @@ class PairedEpochsEnd(Hook):
         self.paired.end()
 
 
-def paired_user_run(epochs: int, work_dir: str) -> list[tuple[float, float]]:
+def paired_user_run(epochs: int, work_dir: str, log_level: str = "INFO"
+                    ) -> list[tuple[float, float]]:
     """One Runner run of ``epochs`` epochs, each preceded by a bare epoch; the pairs after the
-    first (warm-up) epoch."""
+    first (warm-up) epoch. At INFO the training lines go where ``drun train > out.log`` sends
+    them: stdout redirected to a file (and ``work_dir/logs/run.log``)."""
     paired = PairedEpochs(BareUserLoop())
-    Runner(model=dict(type="BenchRegressor"), work_dir=work_dir,
-           train_dataloader=dict(dataset=dict(type="BenchSamples"), batch_size=USER_BATCH,
-                                 sampler=dict(type="DefaultSampler", shuffle=False)),
-           train_cfg=dict(by_epoch=True, max_epochs=epochs),
-           optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
-           default_hooks=dict(checkpoint=None),  # the other five defaults, logger every 10
-           custom_hooks=[paired, PairedEpochsEnd(paired)],
-           # the bare epochs run inside a hook: the hook-time warning would name it
-           randomness=dict(seed=0), log_level="ERROR").train()
+    with open(f"{work_dir}.stdout", "w") as out, contextlib.redirect_stdout(out):
+        Runner(model=dict(type="BenchRegressor"), work_dir=work_dir,
+               train_dataloader=dict(dataset=dict(type="BenchSamples"), batch_size=USER_BATCH,
+                                     sampler=dict(type="DefaultSampler", shuffle=False)),
+               train_cfg=dict(by_epoch=True, max_epochs=epochs),
+               optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+               default_hooks=dict(checkpoint=None),  # the other five defaults, logger every 10
+               custom_hooks=[paired, PairedEpochsEnd(paired)],
+               randomness=dict(seed=0), log_level=log_level).train()
     return paired.pairs[1:]
 
 
@@ -338,18 +343,18 @@ def report(title: str, bare: "EpochClock", ours: "EpochClock") -> None:
                   f"us/iter | ratio {stat(o) / stat(b):.3f}")
 
 
-def user_path(rounds: int, epochs: int) -> None:
+def user_path(rounds: int, epochs: int, log_level: str = "INFO") -> None:
     """The headline case (module docstring): per-pair differences of process CPU time."""
     pairs: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            pairs += paired_user_run(epochs, f"{tmp}/run{r}")
+            pairs += paired_user_run(epochs, f"{tmp}/run{r}", log_level)
     diffs = sorted(ours - bare for bare, ours in pairs)
     bare = statistics.median(b for b, _ in pairs)
     ours = statistics.median(o for _, o in pairs)
     q1, q3 = diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
     print(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
-          f"(checkpoint off, logger every 10), MLP 32-32-1, batch {USER_BATCH}, {USER_ITERS} "
+          f"(checkpoint off, logger every 10 at {log_level}), MLP 32-32-1, batch {USER_BATCH}, {USER_ITERS} "
           f"iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), process CPU "
           f"time; target overhead <= 15 us/iter")
     print(f"bare loop {bare * 1e6:6.1f} us/iter | Runner {ours * 1e6:6.1f} us/iter | overhead: "
@@ -363,9 +368,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--user-rounds", type=int, default=6)
     parser.add_argument("--only-user-path", action="store_true")
+    parser.add_argument("--log-level", default="INFO",
+                        help="the user path's log_level (INFO: lines to a file, as "
+                             "'drun train > out.log' writes them)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    user_path(args.user_rounds, args.epochs)
+    user_path(args.user_rounds, args.epochs, args.log_level)
     if args.only_user_path:
         return
     bare, ours = EpochClock(), EpochClock()

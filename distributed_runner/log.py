@@ -2,29 +2,52 @@
 
 Every message also goes to ``work_dir/logs/run.log`` (rank 0) so a cluster run's log survives the
 terminal it was printed on.
+
+The training lines (one every few iterations) take :func:`log_info_line` instead of
+``logger.info``: the same text to the same handlers, but the run's own two handlers get the line
+formatted once and written directly, without a ``LogRecord`` and the logging module's per-handler
+formatting — in the user's path that machinery was most of what a logged iteration cost. Any
+other handler (a user's, pytest's) and any filter still get a real record the normal way.
 """
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
+from typing import Iterable
 
 LOGGER_NAME = "distributed_runner"
 _MARK = "_distributed_runner_handler"
 
 
 class _SecondsFormatter(logging.Formatter):
-    """Timestamps to the second, formatted once per second: the terminal and the log file share
-    this formatter, and a training line is written every few iterations."""
+    """``MM/DD HH:MM:SS LEVEL [rank r] message``, timestamps to the second, formatted once per
+    second: the terminal and the log file share this formatter, and a training line is written
+    every few iterations."""
 
     _second = -1
     _text = ""
+
+    def __init__(self, rank: int) -> None:
+        self.rank_prefix = f"[rank {rank}] " if rank else ""
+        super().__init__(f"%(asctime)s %(levelname)s {self.rank_prefix}%(message)s",
+                         datefmt="%m/%d %H:%M:%S")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         second = int(record.created)
         if second != self._second:
             self._second, self._text = second, super().formatTime(record, datefmt)
         return self._text
+
+    def info_line(self, message: str, created: float) -> str:
+        """What :meth:`format` gives for an INFO record of ``message`` created at ``created``
+        (plain text: no exception, no stack)."""
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._text = time.strftime(self.datefmt, self.converter(created))
+        return f"{self._text} INFO {self.rank_prefix}{message}"
 
 
 def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") -> logging.Logger:
@@ -36,9 +59,7 @@ def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") ->
             h.close()
     logger.setLevel(level if rank == 0 else logging.WARNING)
     logger.propagate = False
-    fmt = _SecondsFormatter(
-        "%(asctime)s %(levelname)s " + (f"[rank {rank}] " if rank else "") + "%(message)s",
-        datefmt="%m/%d %H:%M:%S")
+    fmt = _SecondsFormatter(rank)
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(fmt)
     setattr(stream, _MARK, True)
@@ -50,3 +71,38 @@ def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") ->
         setattr(file_handler, _MARK, True)
         logger.addHandler(file_handler)
     return logger
+
+
+def is_file_handler(handler: logging.Handler) -> bool:
+    return hasattr(handler, "baseFilename")
+
+
+def log_info_line(logger: logging.Logger, message: str,
+                  handlers: Iterable[logging.Handler] | None = None) -> None:
+    """``logger.info(message)`` for a line written every few iterations (module docstring);
+    ``handlers``: only these of the logger's handlers (e.g. the files while a progress bar owns
+    the terminal)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    record = None
+    text, created = None, time.time()
+    for handler in (logger.handlers if handlers is None else handlers):
+        if handler.level > logging.INFO:
+            continue
+        fmt = handler.formatter
+        if getattr(handler, _MARK, False) and type(fmt) is _SecondsFormatter \
+                and not handler.filters and not logger.filters:
+            if text is None:
+                text = fmt.info_line(message, created) + "\n"
+            try:
+                with handler.lock:
+                    handler.stream.write(text)
+                    handler.flush()
+                continue
+            except Exception:  # noqa: BLE001 - reported as logging reports a failed emit
+                pass
+        if record is None:
+            record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, None, None)
+            if logger.filters and not logger.filter(record):
+                return
+        handler.handle(record)

@@ -26,7 +26,7 @@ def _as_floats(values: Iterable[Any]) -> list[float]:
         try:
             converted = torch.stack(picked).tolist()
         except RuntimeError:  # mixed dtypes or shapes: convert one by one
-            converted = [t.detach().float().mean().item() for t in picked]
+            converted = [t.detach().double().mean().item() for t in picked]
         for i, c in zip(tensors, converted):
             values[i] = c
     return [float(v) for v in values]
@@ -82,7 +82,8 @@ class HistoryBuffer:
     def current(self) -> float:
         if not self._values:
             raise ValueError("empty history")
-        return float(self._last(1)[0])
+        last = self._values[-1]
+        return last if type(last) is float else float(self._last(1)[0])
 
     def mean(self, window: int | None = None) -> float:
         """Mean of the last ``window`` values (weighted by their counts); all if None."""

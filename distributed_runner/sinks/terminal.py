@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+from ..log import is_file_handler, log_info_line
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
 
@@ -83,14 +84,14 @@ class TerminalSink(LogSink):
                     self._rerouted.append((handler, handler.setStream(proxy)))
 
     def write(self, record: LogRecord) -> None:
-        line = format_record(record)
+        logger = self._logger
         if self._bar is None or record.mode != "train":
-            logger = self._logger
-            if logger.isEnabledFor(logging.INFO):  # logger.info without finding the caller
-                logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line,
-                                                None, None))
+            if logger.isEnabledFor(logging.INFO):
+                log_info_line(logger, format_record(record))
             return
-        _to_file_only(self._logger, line)
+        if logger.isEnabledFor(logging.INFO):  # the bar owns the terminal: the files get it
+            log_info_line(logger, format_record(record),
+                          [h for h in logger.handlers if is_file_handler(h)])
         self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
                                      for k, v in record.scalars.items()
                                      if k not in ("time", "data_time"))
@@ -135,11 +136,3 @@ def _live_bar(console: Any, state: Any) -> Any:
     bar.task = bar.add_task("train", total=max(state.max_iters, 1), completed=state.iter,
                             values="")
     return bar
-
-
-def _to_file_only(logger: Any, line: str) -> None:
-    """Log ``line`` to the logger's file handlers only (the bar owns the terminal)."""
-    record = logger.makeRecord(logger.name, 20, __file__, 0, line, None, None)
-    for handler in logger.handlers:
-        if hasattr(handler, "baseFilename"):
-            handler.handle(record)

@@ -66,3 +66,48 @@ def test_history_buffer_reads_tensors_lazily_and_round_trips():
     again = MessageHub()
     again.load_state_dict(hub.state_dict())
     assert again.get_scalar("a").current() == 5.0 and again.get_info("epoch") == 3
+
+
+def test_training_lines_reach_every_handler_as_logger_info_would_write_them(tmp_path, capsys):
+    """log_info_line formats once for the run's own handlers and writes them directly: the text
+    must be exactly what logging writes, and a user's handler or filter still gets a record."""
+    import logging
+
+    from distributed_runner.log import log_info_line, setup_logger
+
+    for rank in (0, 1):
+        logger = setup_logger(tmp_path / f"r{rank}", rank, "INFO")
+        logger.setLevel("INFO")  # rank 1 warns only by default; here both speak
+        seen: list[logging.LogRecord] = []
+        foreign = logging.Handler()
+        foreign.emit = seen.append
+        logger.addHandler(foreign)
+        try:
+            logger.info("reference line %d", 1)
+            log_info_line(logger, "reference line 1")
+            out = capsys.readouterr().out.splitlines()
+            assert len(out) == 2 and out[0] == out[1] and out[0].endswith(
+                ("[rank 1] " if rank else "INFO ") + "reference line 1")
+            if rank == 0:
+                file_lines = (tmp_path / "r0" / "logs" / "run.log").read_text().splitlines()
+                assert file_lines == out
+            assert [r.getMessage() for r in seen] == ["reference line 1"] * 2
+            logger.addFilter(lambda record: "secret" not in record.getMessage())
+            log_info_line(logger, "a secret line")
+            assert capsys.readouterr().out == "" and len(seen) == 2
+            logger.setLevel("WARNING")
+            log_info_line(logger, "not at WARNING")
+            assert capsys.readouterr().out == ""
+        finally:
+            logger.removeHandler(foreign)
+            logger.filters.clear()
+
+
+def test_history_converts_cpu_tensors_and_tensors_that_need_grad_exactly():
+    buf = HistoryBuffer()
+    leaf = torch.tensor(2.5, requires_grad=True)
+    values = [torch.tensor(0.1, dtype=torch.float64), leaf * 2, torch.tensor(7), 1.5,
+              torch.tensor([1.0, 3.0])]
+    for v in values:
+        buf.update(v)
+    assert buf.values() == [0.1, 5.0, 7.0, 1.5, 2.0]
