@@ -1,7 +1,7 @@
 """EmptyCacheHook: give cached, unused GPU memory back to the driver at chosen moments."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -32,19 +32,16 @@ class EmptyCacheHook(Hook):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    def _before_epoch(self, runner) -> None:
+    # MMEngine's helpers: the base class forwards every train/val/test epoch and iteration to them
+    def _before_epoch(self, runner, mode: str = "train") -> None:
         if self.on_before_epoch:
             self._empty()
 
-    def _after_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def _after_epoch(self, runner, mode: str = "train") -> None:
         if self.on_after_epoch:
             self._empty()
 
     def _after_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
-                    outputs: Any = None) -> None:
+                    outputs: Any = None, mode: str = "train") -> None:
         if self.on_after_iter:
             self._empty()
-
-    before_train_epoch = before_val_epoch = before_test_epoch = _before_epoch
-    after_train_epoch = after_val_epoch = after_test_epoch = _after_epoch
-    after_train_iter = after_val_iter = after_test_iter = _after_iter

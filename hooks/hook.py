@@ -99,16 +99,21 @@ class Hook:
 
     def before_train_epoch(self, runner) -> None:
         """Before each training epoch (also before the rest of an epoch resumed in its middle)."""
+        self._before_epoch(runner, mode="train")
 
     def after_train_epoch(self, runner) -> None:
         """After each training epoch, before ``runner.epoch`` advances."""
+        self._after_epoch(runner, mode="train")
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Before each training step; ``batch_idx`` counts within the epoch."""
+        self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="train")
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         """After each training step; ``outputs`` holds the detached losses (``outputs['loss']``)."""
+        self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
+                         mode="train")
 
     # -- validation ----------------------------------------------------------------------------
     def before_val(self, runner) -> None:
@@ -119,16 +124,21 @@ class Hook:
 
     def before_val_epoch(self, runner) -> None:
         """Before the pass over the validation data."""
+        self._before_epoch(runner, mode="val")
 
     def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         """After validation; ``metrics`` are identical on every rank."""
+        self._after_epoch(runner, mode="val")
 
     def before_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Before each validation batch."""
+        self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="val")
 
     def after_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                        outputs: Optional[Sequence] = None) -> None:
         """After each validation batch; ``outputs`` are the model's predictions."""
+        self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
+                         mode="val")
 
     # -- testing -------------------------------------------------------------------------------
     def before_test(self, runner) -> None:
@@ -139,16 +149,38 @@ class Hook:
 
     def before_test_epoch(self, runner) -> None:
         """Before the pass over the test data."""
+        self._before_epoch(runner, mode="test")
 
     def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         """After testing; ``metrics`` are identical on every rank."""
+        self._after_epoch(runner, mode="test")
 
     def before_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Before each test batch."""
+        self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="test")
 
     def after_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                         outputs: Optional[Sequence] = None) -> None:
         """After each test batch; ``outputs`` are the model's predictions."""
+        self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
+                         mode="test")
+
+    # -- MMEngine's shared helpers: the train/val/test epoch and iteration mount points above
+    # forward to these, so a hook that overrides only ``_after_iter`` runs after every training,
+    # validation and test iteration (``mode`` says which), as under MMEngine
+    def _before_epoch(self, runner, mode: str = "train") -> None:
+        """Before every train/val/test epoch, unless that mount point is overridden."""
+
+    def _after_epoch(self, runner, mode: str = "train") -> None:
+        """After every train/val/test epoch, unless that mount point is overridden."""
+
+    def _before_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                     mode: str = "train") -> None:
+        """Before every train/val/test iteration, unless that mount point is overridden."""
+
+    def _after_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                    outputs: Any = None, mode: str = "train") -> None:
+        """After every train/val/test iteration, unless that mount point is overridden."""
 
     # -- helpers (count from 1, as MMEngine does; n <= 0 means never) ---------------------------
     def every_n_epochs(self, runner, n: int, start: int = 0) -> bool:
@@ -180,7 +212,22 @@ class Hook:
         return [name for name in MOUNT_POINTS if overrides(self, name)]
 
 
+FORWARDED_TO: dict[str, str] = {
+    f"{when}_{stage}_{unit}": f"_{when}_{unit}"
+    for when in ("before", "after") for stage in ("train", "val", "test")
+    for unit in ("epoch", "iter")}
+"""Mount point -> the MMEngine helper the base class forwards it to (``_after_iter`` ...)."""
+
+
 def overrides(hook: Hook, name: str) -> bool:
-    """Whether ``hook`` implements mount point ``name`` (not just inherits the empty base method)."""
-    impl = getattr(type(hook), name, None)
-    return impl is not None and impl is not getattr(Hook, name)
+    """Whether ``hook`` implements mount point ``name``: overrides it, or leaves it to the base
+    class, which forwards it to a helper the hook overrides (``_after_iter`` ...). A hook that
+    implements neither costs nothing there."""
+    cls = type(hook)
+    impl = getattr(cls, name, None)
+    if impl is None:
+        return False
+    if impl is not getattr(Hook, name):
+        return True
+    helper = FORWARDED_TO.get(name)
+    return helper is not None and getattr(cls, helper) is not getattr(Hook, helper)

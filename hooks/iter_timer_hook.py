@@ -33,23 +33,22 @@ class IterTimerHook(Hook):
         self._max_iters = runner.max_iters
         self._train_start = time.perf_counter()
 
-    def _reset(self, runner) -> None:
+    # MMEngine's helpers, which the base class forwards every epoch and val/test iteration to
+    def _before_epoch(self, runner, mode: str = "train") -> None:
         self._t = time.perf_counter()
 
-    before_train_epoch = _reset
-    before_val_epoch = _reset
-    before_test_epoch = _reset
+    def _before_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                     mode: str = "train") -> None:
+        runner.message_hub.update_scalar(f"{mode}/data_time", perf_counter() - self._t)
 
-    def _before_iter(self, runner, stage: str) -> None:
-        now = time.perf_counter()
-        runner.message_hub.update_scalar(f"{stage}/data_time", now - self._t)
-
-    def _after_iter(self, runner, stage: str) -> float:
-        now = time.perf_counter()
-        runner.message_hub.update_scalar(f"{stage}/time", now - self._t)
+    def _after_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+                    outputs: Optional[dict] = None, mode: str = "train") -> None:
+        now = perf_counter()
+        runner.message_hub.update_scalar(f"{mode}/time", now - self._t)
         self._t = now
-        return now
 
+    # training: written out, with the ETA (every step). A subclass that overrides _before_iter or
+    # _after_iter (as MMEngine's downstream timers do) gets them called for training too.
     def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         runner.message_hub.update_scalar("train/data_time", perf_counter() - self._t)
 
@@ -63,16 +62,21 @@ class IterTimerHook(Hook):
         hub.runtime_info["eta"] = ((now - self._train_start) / (it + 1 - self._start_iter)
                                    * (self._max_iters - it - 1))
 
-    def before_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
-        self._before_iter(runner, "val")
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_before_iter" in vars(cls) and "before_train_iter" not in vars(cls):
+            cls.before_train_iter = Hook.before_train_iter
+        if "_after_iter" in vars(cls) and "after_train_iter" not in vars(cls):
+            cls.after_train_iter = _after_train_iter_with_eta
 
-    def after_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
-                       outputs=None) -> None:
-        self._after_iter(runner, "val")
 
-    def before_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
-        self._before_iter(runner, "test")
-
-    def after_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
-                        outputs=None) -> None:
-        self._after_iter(runner, "test")
+def _after_train_iter_with_eta(self: IterTimerHook, runner, batch_idx: int,
+                               data_batch: DataBatch = None,
+                               outputs: Optional[dict] = None) -> None:
+    """A subclass's ``_after_iter`` for training, then the ETA as IterTimerHook keeps it."""
+    self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
+                     mode="train")
+    it = runner.iter
+    runner.message_hub.runtime_info["eta"] = (
+        (perf_counter() - self._train_start) / (it + 1 - self._start_iter)
+        * (self._max_iters - it - 1))
