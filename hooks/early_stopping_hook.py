@@ -31,7 +31,7 @@ class EarlyStoppingHook(Hook):
     so patience counts across resumes. Ranks: all decide, from metrics identical on every rank.
     """
 
-    priority = "LOW"
+    priority = "LOWEST"  # MMEngine's: after every other hook has seen the metrics
 
     def __init__(self, monitor: str, rule: Optional[str] = None, min_delta: float = 0.1,
                  strict: bool = False, check_finite: bool = True, patience: int = 5,

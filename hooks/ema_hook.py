@@ -19,8 +19,9 @@ class EMAHook(Hook):
     :class:`~distributed_runner.averaged_model.BaseAveragedModel`; other keyword arguments —
     ``momentum``, ``interval``, ``update_buffers``, ``gamma`` — go to it).
 
-    * Updated after every training iteration once ``begin_iter`` iterations and ``begin_epoch``
-      epochs are done; before that it tracks the model exactly.
+    * Updated after every training iteration from the ``begin_iter``-th iteration (or the
+      ``begin_epoch``-th epoch) on, counting from 1 as MMEngine does; before that it tracks the
+      model exactly.
     * Validation and testing run with the averaged weights (swapped in at ``before_val_epoch`` /
       ``before_test_epoch``, back at ``after_*_epoch`` — before CheckpointHook's save-best — and
       at ``after_val``/``after_test`` if an evaluation failed), so training never sees them.
@@ -79,7 +80,11 @@ class EMAHook(Hook):
                                   len(mismatched))
 
     def _started(self, runner) -> bool:
-        return runner.iter + 1 > self.begin_iter and runner.epoch + 1 > self.begin_epoch
+        """MMEngine's rule: averaging starts at the ``begin_iter``-th iteration (or in the
+        ``begin_epoch``-th epoch), counting from 1; 0 means from the first."""
+        if self.begin_epoch:
+            return runner.epoch + 1 >= self.begin_epoch
+        return runner.iter + 1 >= self.begin_iter
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:

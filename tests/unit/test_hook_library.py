@@ -90,10 +90,14 @@ def test_ema_resume_continues_the_average_exactly(tmp_path):
 
 
 def test_ema_begin_epoch_and_begin_iter(tmp_path):
+    # MMEngine's rule, counting from 1: begin_epoch=2 averages from the second epoch on
     late = make_runner(tmp_path / "a", custom_hooks=[dict(type="EMAHook", begin_epoch=2)])
     late.train()
-    assert late.get_hook("ema").ema_model.steps == 10  # only the third epoch was averaged
-    never = make_runner(tmp_path / "b", custom_hooks=[dict(type="EMAHook", begin_iter=30)])
+    assert late.get_hook("ema").ema_model.steps == 20
+    last = make_runner(tmp_path / "c", custom_hooks=[dict(type="EMAHook", begin_iter=30)])
+    last.train()
+    assert last.get_hook("ema").ema_model.steps == 1  # the 30th and last iteration
+    never = make_runner(tmp_path / "b", custom_hooks=[dict(type="EMAHook", begin_iter=31)])
     never.train()
     ema = never.get_hook("ema").ema_model
     assert ema.steps == 0
