@@ -77,6 +77,7 @@ def mapping(cfg: dict, name: str, optional: bool = True) -> dict | None:
 
 def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str]) -> None:
     """Raise one ConfigError for the first engine-owned key with a wrong type or range."""
+    _check_mmcv1_keys(cfg)
     _check_top_level(cfg, tuple(runner_keys) + tuple(other_keys))
     work_dir = cfg.get("work_dir")
     if work_dir is not None and not isinstance(work_dir, (str, os.PathLike)):
@@ -112,6 +113,47 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
         if value is not None and not isinstance(value, kind):
             shape = "dict" if kind is dict else "list"
             raise ConfigError(name, f"got {_show(value)}; takes a {shape} of hook configs")
+
+
+# MMCV 1.x (MMDetection 2.x, iMIX) top-level keys the Runner would ignore -> what replaced them
+MMCV1_KEYS = {
+    "optimizer": "optim_wrapper=dict(optimizer=dict(type=..., lr=...))",
+    "optimizer_config": "optim_wrapper=dict(optimizer=..., clip_grad=dict(max_norm=...), "
+                        "accumulative_counts=N) (AMP: type='AmpOptimWrapper')",
+    "lr_config": "param_scheduler=[dict(type='LinearLR', ...), dict(type='MultiStepLR', ...)]",
+    "momentum_config": "param_scheduler=[...] (momentum schedulers)",
+    "checkpoint_config": "default_hooks=dict(checkpoint=dict(type='CheckpointHook', "
+                         "interval=...))",
+    "log_config": "default_hooks=dict(logger=dict(type='LoggerHook', interval=...))",
+    "evaluation": "train_cfg=dict(val_interval=N) with val_dataloader, val_evaluator and "
+                  "val_cfg; save_best is CheckpointHook's",
+    "runner": "train_cfg=dict(by_epoch=True, max_epochs=N) (or by_epoch=False, max_iters=N)",
+    "total_epochs": "train_cfg=dict(max_epochs=N)",
+    "resume_from": "resume='<checkpoint path>' (or resume=True for the newest in work_dir)",
+    "workflow": "train_cfg / val_cfg / test_cfg (validation: train_cfg.val_interval)",
+    "data": "train_dataloader=dict(batch_size=..., num_workers=..., dataset=...), "
+            "val_dataloader=..., test_dataloader=...",
+}
+
+
+def _check_mmcv1_keys(cfg: dict) -> None:
+    """An MMCV 1.x key would be ignored here, and its feature silently off: one line that says
+    what replaced it. ``optimizer = dict(...)`` beside ``optim_wrapper`` is MMEngine's own helper
+    variable pattern and ``data`` is one unless it is MMCV's loader dict; both are left alone."""
+    for key, instead in MMCV1_KEYS.items():
+        if key not in cfg:
+            continue
+        value = cfg[key]
+        if key == "optimizer" and "optim_wrapper" in cfg:
+            continue
+        if key == "data" and not (isinstance(value, dict) and {
+                "train", "val", "test", "samples_per_gpu", "workers_per_gpu"} & set(value)):
+            continue
+        if key == "runner" and not (isinstance(value, dict) and "Runner" in str(
+                value.get("type", ""))):
+            continue
+        raise ConfigError(key, f"is an MMCV 1.x key this Runner (MMEngine's layout) would "
+                               f"ignore; use {instead}")
 
 
 NEAR_MISS = 0.82  # trian_cfg ~ train_cfg 0.89; data_root ~ default_hooks 0.55, norm_cfg 0.67
