@@ -222,3 +222,14 @@ def _check_optim(optim: dict) -> None:
             raise ConfigError("optim_wrapper.clip_grad", f"got {_show(clip)}; takes None or "
                                                          f"dict(max_norm=1.0)")
         number(clip, "max_norm", "optim_wrapper.clip_grad", exclusive=True)
+
+
+def all_or_none(what: str, parts: dict, hint: str = "") -> bool:
+    """Whether all of ``parts`` are given (False: none is); one line naming the first missing
+    one when only some are."""
+    missing = [k for k, v in parts.items() if v is None]
+    if missing and len(missing) < len(parts):
+        *first, last = parts
+        raise ConfigError(missing[0], f"{what} needs {', '.join(first)} and {last} together; "
+                                      f"add {missing[0]}{hint}")
+    return not missing

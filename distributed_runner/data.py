@@ -178,6 +178,16 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
     return DataLoader(dataset, sampler=sampler, collate_fn=collate, generator=generator, **args)
 
 
+def seeded_dataloader(dataloader: Any, seed: int | None = None, diff_rank_seed: bool = False,
+                      key: str = "dataloader") -> DataLoader:
+    """MMEngine's ``Runner.build_dataloader(cfg, seed=..., diff_rank_seed=...)``, which
+    downstream hooks call to rebuild a loader mid-run (mmyolo's YOLOXModeSwitchHook); assign the
+    result to ``runner.train_dataloader`` to train on it. ``seed=None`` is 0; ``diff_rank_seed``
+    adds the rank."""
+    seed = 0 if seed is None else int(seed)
+    return build_dataloader(dataloader, key, seed + (dist.get_rank() if diff_rank_seed else 0))
+
+
 def resume_sampler(loader: DataLoader, epoch: int, batches_consumed: int) -> bool:
     """Position ``loader`` at ``batches_consumed`` batches into ``epoch``; False if it cannot.
 

@@ -38,7 +38,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Iterator
 
 from hooks.extension_points import EXTENSION_POINTS, CheckpointSaver, SinkProvider, StepGuard
-from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, overrides
+from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, imix_style_mounts, overrides
 from hooks.priority import get_priority, priority_name
 
 from .call_plan import Callers, compile_caller
@@ -73,6 +73,7 @@ class HookEntry:
     key: str = ""
     disabled: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # mount point -> failures
+    imix_mounts: frozenset[str] = frozenset()  # mount points written iMIX's way, no arguments
 
 
 @dataclass
@@ -84,6 +85,14 @@ class HookTiming:
     seconds: float
     calls: int
     errors: int
+
+
+def _without_arguments(method: Callable[[], None]) -> Callable[..., None]:
+    """An iMIX-style mount point (``def after_train_iter(self)``) as the dispatcher calls it."""
+    def call(runner: Any, **kwargs: Any) -> None:
+        method()
+    call.__qualname__ = getattr(method, "__qualname__", "imix_mount_point")
+    return call
 
 
 def check_mount_point_names(hook: Hook, key: str) -> None:
@@ -153,7 +162,10 @@ class HookDispatcher:
                                                  f"{', '.join(map(repr, ERROR_POLICIES))}")
         hook.priority = value
         entry = HookEntry(name, hook, value, len(self._entries), policy,
-                          names_of(before, f"{key}.before"), names_of(after, f"{key}.after"), key)
+                          names_of(before, f"{key}.before"), names_of(after, f"{key}.after"), key,
+                          imix_mounts=imix_style_mounts(hook))
+        if entry.imix_mounts:  # iMIX's hooks reach the engine as self.trainer
+            hook.trainer = weakref.proxy(self._runner_ref())
         self._entries.append(entry)
         self._rebuild(strict=False, strict_for=entry if strict else None)
 
@@ -177,7 +189,9 @@ class HookDispatcher:
                     self._timed.append(0)
                     self._call_base.append(self._mount_calls[mount])
                     self._call_end.append(None)
-                row.append((getattr(e.hook, mount), slot))
+                method = getattr(e.hook, mount)
+                row.append((_without_arguments(method) if mount in e.imix_mounts else method,
+                            slot))
             tables[mount] = tuple(row)
         self._tables = tables
         self.callers.clear()  # in place: whoever holds it (the loops) gets the new callers

@@ -48,6 +48,11 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
+def get_dist_info() -> tuple[int, int]:
+    """``(rank, world_size)``, MMEngine's ``mmengine.dist.get_dist_info``."""
+    return get_rank(), get_world_size()
+
+
 def master_only(fn: Callable[..., T]) -> Callable[..., T | None]:
     """Decorate a function so it runs on rank 0 only (returns None elsewhere)."""
     @functools.wraps(fn)
@@ -83,6 +88,24 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         work = work / get_world_size()
     tensor.copy_(work.to(tensor.device))
     return tensor
+
+
+def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum") -> dict[str, torch.Tensor]:
+    """Reduce every tensor of ``data`` in place across ranks in one collective (``op``: sum,
+    mean; MMEngine's ``all_reduce_dict``) and return ``data``. Keys must match on every rank."""
+    if not is_distributed() or not data:
+        return data
+    if op not in ("sum", "mean"):
+        raise ValueError(f"all_reduce_dict: op must be 'sum' or 'mean', got {op!r}")
+    keys = sorted(data)
+    flat = torch.cat([data[k].detach().reshape(-1).to(torch.float64) for k in keys])
+    all_reduce(flat, op)
+    start = 0
+    for k in keys:
+        n = data[k].numel()
+        data[k].copy_(flat[start:start + n].reshape(data[k].shape).to(data[k].dtype))
+        start += n
+    return data
 
 
 def broadcast_object(obj: T, src: int = 0) -> T:

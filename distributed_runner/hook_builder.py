@@ -15,7 +15,9 @@ keys in a hook's dict, taken out before the hook is built and handled by the dis
 * ``name`` — the registered name (default: the class name in snake_case without ``Hook``, e.g.
   ``CheckInvalidLossHook`` -> ``check_invalid_loss``);
 * ``on_error`` — ``'raise'`` / ``'warn'`` / ``'disable'`` (wins over the class attribute);
-* ``before`` / ``after`` — registered names this hook must run before / after (same priority).
+* ``before`` / ``after`` — registered names this hook must run before / after (same priority);
+* ``level`` — iMIX's priority key, on iMIX's scale (:func:`hooks.priority.imix_level`), unless the
+  hook's constructor takes an argument of that name.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ import re
 from typing import Any
 
 from hooks.hook import Hook
+from hooks.priority import imix_level
 
 from .errors import ConfigError
-from .registry import HOOKS
+from .registry import HOOKS, accepts
 
 DEFAULT_HOOKS: dict[str, dict] = {
     "runtime_info": {"type": "RuntimeInfoHook"},
@@ -107,6 +110,12 @@ def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
         raise ConfigError(key, f"expected a hook config dict or a Hook, got {type(spec).__name__}")
     args = dict(spec)
     reserved = {k: args.pop(k) for k in RESERVED_KEYS if k in args}
+    if "level" in args and "type" in args and not accepts(HOOKS.resolve(args["type"], key),
+                                                           "level"):
+        if "priority" in reserved:
+            raise ConfigError(f"{key}.level", "give priority (MMEngine's scale) or level "
+                                              "(iMIX's), not both")
+        reserved["priority"] = imix_level(args.pop("level"), f"{key}.level")
     hook = HOOKS.build(args, key)
     if not isinstance(hook, Hook):
         raise ConfigError(f"{key}.type", f"{type(hook).__name__} is not a Hook: subclass hooks.Hook")

@@ -106,3 +106,27 @@ def log_info_line(logger: logging.Logger, message: str,
             if logger.filters and not logger.filter(record):
                 return
         handler.handle(record)
+
+
+def current_logger() -> logging.Logger:
+    """The run's logger, from anywhere (MMEngine: ``MMLogger.get_current_instance()``)."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+def print_log(msg: str, logger: logging.Logger | str | None = None,
+              level: int = logging.INFO) -> None:
+    """MMEngine's ``print_log``: ``logger=None`` prints; ``'current'`` logs to the run's logger;
+    ``'silent'`` drops the message; a logger or a logger's name logs there."""
+    if logger is None:
+        print(msg)
+    elif logger == "silent":
+        return
+    elif logger == "current":
+        current_logger().log(level, msg)
+    elif isinstance(logger, logging.Logger):
+        logger.log(level, msg)
+    elif isinstance(logger, str):
+        logging.getLogger(logger).log(level, msg)
+    else:
+        raise TypeError(f"print_log: logger must be None, 'current', 'silent', a logging.Logger "
+                        f"or a logger name, not {type(logger).__name__}")

@@ -22,8 +22,7 @@ A whole ``Runner.train()``::
             if stop_training: break
         after_train_epoch                                   # periodic checkpoints are saved here
         epoch += 1
-        if validation is due:                               # every val_interval epochs from
-                                                            # val_begin, and after the last
+        if validation is due:                               # every val_interval; the last too
             before_val; before_val_epoch                    # then the model is put in eval mode
             for batch_idx, data_batch in val_dataloader:
                 before_val_iter(batch_idx, data_batch)
@@ -122,9 +121,7 @@ class _TrainLoopBase:
             self._skip_by_iterating = state.batch_in_epoch
 
     def _val_due(self, done: int) -> bool:
-        """Whether validation is due after ``done`` completed epochs (iterations): every
-        ``val_interval`` from ``val_begin``, and after the last one, as MMEngine does (the final
-        model is always validated, so it can be the best checkpoint)."""
+        """After ``done`` epochs (iters): every val_interval from val_begin, and the last."""
         last = self.state.max_epochs if self.by_epoch else self.state.max_iters
         return (self.runner.val_loop is not None and self.val_interval > 0
                 and done >= self.val_begin and (done % self.val_interval == 0 or done == last))

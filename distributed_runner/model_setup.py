@@ -40,3 +40,23 @@ def wrap_model(model: nn.Module, wrapper_cfg: dict, device: torch.device) -> nn.
     check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg",
                     supplied=["module"])
     return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
+
+
+def is_model_wrapper(model: Any) -> bool:
+    """Whether ``model`` wraps the user's model in ``.module`` (DDP, DataParallel, FSDP1, a
+    TTA wrapper): MMEngine's ``mmengine.model.is_model_wrapper``."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+    wrappers: tuple[type, ...] = (DistributedDataParallel, DataParallel)
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        wrappers += (FullyShardedDataParallel,)
+    except ImportError:  # pragma: no cover - torch built without distributed
+        pass
+    return isinstance(model, wrappers) or bool(getattr(model, "is_model_wrapper", False))
+
+
+def get_ori_model(model: nn.Module) -> nn.Module:
+    """The user's model inside any wrappers (what downstream hooks call ``get_ori_model``)."""
+    while is_model_wrapper(model):
+        model = model.module
+    return model

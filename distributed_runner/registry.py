@@ -136,13 +136,20 @@ class Registry:
                 f"in custom_imports")
         return obj
 
-    def build(self, cfg: Any, key: str, **default_args: Any) -> Any:
-        """Build ``cfg`` (a dict with ``type``), passing ``default_args`` where the class takes them.
+    def build(self, cfg: Any, key: str | None = None, default_args: dict | None = None,
+              **more_default_args: Any) -> Any:
+        """Build ``cfg`` (a dict with ``type``), passing the default arguments where the class
+        takes them; ``key`` is the config path errors name. MMEngine's call shape works too
+        (``MODELS.build(dict(type=...), default_args=dict(...))`` inside a hook): without a key,
+        errors name ``<REGISTRY>.build(type=...)``.
 
         Anything that is not a dict (an already-built object) is returned unchanged.
         """
         if not isinstance(cfg, dict):
             return cfg
+        if key is None:
+            key = f"{self.var}.build(type={cfg.get('type')!r})"
+        default_args = {**(default_args or {}), **more_default_args}
         if "type" not in cfg:
             raise ConfigError(key, f"missing 'type': name a registered {self.name} "
                               f"(e.g. type={self._example()!r})")

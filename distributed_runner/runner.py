@@ -30,9 +30,9 @@ from . import __version__, dist
 from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, atomic_write_text, load_file, \
     load_weights, model_state_from, read_pointer
 from .config import Config, import_custom_modules, to_config_dict
-from .config_check import check_config
+from .config_check import all_or_none, check_config
 from .control import ControlRequests
-from .data import build_dataloader
+from .data import build_dataloader, seeded_dataloader
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
@@ -106,7 +106,7 @@ class Runner:
         self._model = build_model(model, self.device)
         self.wrapped_model = wrap_model(self._model, dict(model_wrapper_cfg or {}), self.device)
 
-        self.train_dataloader = self.val_dataloader = self.test_dataloader = None
+        self.val_dataloader = self.test_dataloader = None
         self.train_loop = None
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
@@ -146,47 +146,37 @@ class Runner:
 
     def _build_training(self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any,
                         param_scheduler: Any) -> None:
-        given = {"train_dataloader": dataloader, "train_cfg": train_cfg,
-                 "optim_wrapper": optim_wrapper}
-        if all(v is None for v in given.values()):
+        if not all_or_none("training", {"train_dataloader": dataloader, "train_cfg": train_cfg,
+                                         "optim_wrapper": optim_wrapper}):
             if param_scheduler is not None:
                 raise ConfigError("param_scheduler", "set without training: add train_dataloader, "
                                                      "train_cfg and optim_wrapper")
             return
-        missing = [k for k, v in given.items() if v is None]
-        if missing:
-            raise ConfigError(missing[0], f"training needs train_dataloader, train_cfg and "
-                                          f"optim_wrapper together; add {missing[0]}")
-        self.train_dataloader = build_dataloader(dataloader, "train_dataloader", self.seed)
-        self.train_loop = self._build_train_loop(dict(train_cfg))
+        loader = build_dataloader(dataloader, "train_dataloader", self.seed)
+        self.train_loop = self._build_train_loop(dict(train_cfg), loader)
         self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
         state = self.train_state
         self.param_schedulers = build_param_schedulers(
             param_scheduler, self.optim_wrapper.optimizer, by_epoch_training=state.by_epoch,
-            epoch_length=len(self.train_dataloader), max_epochs=state.max_epochs
+            epoch_length=len(loader), max_epochs=state.max_epochs
             if state.by_epoch else None, max_iters=state.max_iters)
 
-    def _build_train_loop(self, train_cfg: dict) -> Any:
+    def _build_train_loop(self, train_cfg: dict, loader: Any) -> Any:
         if "type" in train_cfg:
             loop_cls = LOOPS.resolve(train_cfg.pop("type"), "train_cfg")
         else:
             by_epoch = train_cfg.pop("by_epoch", True)
             loop_cls = LOOPS.get("EpochBasedTrainLoop" if by_epoch else "IterBasedTrainLoop")
         check_arguments(loop_cls, train_cfg, "train_cfg", supplied=["runner", "dataloader"])
-        return loop_cls(runner=self, dataloader=self.train_dataloader, **train_cfg)
+        return loop_cls(runner=self, dataloader=loader, **train_cfg)
 
     def _build_eval(self, stage: str, dataloader: Any, evaluator: Any, loop_cfg: dict | None,
                     default_loop: type) -> Any:
-        parts = {f"{stage}_dataloader": dataloader, f"{stage}_evaluator": evaluator,
-                 f"{stage}_cfg": loop_cfg}
-        if all(v is None for v in parts.values()):
+        if not all_or_none(stage, {f"{stage}_dataloader": dataloader, f"{stage}_evaluator":
+                                    evaluator, f"{stage}_cfg": loop_cfg},
+                            f" (e.g. {stage}_cfg=dict())"):
             return None
-        missing = [k for k, v in parts.items() if v is None]
-        if missing:
-            raise ConfigError(missing[0], f"{stage} needs {stage}_dataloader, {stage}_evaluator "
-                                          f"and {stage}_cfg together; add {missing[0]} "
-                                          f"(e.g. {stage}_cfg=dict())")
         loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
         setattr(self, f"{stage}_dataloader", loader)
         loop_args = dict(loop_cfg)
@@ -202,6 +192,17 @@ class Runner:
     def model(self) -> nn.Module:
         """The unwrapped model (never the DDP wrapper)."""
         return self._model
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The loader training iterates; assigning one replaces it there (MMEngine's property)."""
+        return self.train_loop.dataloader if self.train_loop is not None else None
+
+    @train_dataloader.setter
+    def train_dataloader(self, loader: Any) -> None:
+        self.train_loop.dataloader = loader
+
+    build_dataloader = staticmethod(seeded_dataloader)  # MMEngine's Runner.build_dataloader
 
     @property
     def hooks(self) -> list:
@@ -395,3 +396,4 @@ class Runner:
             atomic_save(ckpt, path)
         self.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
         return path
+

@@ -73,6 +73,8 @@ def _merge(outputs: list, how: str) -> Any:
 class TTAModel(nn.Module):
     """The wrapper described in the module docstring; ``module`` is the model to wrap."""
 
+    is_model_wrapper = True  # the user's model is .module (MMEngine registers it a wrapper)
+
     def __init__(self, module: nn.Module, transforms: Sequence[Any] = ("Identity",),
                  merge: str = "mean") -> None:
         super().__init__()

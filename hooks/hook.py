@@ -22,6 +22,11 @@ before_save_checkpoint      just before a checkpoint dict is written; may add ke
 after_save_checkpoint       (ours, not MMEngine's) after it was written: ``(path, checkpoint)``
 ==========================  =====================================================================
 
+As in MMEngine, the base class forwards the train/val/test epoch and iteration mount points to
+``_before_epoch``/``_after_epoch``/``_before_iter``/``_after_iter(..., mode=)``, so a hook may
+override those instead. A hook written iMIX's way (``def after_train_iter(self)``, no runner
+argument) is called without arguments and finds the runner as ``self.trainer``.
+
 Besides the mount points, a hook may plug into the loop through the declared extension points in
 :mod:`hooks.extension_points` (step guards, requested checkpoints, log sinks); ``drun hooks``
 shows every mount point and extension point in use.
@@ -33,6 +38,7 @@ So the helpers below count from 1: ``every_n_train_iters(runner, 5)`` is true af
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -231,3 +237,22 @@ def overrides(hook: Hook, name: str) -> bool:
         return True
     helper = FORWARDED_TO.get(name)
     return helper is not None and getattr(cls, helper) is not getattr(Hook, helper)
+
+
+def imix_style_mounts(hook: Hook) -> frozenset[str]:
+    """The mount points ``hook`` implements the iMIX way (seed 004): ``def after_train_iter(self)``
+    with no runner argument, reading ``self.trainer`` instead. The dispatcher calls those without
+    arguments and sets ``hook.trainer`` (a weak proxy of the runner) when it registers the hook."""
+    found = set()
+    for name in MOUNT_POINTS:
+        if not overrides(hook, name) or name in FORWARDED_TO and \
+                getattr(type(hook), name) is getattr(Hook, name):
+            continue
+        try:
+            params = list(inspect.signature(getattr(type(hook), name)).parameters.values())
+        except (TypeError, ValueError):  # a builtin or an odd callable: called the usual way
+            continue
+        if len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                   params[0].POSITIONAL_OR_KEYWORD):
+            found.add(name)
+    return frozenset(found)

@@ -45,6 +45,36 @@ def get_priority(priority: PriorityLike, key: str = "priority") -> int:
                            f"{type(priority).__name__} {priority!r}")
 
 
+# iMIX's seven levels (seed 004: lower runs first, its NORMAL is 30) and where each lands on
+# MMEngine's scale; an int between two of them lands proportionally between their values
+IMIX_LEVELS = {"HIGHEST": 0, "HIGHER": 10, "HIGH": 20, "NORMAL": 30, "LOW": 40, "LOWER": 50,
+               "LOWEST": 60}
+_IMIX_TO_OURS = {0: 0, 10: 10, 20: 30, 30: 50, 40: 70, 50: 90, 60: 100}
+
+
+def imix_level(level: Union[str, int], key: str = "level") -> int:
+    """Our priority for an iMIX hook config's ``level``: one of its level names, an int in 0..60
+    on its scale, or its ``PriorityStatus`` enum member (``level='HIGHER'`` -> 10,
+    ``level=30`` -> NORMAL's 50)."""
+    if hasattr(level, "value") and not isinstance(level, (str, int)):
+        level = level.value
+    if isinstance(level, str):
+        name = level.strip().upper()
+        if name not in IMIX_LEVELS:
+            raise ConfigError(key, f"unknown iMIX level {level!r}"
+                                   f"{did_you_mean(name, IMIX_LEVELS)}; use one of "
+                                   f"{', '.join(IMIX_LEVELS)} or an int in 0..60 (or priority= "
+                                   f"on MMEngine's scale)")
+        return _IMIX_TO_OURS[IMIX_LEVELS[name]]
+    if isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 60:
+        low = level // 10 * 10
+        if low == level:
+            return _IMIX_TO_OURS[level]
+        a, b = _IMIX_TO_OURS[low], _IMIX_TO_OURS[low + 10]
+        return round(a + (b - a) * (level - low) / 10)
+    raise ConfigError(key, f"iMIX level must be a level name or an int in 0..60, got {level!r}")
+
+
 def priority_name(value: int) -> str:
     """``'NORMAL (50)'`` for a named level, ``'45'`` otherwise (for plans and tables)."""
     try:

@@ -27,14 +27,18 @@ SCRATCH_HOOKS = Registry("hook", "tests.published.SCRATCH_HOOKS")
 
 
 def wheel(package: str, version: str) -> Path:
-    pattern = f"{package.replace('-', '_')}-{version}-*.whl"
-    found = sorted(CACHE.glob(pattern))
+    prefix = f"{package.replace('-', '_')}-{version}-".lower()  # the file may say iMIX-...
+
+    def cached() -> list[Path]:
+        return sorted(p for p in CACHE.glob("*.whl") if p.name.lower().startswith(prefix))
+
+    found = cached()
     if not found:
         CACHE.mkdir(parents=True, exist_ok=True)
         done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
                                "-d", str(CACHE), f"{package}=={version}"],
                               capture_output=True, text=True, timeout=300)
-        found = sorted(CACHE.glob(pattern))
+        found = cached()
         if done.returncode or not found:
             pytest.skip(f"cannot download {package}=={version}: {done.stderr.strip()[-300:]}")
     return found[0]
@@ -65,3 +69,12 @@ def mmengine_hook(path: str, extra: dict[str, str] | None = None) -> ModuleType:
                 "from .hook import Hook": "from hooks import Hook"}
     rewrites.update(extra or {})
     return published_module("mmengine", "0.10.7", f"mmengine/hooks/{path}", rewrites)
+
+
+def imix_hook(path: str) -> ModuleType:
+    """A hook module of iMIX 0.1.0 (``imix/engine/hooks/<name>.py``), whose hooks are written
+    iMIX's way (no runner argument; ``self.trainer``): its ``HookBase`` is our ``Hook`` and it
+    registers into :data:`SCRATCH_HOOKS`."""
+    return published_module("imix", "0.1.0", f"imix/engine/hooks/{path}", {
+        "from .base_hook import HookBase": "from hooks import Hook as HookBase",
+        "from .builder import HOOKS": "from tests.published import SCRATCH_HOOKS as HOOKS"})

@@ -19,6 +19,9 @@ def test_identity_without_a_process_group():
     assert dist.broadcast_object({"a": 1}) == {"a": 1}
     assert dist.all_gather_object(3) == [3]
     assert dist.master_only(lambda: 5)() == 5
+    assert dist.get_dist_info() == (0, 1)
+    data = {"x": torch.tensor([1.0])}
+    assert dist.all_reduce_dict(data, "mean") is data and data["x"].item() == 1.0
     dist.barrier()
 
 
@@ -45,6 +48,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "broadcast": dist.broadcast_object(f"from {rank}"),
             "gathered": dist.all_gather_object(rank * 10),
             "master_only": dist.master_only(lambda: "ran")(),
+            "dist_info": dist.get_dist_info(),
+            "reduced_dict": {k: v.tolist() for k, v in dist.all_reduce_dict(
+                {"b": torch.tensor([rank, 1.0]), "a": torch.tensor(rank + 2)}, "mean").items()},
         }
         sink = ListSink()
         runner = Runner.from_cfg(base_cfg(
@@ -72,6 +78,8 @@ def test_collectives_loss_averaging_and_gathered_metrics(tmp_path):
     assert r0["broadcast"] == r1["broadcast"] == "from 0"
     assert r0["gathered"] == r1["gathered"] == [0, 10]
     assert r0["master_only"] == "ran" and r1["master_only"] is None
+    assert r0["dist_info"] == [0, 2] and r1["dist_info"] == [1, 2]
+    assert r0["reduced_dict"] == r1["reduced_dict"] == {"a": 2, "b": [0.5, 1.0]}  # int kept
     # 20 samples a rank, batch 4: 5 iterations; one record at iteration 5, on rank 0 only
     assert r1["logged_losses"] == [] and len(r0["logged_losses"]) == 1
     mean_both = (sum(r0["local_losses"]) + sum(r1["local_losses"])) / 10
