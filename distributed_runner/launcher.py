@@ -84,8 +84,11 @@ def validate_config(cfg: dict) -> None:
     """
     from . import registry
     from .hook_builder import plan_hooks
+    from .imix_compat import translate_imix_hooks
 
     import_custom_modules(cfg.get("custom_imports"))  # the driver's side of Runner.from_cfg
+    cfg = dict(cfg)
+    translate_imix_hooks(cfg)  # as each worker's Runner.from_cfg will (and log it there)
     for key in ("work_dir", "model"):
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing: set {key} in the config")

@@ -36,6 +36,7 @@ from .data import build_dataloader, seeded_dataloader
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
+from .imix_compat import translate_imix_hooks
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
@@ -101,7 +102,8 @@ class Runner:
             if path and not Path(path).expanduser().is_file():
                 raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
         self.seed = set_random_seed(randomness)
-        self.device = torch.device(device) if device is not None else self._default_device()
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda", dist.get_local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
         self._model = build_model(model, self.device)
         self.wrapped_model = wrap_model(self._model, dict(model_wrapper_cfg or {}), self.device)
@@ -132,17 +134,15 @@ class Runner:
                                           "pass --work-dir")
         if cfg.get("model") is None:
             raise ConfigError("model", "missing: set model=dict(type=...)")
+        notes = translate_imix_hooks(cfg)  # iMIX's hook names -> what does the same here
         check_config(cfg, RUNNER_KEYS, OTHER_CONFIG_KEYS)  # types and ranges, typo'd keys
         args = {k: cfg[k] for k in RUNNER_KEYS if k in cfg and k != "cfg"}
         runner = cls(**args, cfg=cfg)
+        for note in notes:
+            runner.logger.info(note)
         if runner.rank == 0:
             (runner.work_dir / "config.py").write_text(Config(redact(cfg)).pretty_text())
         return runner
-
-    def _default_device(self) -> torch.device:
-        if torch.cuda.is_available():
-            return torch.device("cuda", dist.get_local_rank())
-        return torch.device("cpu")
 
     def _build_training(self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any,
                         param_scheduler: Any) -> None:

@@ -18,11 +18,14 @@ class AutogradAnomalyDetectHook(Hook):
 
     priority = "HIGHEST"
 
-    def __init__(self, check_nan: bool = True) -> None:
+    def __init__(self, mode: bool = True, check_nan: bool = True) -> None:
+        self.mode = bool(mode)  # iMIX's and torch's name for on/off; False: the hook does nothing
         self.check_nan = bool(check_nan)
         self._previous: tuple[bool, bool] | None = None
 
     def before_train(self, runner) -> None:
+        if not self.mode:
+            return
         self._previous = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
         torch.autograd.set_detect_anomaly(True, check_nan=self.check_nan)
         runner.logger.warning("autograd anomaly detection is on: training runs slower")

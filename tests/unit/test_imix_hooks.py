@@ -6,6 +6,7 @@ import torch
 
 from distributed_runner.errors import ConfigError
 from distributed_runner.registry import HOOKS, MODELS
+from hooks import Hook
 from tests.published import imix_hook
 from tests.toy import ToyModel, make_runner
 
@@ -68,3 +69,70 @@ def test_imix_levels_map_onto_mmengines_scale(tmp_path, imix_ema):
     with pytest.raises(ConfigError, match="give priority .* or level .*, not both"):
         make_runner(tmp_path, custom_hooks=[dict(type="EMAIterHook", level=30,
                                                  priority="LOW")])
+
+
+def test_imix_hook_type_names_configure_what_does_the_same_here(tmp_path, runlog):
+    """iMIX lists optimizing, checkpointing and logging as hooks (seed 004's table); here they
+    are config keys or default hooks: each entry becomes its equivalent, and one line says so."""
+    runner = make_runner(
+        tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO",
+        default_hooks=dict(checkpoint=None),  # iMIX's CheckPointHook below turns it back on
+        custom_hooks=[dict(type="OptimizerHook", grad_clip=dict(max_norm=0.5)),
+                      dict(type="CheckPointHook", iter_period=4, max_num_checkpoints=2,
+                           prefix="model", level="LOW"),
+                      dict(type="TensorboardLoggerHook", log_dir="tb", window_size=20),
+                      dict(type="JSONLoggerHook"),
+                      dict(type="IterationTimerHook", warmup_iter=2),
+                      dict(type="AutogradAnomalyDetectHook", mode=False)])
+    notes = [r.getMessage() for r in runlog.records if "iMIX's" in r.getMessage()]
+    assert notes == [
+        "custom_hooks[0]: iMIX's OptimizerHook -> optim_wrapper: clip_grad={'max_norm': 0.5}",
+        "custom_hooks[1]: iMIX's CheckPointHook -> default_hooks.checkpoint: interval=4, "
+        "by_epoch=False, max_keep_ckpts=2, filename_tmpl='model_{}.pth'",
+        "custom_hooks[2]: iMIX's TensorboardLoggerHook -> default_hooks.logger.sinks: ['terminal', "
+        "'jsonl', {'type': 'TensorBoardSink', 'log_dir': 'tb'}] (window_size: no equivalent, not used)",
+        "custom_hooks[3]: iMIX's JSONLoggerHook -> default_hooks.logger.sinks already has 'jsonl'",
+        "custom_hooks[4]: iMIX's IterationTimerHook -> IterTimerHook (the default timer)"]
+    assert "autograd_anomaly_detect" in [e.name for e in runner._hooks.entries]  # ours, kept
+    runner.train()
+    assert runner.optim_wrapper.clip_grad == {"max_norm": 0.5}
+    assert runner.optim_wrapper.last_grad_norm is None  # clipping ran and was logged
+    assert runner.message_hub.get_scalar("train/grad_norm").current() > 0
+    kept = sorted(p.name for p in tmp_path.glob("model_*.pth"))
+    assert kept == ["model_4.pth", "model_8.pth"] and (tmp_path / "last.pth").is_file()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert not torch.is_anomaly_enabled()  # mode=False: the hook did nothing
+
+
+def test_imix_arguments_without_an_equivalent_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"^custom_hooks\[0\].grad_scaler_config: iMIX's "
+                                          r"argument has no equivalent here; set "
+                                          r"optim_wrapper.loss_scale"):
+        make_runner(tmp_path, custom_hooks=[dict(type="Fp16OptimizerHook",
+                                                 grad_scaler_config=dict(init_scale=512))])
+
+
+def test_translation_leaves_the_callers_config_and_users_own_hooks_alone():
+    from distributed_runner.imix_compat import translate_imix_hooks
+    original = dict(optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                    custom_hooks=[dict(type="AutogradProfilerHook", output_dir="prof"),
+                                  dict(type="OptimizerHook", grad_clip=dict(max_norm=1.0)),
+                                  dict(type="EMAHook")])
+    cfg = dict(original)
+    notes = translate_imix_hooks(cfg)
+    assert notes == ["custom_hooks[0]: iMIX's AutogradProfilerHook -> custom_hooks += "
+                     "[{'type': 'ProfilerHook'}] (output_dir: no equivalent, not used)",
+                     "custom_hooks[1]: iMIX's OptimizerHook -> optim_wrapper: "
+                     "clip_grad={'max_norm': 1.0}"]
+    assert cfg["custom_hooks"] == [dict(type="EMAHook"), dict(type="ProfilerHook")]
+    assert "clip_grad" not in original["optim_wrapper"]  # the caller's dicts are not changed
+
+    @HOOKS.register_module(name="OptimizerHook", force=True)
+    class UsersOwnOptimizerHook(Hook):
+        pass
+    try:
+        mine = dict(custom_hooks=[dict(type="OptimizerHook")])
+        assert translate_imix_hooks(mine) == [] and mine["custom_hooks"] == [
+            dict(type="OptimizerHook")]
+    finally:
+        HOOKS._table.pop("OptimizerHook")
