@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-import weakref
 from pathlib import Path
 
 import torch
@@ -38,8 +37,8 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from distributed_runner import Runner  # noqa: E402
-from distributed_runner.dispatch import HookDispatcher  # noqa: E402
 from distributed_runner.registry import DATASETS, MODELS  # noqa: E402
+from benchmarks.dispatch_cost import print_dispatch_costs  # noqa: E402
 from hooks import Hook  # noqa: E402
 
 BATCHES, BATCH, FEATURES = 16, 32, 16
@@ -284,55 +283,6 @@ def hook_cost(work_dir: str, iters: int = 10_000) -> float:
     return best / iters * 1e6
 
 
-class Implements(Hook):
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        pass
-
-
-class Other(Hook):
-    def before_val(self, runner) -> None:
-        pass
-
-
-def dispatch_cost(total: int, implementing: int, calls: int = 200_000) -> float:
-    """Nanoseconds per call of one mount point."""
-    class Holder:
-        pass
-
-    holder = Holder()
-    d = HookDispatcher(holder)
-    for i in range(total - implementing):
-        d.register(Other(), f"other{i}")
-    for i in range(implementing):
-        d.register(Implements(), f"impl{i}")
-    call = d.call
-    start = time.perf_counter()
-    for _ in range(calls):
-        call("after_train_iter", batch_idx=0, data_batch=None, outputs=None)
-    return (time.perf_counter() - start) / calls * 1e9
-
-
-def untimed_cost(implementing: int = 2, calls: int = 200_000) -> float:
-    """``dispatch_cost`` for a dispatcher without timing or error policy: the same table walk,
-    keyword passing and weak runner proxy, nothing else."""
-    class Holder:
-        pass
-
-    holder = Holder()
-    proxy = weakref.proxy(holder)
-    table = {"after_train_iter": tuple(Implements().after_train_iter
-                                       for _ in range(implementing))}
-
-    def call(mount, **kwargs):
-        for fn in table[mount]:
-            fn(proxy, **kwargs)
-
-    start = time.perf_counter()
-    for _ in range(calls):
-        call("after_train_iter", batch_idx=0, data_batch=None, outputs=None)
-    return (time.perf_counter() - start) / calls * 1e9
-
-
 def report(title: str, bare: "EpochClock", ours: "EpochClock") -> None:
     print(title)
     for label, k in (("cpu ", 1), ("wall", 0)):
@@ -354,8 +304,8 @@ def user_path(rounds: int, epochs: int, log_level: str = "INFO") -> None:
     ours = statistics.median(o for _, o in pairs)
     q1, q3 = diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
     print(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
-          f"(checkpoint off, logger every 10 at {log_level}), MLP 32-32-1, batch {USER_BATCH}, {USER_ITERS} "
-          f"iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), process CPU "
+          f"(checkpoint off, logger every 10 at {log_level}), MLP 32-32-1, batch {USER_BATCH}, "
+          f"{USER_ITERS} iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), process CPU "
           f"time; target overhead <= 15 us/iter")
     print(f"bare loop {bare * 1e6:6.1f} us/iter | Runner {ours * 1e6:6.1f} us/iter | overhead: "
           f"median of pair differences {statistics.median(diffs) * 1e6:5.1f} us/iter "
@@ -390,18 +340,7 @@ def main() -> None:
     print(f"default hooks alone, through dispatch: {hooks_only:5.1f} us/iter "
           f"(before/after_train_iter incl. timing and a log record every 10; best of 5)")
     print("target: <= 15 us/iter (MMEngine's Runner adds 390-540 us here, logging every 10)")
-    two, fifty, untimed = [], [], []
-    for _ in range(7):  # interleaved, medians: the machine is noisy
-        two.append(dispatch_cost(2, 2))
-        fifty.append(dispatch_cost(50, 2))
-        untimed.append(untimed_cost(2))
-    two, fifty, raw = (statistics.median(x) for x in (two, fifty, untimed))
-    print(f"dispatch, 2 hooks implementing the mount point          : {two:6.0f} ns/call")
-    print(f"dispatch, 50 hooks registered, 2 implementing the point : {fifty:6.0f} ns/call   "
-          f"ratio {fifty / two:.2f}")
-    print(f"same 2 hooks, dispatch without timing or error policy  : {raw:6.0f} ns/call   "
-          f"timing + error policy: {(two - raw) / 2:.0f} ns per hook call")
-
+    print_dispatch_costs()
 
 if __name__ == "__main__":
     main()

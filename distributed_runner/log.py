@@ -34,20 +34,20 @@ class _SecondsFormatter(logging.Formatter):
         super().__init__(f"%(asctime)s %(levelname)s {self.rank_prefix}%(message)s",
                          datefmt="%m/%d %H:%M:%S")
 
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        second = int(record.created)
-        if second != self._second:
-            self._second, self._text = second, super().formatTime(record, datefmt)
-        return self._text
-
-    def info_line(self, message: str, created: float) -> str:
-        """What :meth:`format` gives for an INFO record of ``message`` created at ``created``
-        (plain text: no exception, no stack)."""
+    def _time_text(self, created: float) -> str:
         second = int(created)
         if second != self._second:
             self._second = second
             self._text = time.strftime(self.datefmt, self.converter(created))
-        return f"{self._text} INFO {self.rank_prefix}{message}"
+        return self._text
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return self._time_text(record.created)
+
+    def info_line(self, message: str, created: float) -> str:
+        """What :meth:`format` gives for an INFO record of ``message`` created at ``created``
+        (plain text: no exception, no stack)."""
+        return f"{self._time_text(created)} INFO {self.rank_prefix}{message}"
 
 
 def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") -> logging.Logger:

@@ -14,6 +14,13 @@ from .errors import ConfigError
 from .registry import MODELS, accepts, check_arguments
 
 
+def default_device() -> torch.device:
+    """This rank's GPU (the local rank's) when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", dist.get_local_rank())
+    return torch.device("cpu")
+
+
 def build_model(spec: Any, device: torch.device) -> nn.Module:
     """``model=dict(type=...)`` (or a module) on ``device``."""
     built = MODELS.build(spec, "model")

@@ -40,7 +40,7 @@ from .imix_compat import translate_imix_hooks
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
-from .model_setup import build_model, wrap_model
+from .model_setup import build_model, default_device, wrap_model
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
@@ -102,8 +102,7 @@ class Runner:
             if path and not Path(path).expanduser().is_file():
                 raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
         self.seed = set_random_seed(randomness)
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda", dist.get_local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device(device) if device is not None else default_device()
 
         self._model = build_model(model, self.device)
         self.wrapped_model = wrap_model(self._model, dict(model_wrapper_cfg or {}), self.device)

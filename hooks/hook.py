@@ -245,8 +245,7 @@ def imix_style_mounts(hook: Hook) -> frozenset[str]:
     arguments and sets ``hook.trainer`` (a weak proxy of the runner) when it registers the hook."""
     found = set()
     for name in MOUNT_POINTS:
-        if not overrides(hook, name) or name in FORWARDED_TO and \
-                getattr(type(hook), name) is getattr(Hook, name):
+        if not overrides(hook, name):  # (a forwarding base method takes the runner: not iMIX)
             continue
         try:
             params = list(inspect.signature(getattr(type(hook), name)).parameters.values())

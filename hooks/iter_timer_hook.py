@@ -55,12 +55,16 @@ class IterTimerHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         now = perf_counter()
-        hub = runner.message_hub
-        hub.update_scalar("train/time", now - self._t)
+        runner.message_hub.update_scalar("train/time", now - self._t)
         self._t = now
+        self._record_eta(runner, now)
+
+    def _record_eta(self, runner, now: float) -> None:
+        """Seconds left: time since this process started training per iteration done since,
+        times the iterations left."""
         it = runner.iter
-        hub.runtime_info["eta"] = ((now - self._train_start) / (it + 1 - self._start_iter)
-                                   * (self._max_iters - it - 1))
+        runner.message_hub.runtime_info["eta"] = (
+            (now - self._train_start) / (it + 1 - self._start_iter) * (self._max_iters - it - 1))
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -76,7 +80,4 @@ def _after_train_iter_with_eta(self: IterTimerHook, runner, batch_idx: int,
     """A subclass's ``_after_iter`` for training, then the ETA as IterTimerHook keeps it."""
     self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
                      mode="train")
-    it = runner.iter
-    runner.message_hub.runtime_info["eta"] = (
-        (perf_counter() - self._train_start) / (it + 1 - self._start_iter)
-        * (self._max_iters - it - 1))
+    self._record_eta(runner, perf_counter())

@@ -85,14 +85,12 @@ class TerminalSink(LogSink):
 
     def write(self, record: LogRecord) -> None:
         logger = self._logger
-        if self._bar is None or record.mode != "train":
-            if logger.isEnabledFor(logging.INFO):
-                log_info_line(logger, format_record(record))
-            return
-        if logger.isEnabledFor(logging.INFO):  # the bar owns the terminal: the files get it
-            log_info_line(logger, format_record(record),
-                          [h for h in logger.handlers if is_file_handler(h)])
-        self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
+        on_bar = self._bar is not None and record.mode == "train"
+        if logger.isEnabledFor(logging.INFO):  # while the bar owns the terminal: the files only
+            log_info_line(logger, format_record(record), [
+                h for h in logger.handlers if is_file_handler(h)] if on_bar else None)
+        if on_bar:
+            self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
                                      for k, v in record.scalars.items()
                                      if k not in ("time", "data_time"))
 
