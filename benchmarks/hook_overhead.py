@@ -305,8 +305,8 @@ def user_path(rounds: int, epochs: int, log_level: str = "INFO") -> None:
     q1, q3 = diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
     print(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
           f"(checkpoint off, logger every 10 at {log_level}), MLP 32-32-1, batch {USER_BATCH}, "
-          f"{USER_ITERS} iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), process CPU "
-          f"time; target overhead <= 15 us/iter")
+          f"{USER_ITERS} iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), "
+          f"process CPU time; target overhead <= 15 us/iter")
     print(f"bare loop {bare * 1e6:6.1f} us/iter | Runner {ours * 1e6:6.1f} us/iter | overhead: "
           f"median of pair differences {statistics.median(diffs) * 1e6:5.1f} us/iter "
           f"(quartiles {q1 * 1e6:.1f} .. {q3 * 1e6:.1f}) | ratio {ours / bare:.3f}")
