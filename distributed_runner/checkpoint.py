@@ -301,7 +301,8 @@ def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.P
 def model_state_from(ckpt: dict) -> dict:
     """The weights in a full checkpoint, or the dict itself if it already is a state_dict."""
     state = ckpt.get("state_dict", ckpt)
-    # weights saved from a DDP-wrapped model carry a 'module.' prefix
-    if state and all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
+    # weights saved from a DDP-wrapped or a torch.compile'd model carry a prefix per wrapper
+    for prefix in ("_orig_mod.", "module.", "_orig_mod."):
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
     return state

@@ -87,6 +87,9 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
         raise ConfigError("log_level", f"got {_show(level)}; takes one of "
                                        f"{', '.join(LOG_LEVELS)}")
     _check_device(cfg.get("device"))
+    if cfg.get("compile") is not None:
+        from .model_setup import check_compile
+        check_compile(cfg["compile"])
     randomness = mapping(cfg, "randomness")
     if randomness is not None:
         if randomness.get("seed") is not None:

@@ -1,4 +1,5 @@
-"""The model a Runner trains: built from its config and, across several ranks, wrapped in DDP.
+"""The model a Runner trains: built from its config, across several ranks wrapped in DDP, and
+with ``compile=`` compiled.
 
 Kept apart from the Runner so that the next parallel strategies (FSDP) have one place to go.
 """
@@ -49,6 +50,47 @@ def wrap_model(model: nn.Module, wrapper_cfg: dict, device: torch.device) -> nn.
     return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
 
 
+COMPILE_HINT = "takes True, False or dict(mode=..., dynamic=..., backend=..., fullgraph=...)"
+
+
+def check_compile(spec: Any) -> dict | None:
+    """``compile=`` (MMEngine's key) as ``torch.compile``'s keyword arguments; None when off."""
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return {}
+    if not isinstance(spec, dict):
+        raise ConfigError("compile", f"got {spec!r:.60}; {COMPILE_HINT}")
+    check_arguments(torch.compile, spec, "compile", supplied=["model"])
+    return dict(spec)
+
+
+def compile_model(wrapped: nn.Module, spec: Any) -> nn.Module:
+    """What the loops call, compiled with ``torch.compile`` when ``compile=`` asks for it.
+
+    Only the callable the loops use (``runner.wrapped_model``) is compiled; ``runner.model``
+    stays the user's own module holding the same parameters. So checkpoints keep the keys an
+    uncompiled model has (a compiled run's checkpoint loads into an eager one and back), and EMA,
+    hooks and ``get_ori_model`` see the module they would see without compile. With DDP the
+    wrapper itself is compiled, as PyTorch recommends (graph breaks at gradient buckets).
+    """
+    args = check_compile(spec)
+    return wrapped if args is None else torch.compile(wrapped, **args)
+
+
+def _compiled_inner(model: Any) -> Any:
+    """The module inside a ``torch.compile`` wrapper (``OptimizedModule``), else None."""
+    return model._orig_mod if type(model).__name__ == "OptimizedModule" else None
+
+
+def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any,
+                device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """The user's model on ``device`` and what the loops call (DDP-wrapped, compiled)."""
+    model = build_model(spec, device)
+    wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)
+    return model, compile_model(wrapped, compile_spec)
+
+
 def is_model_wrapper(model: Any) -> bool:
     """Whether ``model`` wraps the user's model in ``.module`` (DDP, DataParallel, FSDP1, a
     TTA wrapper): MMEngine's ``mmengine.model.is_model_wrapper``."""
@@ -63,7 +105,13 @@ def is_model_wrapper(model: Any) -> bool:
 
 
 def get_ori_model(model: nn.Module) -> nn.Module:
-    """The user's model inside any wrappers (what downstream hooks call ``get_ori_model``)."""
-    while is_model_wrapper(model):
-        model = model.module
-    return model
+    """The user's model inside any wrappers, compiled ones too (what downstream hooks call
+    ``get_ori_model``)."""
+    while True:
+        inner = _compiled_inner(model)
+        if inner is not None:
+            model = inner
+        elif is_model_wrapper(model):
+            model = model.module
+        else:
+            return model

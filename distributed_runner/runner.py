@@ -40,7 +40,7 @@ from .imix_compat import translate_imix_hooks
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
-from .model_setup import build_model, default_device, wrap_model
+from .model_setup import default_device, setup_model
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
@@ -58,6 +58,7 @@ RUNNER_KEYS = (
     "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
     "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
     "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg", "preemption",
+    "compile",
 )
 # top-level config keys the Runner does not take but other parts of the project read
 OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg")
@@ -77,7 +78,8 @@ class Runner:
                  randomness: dict | None = None, launcher: Any = "none",
                  device: str | torch.device | None = None, log_level: str = "INFO",
                  experiment_name: str | None = None, model_wrapper_cfg: dict | None = None,
-                 preemption: Any = True, cfg: dict | None = None) -> None:
+                 preemption: Any = True, compile: bool | dict = False,
+                 cfg: dict | None = None) -> None:
         self.cfg = cfg if cfg is not None else Config()
         self.launcher = launcher
         self.rank = dist.get_rank()
@@ -94,8 +96,7 @@ class Runner:
         self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
         # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
-        self._load_from = load_from
-        self._resume = resume
+        self._load_from, self._resume = load_from, resume
         self._has_loaded = False
         for key, path in (("load_from", load_from),
                           ("resume", resume if isinstance(resume, (str, Path)) else None)):
@@ -104,8 +105,8 @@ class Runner:
         self.seed = set_random_seed(randomness)
         self.device = torch.device(device) if device is not None else default_device()
 
-        self._model = build_model(model, self.device)
-        self.wrapped_model = wrap_model(self._model, dict(model_wrapper_cfg or {}), self.device)
+        self._model, self.wrapped_model = setup_model(model, model_wrapper_cfg, compile,
+                                                      self.device)
 
         self.val_dataloader = self.test_dataloader = None
         self.train_loop = None

@@ -24,3 +24,14 @@ def test_checkpoint_verify_benchmark_runs():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("load and restore a 8 MB checkpoint (median of 2, interleaved)")
     assert "| ratio " in out.stdout
+
+
+def test_gpu_throughput_benchmark_runs_reduced_on_the_cpu():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"),
+                          "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("gpu throughput: ") and "default hooks" in lines[0]
+    assert [line.split(" ")[0] for line in lines[1:]] == ["resnet50", "gpt2"]
+    for line, unit in zip(lines[1:], ("images/s", "tokens/s")):
+        assert f"eager: raw " in line and f"{unit} | Runner " in line and "| ratio " in line
