@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import ConfigError
 from .registry import MODELS
+from .sharding import ShardedCopy, is_sharded
 
 
 class BaseAveragedModel:
@@ -29,7 +31,12 @@ class BaseAveragedModel:
 
     def __init__(self, model: nn.Module, interval: int = 1, device: Any = None,
                  update_buffers: bool = False) -> None:
-        self.module = copy.deepcopy(model).requires_grad_(False)
+        if device is not None and is_sharded(model):
+            raise ConfigError("device", "an FSDP-sharded model's average stays on its shards' "
+                                        "device: leave the averaged model's device unset")
+        # an FSDP-sharded model cannot be deep-copied: its shards are copied instead
+        self.module = ShardedCopy(model) if is_sharded(model) else \
+            copy.deepcopy(model).requires_grad_(False)
         if device is not None:
             self.module.to(device)
         self.interval = int(interval)

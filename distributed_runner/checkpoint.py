@@ -277,8 +277,12 @@ def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.P
                  strict: bool = True) -> None:
     """``model.load_state_dict(state)``; a checkpoint of another model is one line naming the
     first tensors that differ (torch's message lists every one, over dozens of lines)."""
+    from .sharding import is_sharded, load_full_model_state
     try:
-        model.load_state_dict(state, strict=strict)
+        if is_sharded(model):  # full tensors from the file, sharded into this rank's parts
+            load_full_model_state(model, state, strict=strict)
+        else:
+            model.load_state_dict(state, strict=strict)
     except RuntimeError:
         own = model.state_dict()
         shapes = [f"{k} {list(v.shape)} in the checkpoint, {list(own[k].shape)} in the model"

@@ -18,6 +18,8 @@ from . import __version__, dist
 from .checkpoint import capture_rng, load_weights, model_state_from, restore_rng
 from .config import dumps_json
 from .redact import redact
+from .sharding import full_model_state, full_optimizer_state, is_sharded, \
+    load_full_optimizer_state
 
 
 def collect_training_state(runner: Any, save_optimizer: bool, save_param_scheduler: bool,
@@ -34,7 +36,9 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
                    "iter_in_epoch": position.get("iter_in_epoch", 0)}
     ckpt: dict[str, Any] = {
         "meta": info,
-        "state_dict": runner.model.state_dict(),
+        # sharded (FSDP): gathered to full tensors on rank 0, the keys an unsharded model has
+        "state_dict": full_model_state(runner.model) if is_sharded(runner.model)
+        else runner.model.state_dict(),
         "message_hub": runner.message_hub.state_dict(),
         "hooks": {name: hook.state_dict() for name, hook in runner.stateful_hooks().items()},
         "sinks": runner.sinks.state_dict(),
@@ -43,7 +47,8 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
     }
     if runner.optim_wrapper is not None:
         if save_optimizer:
-            ckpt["optimizer"] = runner.optim_wrapper.state_dict()
+            ckpt["optimizer"] = full_optimizer_state(runner.model, runner.optim_wrapper.optimizer) \
+                if is_sharded(runner.model) else runner.optim_wrapper.state_dict()
         ckpt["scaler"] = runner.optim_wrapper.scaler_state_dict()
         pending = runner.optim_wrapper.pending_grads(runner.model)
         if pending is not None:  # saved inside a gradient-accumulation window
@@ -62,7 +67,10 @@ def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
     meta = ckpt["meta"]
     load_weights(runner.model, model_state_from(ckpt), "resume", path)
     if runner.optim_wrapper is not None:
-        if "optimizer" in ckpt:
+        if "optimizer" in ckpt and is_sharded(runner.model):
+            load_full_optimizer_state(runner.model, runner.optim_wrapper.optimizer,
+                                      ckpt["optimizer"])
+        elif "optimizer" in ckpt:
             runner.optim_wrapper.load_state_dict(ckpt["optimizer"])
         else:
             runner.logger.warning("%s has no optimizer state (save_optimizer=False): the "

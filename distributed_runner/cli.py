@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(train)
     train.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
                        help="resume from PATH, or from work_dir's last checkpoint if no PATH")
+    train.add_argument("--strategy", choices=["ddp", "fsdp"],
+                       help="overrides strategy's type (FSDP options in the config are kept)")
     ray = train.add_argument_group("Ray (override the config's launcher=dict(type='ray', ...))")
     ray.add_argument("--launcher", choices=["none", "ray"])
     ray.add_argument("--num-workers", type=int)
@@ -105,6 +107,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     if args.resume is not None:
         cfg["resume"] = args.resume
+    if args.strategy is not None:
+        base = cfg.get("strategy")
+        keep = isinstance(base, dict) and args.strategy == "fsdp"
+        cfg["strategy"] = {**base, "type": "fsdp"} if keep else args.strategy
     apply_launcher_flags(cfg, args)
     return run(cfg)
 

@@ -90,6 +90,8 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
     if cfg.get("compile") is not None:
         from .model_setup import check_compile
         check_compile(cfg["compile"])
+    from .sharding import parse_strategy
+    parse_strategy(cfg.get("strategy"))
     randomness = mapping(cfg, "randomness")
     if randomness is not None:
         if randomness.get("seed") is not None:

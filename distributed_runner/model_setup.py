@@ -1,8 +1,6 @@
-"""The model a Runner trains: built from its config, across several ranks wrapped in DDP, and
-with ``compile=`` compiled.
-
-Kept apart from the Runner so that the next parallel strategies (FSDP) have one place to go.
-"""
+"""The model a Runner trains: built from its config, across several ranks wrapped in DDP or
+sharded with FSDP2 (``strategy=``, :mod:`distributed_runner.sharding`), and with ``compile=``
+compiled."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,6 +11,7 @@ from torch import nn
 from . import dist
 from .errors import ConfigError
 from .registry import MODELS, accepts, check_arguments
+from .sharding import check_shard_modules, parse_strategy, shard_model
 
 
 def default_device() -> torch.device:
@@ -83,11 +82,20 @@ def _compiled_inner(model: Any) -> Any:
     return model._orig_mod if type(model).__name__ == "OptimizedModule" else None
 
 
-def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any,
-                device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """The user's model on ``device`` and what the loops call (DDP-wrapped, compiled)."""
+def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device,
+                strategy: Any = None) -> tuple[nn.Module, nn.Module]:
+    """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
+    then compiled)."""
+    parsed = parse_strategy(strategy)
     model = build_model(spec, device)
-    wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)
+    if parsed["type"] == "fsdp":
+        if wrapper_cfg:
+            raise ConfigError("model_wrapper_cfg", "holds DDP arguments, but strategy is FSDP: "
+                                                   "put FSDP options in strategy=dict(...)")
+        check_shard_modules(model, parsed)
+        wrapped = shard_model(model, parsed, device) if dist.is_distributed() else model
+    else:
+        wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)
     return model, compile_model(wrapped, compile_spec)
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from .errors import ConfigError
 from .registry import OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
+from .sharding import like_param, local_tensor
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing; the loop skips it
 
@@ -77,6 +78,9 @@ class OptimWrapper:
         passes (and enables autocast in :class:`AmpOptimWrapper`)."""
         if self.accumulative_counts > 1 and not self.should_update() and hasattr(model, "no_sync"):
             return model.no_sync()
+        # FSDP2 has no no_sync: its gradients are reduce-scattered on every pass, so they stay
+        # sharded in p.grad, where a checkpoint inside an accumulation window finds them
+        # (set_requires_gradient_sync(False) would hold them in FSDP's private buffers instead)
         return NO_CONTEXT
 
     def update_params(self, loss: torch.Tensor) -> None:
@@ -105,7 +109,9 @@ class OptimWrapper:
     def _clip(self) -> None:
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if params:
-            self.last_grad_norm = nn.utils.clip_grad_norm_(params, **self.clip_grad)
+            norm = nn.utils.clip_grad_norm_(params, **self.clip_grad)
+            # sharded gradients (FSDP) give a DTensor norm: the full value, for the logs
+            self.last_grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def step(self) -> None:
         if self.clip_grad is not None:
@@ -124,13 +130,13 @@ class OptimWrapper:
         """
         if self._inner_count % self.accumulative_counts == 0:
             return None
-        return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
-                if p.grad is not None}
+        return {n: local_tensor(p.grad.detach()).cpu().clone()
+                for n, p in model.named_parameters() if p.grad is not None}
 
     def restore_pending_grads(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
         for n, p in model.named_parameters():
             if n in grads:
-                p.grad = grads[n].to(p.device, p.dtype).clone()
+                p.grad = like_param(grads[n].clone(), p)
 
     @property
     def param_groups(self) -> list[dict]:

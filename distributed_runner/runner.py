@@ -58,7 +58,7 @@ RUNNER_KEYS = (
     "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
     "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
     "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg", "preemption",
-    "compile",
+    "compile", "strategy",
 )
 # top-level config keys the Runner does not take but other parts of the project read
 OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg")
@@ -78,7 +78,7 @@ class Runner:
                  randomness: dict | None = None, launcher: Any = "none",
                  device: str | torch.device | None = None, log_level: str = "INFO",
                  experiment_name: str | None = None, model_wrapper_cfg: dict | None = None,
-                 preemption: Any = True, compile: bool | dict = False,
+                 preemption: Any = True, compile: bool | dict = False, strategy: Any = None,
                  cfg: dict | None = None) -> None:
         self.cfg = cfg if cfg is not None else Config()
         self.launcher = launcher
@@ -106,7 +106,7 @@ class Runner:
         self.device = torch.device(device) if device is not None else default_device()
 
         self._model, self.wrapped_model = setup_model(model, model_wrapper_cfg, compile,
-                                                      self.device)
+                                                      self.device, strategy)
 
         self.val_dataloader = self.test_dataloader = None
         self.train_loop = None

@@ -57,6 +57,33 @@ class ToyModel(nn.Module):
         return logits
 
 
+@MODELS.register_module(force=True)
+class TinyBlocks(nn.Module):
+    """Two residual MLP blocks between an input and an output layer: ``Block`` is the unit
+    FSDP shards one by one."""
+
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(width)
+            self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+        def forward(self, x):
+            return x + self.down(F.gelu(self.up(self.norm(x))))
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, width)
+        self.blocks = nn.Sequential(self.Block(width), self.Block(width))
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, inputs, labels=None, mode="predict"):
+        logits = self.head(self.blocks(self.inp(inputs)))
+        if mode == "loss":
+            return {"loss": F.cross_entropy(logits, labels)}
+        return logits
+
+
 class RecorderHook(Hook):
     """Overrides all 22 mount points and records the calls (name, and epoch/iter at call time)."""
 
@@ -113,8 +140,8 @@ def assert_state_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"{k} differs"
 
 
-__all__ = ["HOOKS", "ListSink", "RecorderHook", "ToyDataset", "ToyModel", "base_cfg", "make_runner",
-           "params_of", "assert_state_equal"]
+__all__ = ["HOOKS", "ListSink", "RecorderHook", "TinyBlocks", "ToyDataset", "ToyModel", "base_cfg",
+           "make_runner", "params_of", "assert_state_equal"]
 
 
 
