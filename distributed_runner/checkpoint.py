@@ -135,9 +135,11 @@ def atomic_write_text(text: str, path: str | os.PathLike) -> None:
 
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
-    """Delete a checkpoint and its checksum."""
+    """Delete a checkpoint, its checksum and its shards (if sharded)."""
+    from .sharded_checkpoint import remove_shards
     Path(path).unlink(missing_ok=True)
     checksum_path(path).unlink(missing_ok=True)
+    remove_shards(Path(path))
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> tuple[int, int]:
@@ -196,6 +198,11 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
                                      f"written (bit rot or an overwrite); it was not loaded")
     if not isinstance(ckpt, dict):
         raise ConfigError(key, f"{str(p)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    if "sharded" in ckpt:  # a manifest: its shard files must all be there, whole
+        from .sharded_checkpoint import missing_shards
+        reason = missing_shards(p, ckpt)
+        if reason:
+            raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {reason}; it was not loaded")
     return ckpt
 
 

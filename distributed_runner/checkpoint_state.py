@@ -15,16 +15,49 @@ from typing import Any
 import torch
 
 from . import __version__, dist
-from .checkpoint import capture_rng, load_weights, model_state_from, restore_rng
+from .checkpoint import atomic_save, capture_rng, load_weights, model_state_from, restore_rng
 from .config import dumps_json
 from .redact import redact
+from .sharded_checkpoint import SHARDED, after_manifest_written, load_shards, save_shards, \
+    writes_shards
 from .sharding import full_model_state, full_optimizer_state, is_sharded, \
     load_full_optimizer_state
 
 
+def save_training_checkpoint(runner: Any, path: Path, save_optimizer: bool = True,
+                             save_param_scheduler: bool = True, meta: dict | None = None) -> Path:
+    """Collect the state on every rank, let hooks see it, write it on rank 0 (atomically), then
+    ``after_save_checkpoint(path, checkpoint)`` on every rank.
+
+    The sinks are flushed first, so a run resumed from this checkpoint finds every record up to
+    it (and the flush settles the sinks' state, such as the MLflow run id, that it saves).
+    """
+    if runner.rank == 0:
+        runner.sinks.flush()
+    ckpt = collect_training_state(runner, save_optimizer, save_param_scheduler, meta, path)
+    runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
+    if runner.rank == 0:
+        atomic_save(ckpt, path)  # with shards: the manifest, written last, is the commit
+        if SHARDED in ckpt:
+            after_manifest_written(path, ckpt)
+    runner.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
+    return path
+
+
+def load_model_weights(runner: Any, ckpt: dict, path: str | Path, key: str,
+                       strict: bool = True) -> None:
+    """The checkpoint's weights into ``runner.model``: from its shards or its ``state_dict``."""
+    if SHARDED in ckpt:
+        load_shards(runner, ckpt, Path(path), with_optimizer=False)
+    else:
+        load_weights(runner.model, model_state_from(ckpt), key, path, strict=strict)
+
+
 def collect_training_state(runner: Any, save_optimizer: bool, save_param_scheduler: bool,
-                           meta: dict | None) -> dict:
-    """The checkpoint dict for ``runner``'s current position (collective: call on every rank)."""
+                           meta: dict | None, path: Path | None = None) -> dict:
+    """The checkpoint dict for ``runner``'s current position (collective: call on every rank).
+    With sharded FSDP checkpoints the model and optimizer go to shards next to ``path``."""
+    sharded = path is not None and writes_shards(runner)
     position = runner.train_state.position() if runner.train_loop is not None else {}
     info = {**position, "seed": runner.seed, "world_size": runner.world_size,
             "experiment_name": runner.experiment_name, "time": time.time(),
@@ -36,17 +69,19 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
                    "iter_in_epoch": position.get("iter_in_epoch", 0)}
     ckpt: dict[str, Any] = {
         "meta": info,
-        # sharded (FSDP): gathered to full tensors on rank 0, the keys an unsharded model has
-        "state_dict": full_model_state(runner.model) if is_sharded(runner.model)
-        else runner.model.state_dict(),
         "message_hub": runner.message_hub.state_dict(),
         "hooks": {name: hook.state_dict() for name, hook in runner.stateful_hooks().items()},
         "sinks": runner.sinks.state_dict(),
         "rng": {"ranks": dist.all_gather_object(capture_rng())},
         "sampler": {"ranks": dist.all_gather_object(sampler_pos)},
     }
+    if sharded:
+        ckpt[SHARDED] = save_shards(runner, path, save_optimizer)
+    else:  # FSDP with checkpoint='full': gathered on rank 0, the keys an unsharded model has
+        ckpt["state_dict"] = full_model_state(runner.model) if is_sharded(runner.model) \
+            else runner.model.state_dict()
     if runner.optim_wrapper is not None:
-        if save_optimizer:
+        if save_optimizer and not sharded:
             ckpt["optimizer"] = full_optimizer_state(runner.model, runner.optim_wrapper.optimizer) \
                 if is_sharded(runner.model) else runner.optim_wrapper.state_dict()
         ckpt["scaler"] = runner.optim_wrapper.scaler_state_dict()
@@ -65,9 +100,14 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
 def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
     """Give ``runner`` back the state in ``ckpt``; each rank takes its own per-rank parts."""
     meta = ckpt["meta"]
-    load_weights(runner.model, model_state_from(ckpt), "resume", path)
+    if SHARDED in ckpt:  # model and optimizer from the shards, resharded to this run's ranks
+        load_shards(runner, ckpt, Path(path), with_optimizer=True)
+    else:
+        load_weights(runner.model, model_state_from(ckpt), "resume", path)
     if runner.optim_wrapper is not None:
-        if "optimizer" in ckpt and is_sharded(runner.model):
+        if "optimizer" in ckpt.get(SHARDED, {}).get("keys", ()):
+            pass  # loaded with the model
+        elif "optimizer" in ckpt and is_sharded(runner.model):
             load_full_optimizer_state(runner.model, runner.optim_wrapper.optimizer,
                                       ckpt["optimizer"])
         elif "optimizer" in ckpt:

@@ -25,7 +25,8 @@ from .errors import ConfigError
 
 
 def _is_training_checkpoint(ckpt: Any) -> bool:
-    return isinstance(ckpt, dict) and "meta" in ckpt and "state_dict" in ckpt
+    return isinstance(ckpt, dict) and "meta" in ckpt and ("state_dict" in ckpt
+                                                           or "sharded" in ckpt)
 
 
 def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from . import __version__, dist
-from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, atomic_write_text, load_file, \
-    load_weights, model_state_from, read_pointer
+from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_write_text, load_file, read_pointer
 from .config import Config, import_custom_modules, to_config_dict
 from .config_check import all_or_none, check_config
 from .control import ControlRequests
@@ -41,6 +40,7 @@ from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .model_setup import default_device, setup_model
+from .sharding import parse_strategy
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
@@ -48,8 +48,8 @@ from .randomness import set_random_seed
 from .registry import LOOPS, check_arguments
 from .resume_choice import choose_checkpoint
 from .schedulers import build_param_schedulers
-from .checkpoint_state import collect_training_state, newest_checkpoint_everywhere, \
-    restore_training_state
+from .checkpoint_state import load_model_weights, newest_checkpoint_everywhere, \
+    restore_training_state, save_training_checkpoint
 from .sinks import SinkSet
 from .train_state import TrainState
 
@@ -105,8 +105,9 @@ class Runner:
         self.seed = set_random_seed(randomness)
         self.device = torch.device(device) if device is not None else default_device()
 
+        self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (sharding.py)
         self._model, self.wrapped_model = setup_model(model, model_wrapper_cfg, compile,
-                                                      self.device, strategy)
+                                                      self.device, self.strategy)
 
         self.val_dataloader = self.test_dataloader = None
         self.train_loop = None
@@ -355,7 +356,7 @@ class Runner:
                         map_location: Any = "cpu") -> dict:
         """Load model weights only (``load_from``); returns the checkpoint dict."""
         ckpt = load_file(path, "load_from", map_location)
-        load_weights(self.model, model_state_from(ckpt), "load_from", path, strict=strict)
+        load_model_weights(self, ckpt, path, "load_from", strict=strict)
         self.logger.info("loaded weights from %s", path)
         self.call_hook("after_load_checkpoint", checkpoint=ckpt)
         return ckpt
@@ -366,7 +367,7 @@ class Runner:
 
     def _resume_from(self, ckpt: dict, path: str | Path) -> dict:
         for key in ("meta", "state_dict"):
-            if key not in ckpt:
+            if key not in ckpt and not (key == "state_dict" and "sharded" in ckpt):
                 raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
                                             f"training checkpoint; use load_from= for weights")
         self._restore(ckpt, path)
@@ -381,19 +382,8 @@ class Runner:
 
     def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
                         save_param_scheduler: bool = True, meta: dict | None = None) -> Path:
-        """Assemble the checkpoint (DESIGN §4) on every rank; rank 0 writes it atomically.
-
-        Must be called on every rank (it gathers each rank's RNG and sampler position). The sinks
-        are flushed first, so a run resumed from this checkpoint finds every record up to it;
-        ``after_save_checkpoint(path, checkpoint)`` runs on every rank once the file is written.
-        """
-        if self.rank == 0:  # first: the flush also settles the sinks' state (the MLflow run id)
-            self.sinks.flush()
-        ckpt = collect_training_state(self, save_optimizer, save_param_scheduler, meta)
-        self.call_hook("before_save_checkpoint", checkpoint=ckpt)
-        path = Path(out_dir) / filename
-        if self.rank == 0:
-            atomic_save(ckpt, path)
-        self.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
-        return path
-
+        """Assemble the checkpoint (DESIGN §4) on every rank; rank 0 writes it atomically (with
+        sharded FSDP checkpoints every rank writes its shards first). Call it on every rank;
+        see :func:`~distributed_runner.checkpoint_state.save_training_checkpoint`."""
+        return save_training_checkpoint(self, Path(out_dir) / filename, save_optimizer,
+                                        save_param_scheduler, meta)

@@ -6,15 +6,17 @@ parameter, gradient and optimizer state, and gathers a module's parameters only 
                     shard_modules=['Block'],            # module classes sharded one by one
                     mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'),
                     reshard_after_forward=True,         # free gathered parameters after forward
-                    cpu_offload=False)                  # keep shards in host memory
+                    cpu_offload=False,                  # keep shards in host memory
+                    checkpoint='sharded')               # or 'full' (one file, gathered)
 
 Why per-module sharding matters: ``fully_shard`` gathers one unit's parameters at a time, so peak
 memory is one unit's full parameters plus every unit's shard. Without ``shard_modules`` only the
 root is a unit and the whole model is gathered for the forward (correct, but no memory saved).
 
-Checkpoints of a sharded model hold full, unsharded tensors under the same keys as an unsharded
-one (``torch.distributed.checkpoint.state_dict`` gathers them, a collective every rank joins),
-so they load into DDP, into one process, or into FSDP on another world size. With one process
+``checkpoint='sharded'`` has every rank write its own shards (:mod:`.sharded_checkpoint`);
+``'full'`` gathers full, unsharded tensors to rank 0 under the same keys as an unsharded model
+(``torch.distributed.checkpoint.state_dict``, a collective every rank joins) into one file. Both
+load into DDP, into one process, or into FSDP on another world size. With one process
 (no process group) there is nothing to shard and the model trains whole.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .errors import ConfigError, did_you_mean
 
 STRATEGIES = ("ddp", "fsdp")
 FSDP_DEFAULTS = dict(shard_modules=[], mixed_precision=None, reshard_after_forward=True,
-                     cpu_offload=False)
+                     cpu_offload=False, checkpoint="sharded")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -67,6 +69,10 @@ def parse_strategy(spec: Any) -> dict:
         raise ConfigError("strategy.shard_modules", f"got {names!r:.60}; takes a list of module "
                                                     f"class names, e.g. ['TransformerBlock']")
     out["shard_modules"] = list(names)
+    if out["checkpoint"] not in ("full", "sharded"):
+        raise ConfigError("strategy.checkpoint", f"got {out['checkpoint']!r:.40}; takes "
+                                                 f"'sharded' (each rank writes its shards) or "
+                                                 f"'full' (one file gathered on rank 0)")
     for flag in ("reshard_after_forward", "cpu_offload"):
         if not isinstance(out[flag], bool):
             raise ConfigError(f"strategy.{flag}", f"got {out[flag]!r:.60}; takes True or False")

@@ -13,6 +13,7 @@ from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
 from distributed_runner.registry import HOOKS
+from distributed_runner.sharded_checkpoint import full_weights, remove_orphan_shards
 
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
@@ -147,6 +148,7 @@ class CheckpointHook(Hook, CheckpointSaver):
             self.out_dir.mkdir(parents=True, exist_ok=True)
             # a write that a crash or SIGKILL interrupted left a checkpoint-sized temporary
             count, size = remove_stale_temporaries(self.out_dir)
+            count += remove_orphan_shards(self.out_dir)  # shards no manifest names
             if count:
                 runner.logger.info("removed %d interrupted checkpoint write(s) from %s (%.1f "
                                    "MB)", count, self.out_dir, size / 1e6)
@@ -258,6 +260,8 @@ class CheckpointHook(Hook, CheckpointSaver):
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
         with argument_errors():  # raised at after_train: the dispatcher names the config key
             ckpt = load_file(path, "published_keys")
+        if "sharded" in ckpt and "state_dict" in self.published_keys:
+            ckpt["state_dict"] = full_weights(path, ckpt)  # one deployable file from the shards
         slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
         tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]

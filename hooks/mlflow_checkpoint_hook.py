@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from distributed_runner.registry import HOOKS
+from distributed_runner.sharded_checkpoint import shard_folders
 from distributed_runner.sinks.mlflow import MLflowSink
 
 from .hook import Hook
@@ -41,4 +42,6 @@ class MLflowCheckpointHook(Hook):
             for path in files.get(kind, []):
                 sink.log_artifact(path, self.artifact_path)
                 self.uploaded.append(path.name)
+                for shards in shard_folders(path):  # a sharded checkpoint's other half
+                    sink.log_artifact(shards, f"{self.artifact_path}/{shards.name}")
         runner.logger.info("MLflow: uploaded %s", ", ".join(self.uploaded) or "no checkpoints")

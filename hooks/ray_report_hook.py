@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distributed_runner import dist
 from distributed_runner.checkpoint import checksum_path
 from distributed_runner.registry import HOOKS
+from distributed_runner.sharded_checkpoint import is_ranks_file
 
 from .hook import Hook
 
@@ -19,7 +21,7 @@ from .hook import Hook
 class RayReportHook(Hook):
     """At ``after_save_checkpoint``: ``ray.train.report(metrics, checkpoint)`` — rank 0 passes
     the file (hard-linked into a fresh folder, copied across filesystems), the other ranks report
-    ``None``. Ray persists it under the run's ``storage_path``; ``ray.train.get_checkpoint()`` hands
+    ``None``; with sharded FSDP checkpoints every rank passes its own shard files. Ray persists it under the run's ``storage_path``; ``ray.train.get_checkpoint()`` hands
     it to a restarted worker group.
 
     ``ray.train.report`` is a barrier: every rank calls it once per saved checkpoint, which holds
@@ -41,18 +43,33 @@ class RayReportHook(Hook):
         for key, buf in runner.message_hub.log_scalars.items():
             if key.startswith("val/") and len(buf):
                 metrics[key] = buf.current()
-        if runner.rank != 0:
+        shards = checkpoint.get("sharded")
+        if runner.rank != 0 and not shards:
             ray.train.report(metrics, checkpoint=None)
             return
         path = Path(path)
+        name = f"{path.stem}-{time.time_ns()}"
+        if shards:  # every rank uploads its own shard files into the one checkpoint folder
+            name = dist.broadcast_object(name if runner.rank == 0 else None)
         with tempfile.TemporaryDirectory(prefix="drun-report-") as tmp:
-            for source in (path, checksum_path(path)):  # the checksum travels with it
-                if not source.is_file():
-                    continue
-                target = Path(tmp) / source.name
+            for source, target in self._files(runner.rank, path, shards):
+                target = Path(tmp) / target
+                target.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     os.link(source, target)  # same filesystem: no copy before Ray persists it
                 except OSError:
                     shutil.copy2(source, target)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=f"{path.stem}-{time.time_ns()}")
+                             checkpoint_dir_name=name)
+
+    @staticmethod
+    def _files(rank: int, path: Path, shards: dict | None) -> list[tuple[Path, str]]:
+        """(file, its name in the reported folder) this rank hands over: rank 0 the checkpoint
+        and its checksum (the checksum travels with it) and DCP's metadata; with shards, each
+        rank its own ``__<rank>_*`` files — Ray merges the ranks' folders into one."""
+        files = [(p, p.name) for p in (path, checksum_path(path)) if rank == 0 and p.is_file()]
+        if shards:
+            folder = path.parent / shards["dir"]
+            files += [(f, f"{shards['dir']}/{f.name}") for f in sorted(folder.iterdir())
+                      if is_ranks_file(f.name, rank)]
+        return files

@@ -244,7 +244,7 @@ class MLflowSink(LogSink):
                             "does", waited)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        """Upload a file (a checkpoint) to the run."""
+        """Upload a file (a checkpoint) or a folder's files (its shards) to the run."""
         if not getattr(self, "_run_opened", False):
             self._ensure_run()
         self._request("artifact", str(path), artifact_path, timeout=600)

@@ -175,8 +175,10 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
                         if sender.run_id is not None:
                             sender.send_some()
                     result = sender.run_id
-                elif command == "artifact":
-                    sender.client.log_artifact(sender.run_id, *args)
+                elif command == "artifact":  # a file, or a folder (a checkpoint's shards)
+                    log = sender.client.log_artifacts if os.path.isdir(args[0]) \
+                        else sender.client.log_artifact
+                    log(sender.run_id, *args)
                     result = None
                 elif command == "close":
                     timeout, outcome = args

@@ -1,6 +1,7 @@
 """``strategy=dict(type='fsdp')`` (FSDP2, ``fully_shard``) on 2 local gloo processes: it trains
-what DDP trains, its checkpoints hold full tensors under the model's own keys, and resume is
-exact, also inside a gradient-accumulation window and with gradient clipping."""
+what DDP trains; its checkpoints, sharded (each rank writes its shards through DCP) or full (one
+file, full tensors under the model's own keys), resume exactly — also inside a gradient-
+accumulation window, with clipping and with EMA — and a sharded one resumes in one process."""
 import json
 import os
 import socket
@@ -28,7 +29,8 @@ def cfg(work_dir, strategy, optim=None, **extra):
         randomness=dict(seed=0), log_level="WARNING", **extra)
 
 
-FSDP = dict(type="fsdp", shard_modules=["Block"])
+FSDP = dict(type="fsdp", shard_modules=["Block"], checkpoint="full")
+SHARDED = dict(type="fsdp", shard_modules=["Block"])  # checkpoint='sharded', the default
 EMA = dict(type="EMAHook", momentum=0.3)
 VAL = dict(val_dataloader=dict(dataset=dict(type="ToyDataset", n=16, seed=1), batch_size=4,
                                sampler=dict(type="DefaultSampler", shuffle=False)),
@@ -65,6 +67,13 @@ def _worker(rank: int, port: int, out: str) -> None:
             "fsdp_ema": cfg(f"{out}/fsdp_ema", FSDP, custom_hooks=[EMA], **VAL),
             "fsdp_ema_resumed": cfg(f"{out}/fsdp_ema_resumed", FSDP, custom_hooks=[EMA], **VAL,
                                     resume=f"{out}/fsdp_ema/iter_3.pth"),
+            "sharded_acc": cfg(f"{out}/sharded_acc", SHARDED, ACCUMULATE_CLIP,
+                               custom_hooks=[EMA]),
+            "sharded_acc_resumed": cfg(f"{out}/sharded_acc_resumed", SHARDED, ACCUMULATE_CLIP,
+                                       custom_hooks=[EMA],
+                                       resume=f"{out}/sharded_acc/iter_3.pth"),
+            "fsdp_acc_ema": cfg(f"{out}/fsdp_acc_ema", FSDP, ACCUMULATE_CLIP,
+                                custom_hooks=[EMA]),
             "fsdp_bf16": cfg(f"{out}/fsdp_bf16", dict(
                 FSDP, mixed_precision=dict(param_dtype="bfloat16", reduce_dtype="float32"))),
         }
@@ -189,3 +198,82 @@ def test_a_shard_module_the_model_lacks_is_named_before_training(tmp_path):
         make_runner(tmp_path, **{k: v for k, v in cfg(tmp_path, dict(
             type="fsdp", shard_modules=["Blok"])).items() if k != "work_dir"})
     assert err.value.key == "strategy.shard_modules" and "did you mean 'Block'" in str(err.value)
+
+
+def sharded_weights(path):
+    from distributed_runner.sharded_checkpoint import full_weights
+    return full_weights(path, weights(path))
+
+
+@pytest.mark.timeout(300)
+def test_sharded_checkpoints_are_a_manifest_and_every_ranks_shards(two_rank_runs):
+    out, _ = two_rank_runs
+    folder = out / "sharded_acc"
+    manifest = weights(folder / "iter_3.pth")
+    assert "state_dict" not in manifest and "optimizer" not in manifest
+    entry = manifest["sharded"]
+    assert entry["keys"] == ["model", "optimizer"]
+    assert sorted(entry["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert sorted(p.name for p in folder.glob("*.dcp")) == sorted(
+        weights(folder / f"{n}.pth")["sharded"]["dir"] for n in ("iter_3", "iter_6"))
+    # the EMA average is gathered into the manifest (full tensors)
+    assert all(type(v) is torch.Tensor for v in manifest["ema_state_dict"].values())
+
+
+@pytest.mark.timeout(300)
+def test_sharded_checkpoints_train_and_resume_as_full_ones(two_rank_runs):
+    """Saving shards does not change training (the same weights as the full-file run, EMA and
+    accumulation included), and resuming from a mid-window shard checkpoint is exact."""
+    out, _ = two_rank_runs
+    full = weights(out / "fsdp_acc_ema" / f"iter_{ITERS}.pth")
+    straight = sharded_weights(out / "sharded_acc" / f"iter_{ITERS}.pth")
+    resumed = sharded_weights(out / "sharded_acc_resumed" / f"iter_{ITERS}.pth")
+    assert straight.keys() == full["state_dict"].keys()
+    for k, v in full["state_dict"].items():
+        assert torch.equal(straight[k], v), k
+        assert torch.equal(resumed[k], v), k
+    ema = [weights(out / run / f"iter_{ITERS}.pth")["ema_state_dict"]
+           for run in ("sharded_acc", "sharded_acc_resumed")]
+    for k, v in full["ema_state_dict"].items():
+        assert torch.equal(ema[0][k], v) and torch.equal(ema[1][k], v), k
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_checkpoint_of_2_ranks_resumes_in_one_process(two_rank_runs, tmp_path):
+    out, _ = two_rank_runs
+    path = out / "sharded_acc" / "iter_3.pth"
+    runner = make_runner(tmp_path, **{k: v for k, v in cfg(
+        tmp_path, SHARDED, ACCUMULATE_CLIP, resume=str(path)).items() if k != "work_dir"})
+    runner._load_or_resume()
+    saved = sharded_weights(path)
+    assert runner.iter == 3
+    for k, v in runner.model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    dcp_to_torch_save(str(path.parent / weights(path)["sharded"]["dir"]), str(tmp_path / "f.pt"))
+    adam = weights(tmp_path / "f.pt")["optimizer"]["state"]
+    names = [n for n, _ in runner.model.named_parameters()]
+    state = runner.optim_wrapper.optimizer.state
+    for name, param in zip(names, runner.model.parameters()):
+        assert torch.equal(state[param]["exp_avg"], adam[name]["exp_avg"]), name
+    runner.train()  # on from iteration 3 to 6
+    assert runner.iter == ITERS
+    first = weights(tmp_path / "iter_6.pth")  # one process: not sharded, one full file
+    assert "sharded" not in first and first["meta"]["world_size"] == 1
+    assert first["meta"]["iter"] == ITERS and saved.keys() == first["state_dict"].keys()
+
+
+@pytest.mark.timeout(300)
+def test_a_torn_shard_is_refused_like_a_damaged_file(two_rank_runs, tmp_path):
+    import shutil
+
+    from distributed_runner.checkpoint import CheckpointDamaged, load_file
+    source = out_dir = two_rank_runs[0] / "sharded_acc"
+    copy = tmp_path / "copy"
+    shutil.copytree(out_dir, copy)
+    entry = weights(source / "iter_3.pth")["sharded"]
+    shard = copy / entry["dir"] / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(CheckpointDamaged) as err:
+        load_file(copy / "iter_3.pth", "resume")
+    assert "__1_0.distcp has" in str(err.value) and "when it was written" in str(err.value)

@@ -1,0 +1,143 @@
+"""Sharded checkpoints: with ``strategy=dict(type='fsdp', checkpoint='sharded')`` (the FSDP
+default) every rank writes its own shards of the model and optimizer through
+``torch.distributed.checkpoint`` (DCP) instead of gathering them to rank 0.
+
+One checkpoint is still one name for everything that handles checkpoints (CheckpointHook's
+interval, max_keep_ckpts and save_best, ``last_checkpoint``, resume, Ray)::
+
+    iter_8.pth                 the manifest: meta, schedulers, hub, hooks, RNG, sampler, ...,
+    iter_8.pth.crc32           and ``sharded`` = {dir, keys, files: {name: bytes}}
+    iter_8.<token>.dcp/        DCP's files: .metadata and each rank's __<rank>_<n>.distcp
+
+Why the manifest is written last, by rank 0, after DCP has finished on every rank: its existence
+is the commit. A crash while shards are written leaves a folder no manifest names, which resume
+never picks and the next run removes. The folder name carries a token so that re-saving a name
+(``last.pth``) never overwrites the shards the current manifest names. Loading checks that every
+file the manifest lists is there with its size (a torn copy is refused like a damaged file), and
+DCP reshards: a checkpoint written by 2 ranks resumes on 1, 2 or 4.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from . import dist
+
+SHARDED = "sharded"
+
+
+def writes_shards(runner: Any) -> bool:
+    """Whether ``runner``'s checkpoints are sharded (an FSDP model with checkpoint='sharded')."""
+    from .sharding import is_sharded
+    return runner.strategy.get("checkpoint") == "sharded" and is_sharded(runner.model)
+
+
+def shard_folders(path: Path) -> list[Path]:
+    """The shard folders next to checkpoint ``path`` (none for a one-file checkpoint)."""
+    return sorted(Path(path).parent.glob(f"{Path(path).stem}.*.dcp"))
+
+
+def save_shards(runner: Any, path: Path, save_optimizer: bool) -> dict:
+    """Every rank writes its shards of the model (and optimizer) next to ``path``; returns the
+    manifest's ``sharded`` entry (complete on rank 0, which DCP's save ends on)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
+        get_optimizer_state_dict
+
+    token = dist.broadcast_object(f"{time.time_ns():x}" if runner.rank == 0 else None)
+    folder = path.parent / f"{path.stem}.{token}.dcp"
+    state: dict[str, Any] = {"model": get_model_state_dict(runner.model)}
+    if save_optimizer and runner.optim_wrapper is not None:
+        state["optimizer"] = get_optimizer_state_dict(runner.model,
+                                                      runner.optim_wrapper.optimizer)
+    dcp.save(state, checkpoint_id=str(folder))
+    # each rank lists the files it wrote (on several machines each sees only its own)
+    mine = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
+            if is_ranks_file(f.name, runner.rank)}
+    files = {k: v for part in dist.all_gather_object(mine) for k, v in part.items()}
+    return {"dir": folder.name, "keys": list(state), "files": files}
+
+
+def is_ranks_file(name: str, rank: int) -> bool:
+    """Whether DCP's file ``name`` was written by ``rank`` (``__<rank>_<n>.distcp``; the
+    ``.metadata`` is rank 0's, which coordinates the save)."""
+    return name.startswith(f"__{rank}_") or (rank == 0 and not name.startswith("__"))
+
+
+def after_manifest_written(path: Path, ckpt: dict) -> None:
+    """Rank 0, once ``path`` (the manifest) is in place: remove older shard folders of the same
+    name, which no manifest names any more."""
+    current = ckpt.get(SHARDED, {}).get("dir")
+    for folder in shard_folders(path):
+        if folder.name != current:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_shards(path: Path) -> None:
+    for folder in shard_folders(Path(path)):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphan_shards(folder: Path) -> int:
+    """Shard folders no manifest names (a save a crash interrupted); returns how many went."""
+    removed = 0
+    for shards in Path(folder).glob("*.dcp"):
+        manifest = shards.with_name(shards.name.rsplit(".", 2)[0] + ".pth")
+        if not manifest.is_file():
+            shutil.rmtree(shards, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def missing_shards(path: Path, ckpt: dict) -> str | None:
+    """Why the shards ``ckpt`` names are not all there at the sizes written, or None."""
+    entry = ckpt[SHARDED]
+    folder = Path(path).parent / entry["dir"]
+    for name, size in entry.get("files", {}).items():
+        f = folder / name
+        if not f.is_file():
+            return f"its shard file {entry['dir']}/{name} is missing"
+        if f.stat().st_size != size:
+            return (f"its shard file {entry['dir']}/{name} has {f.stat().st_size} bytes, "
+                    f"{size} when it was written")
+    return None
+
+
+def load_shards(runner: Any, ckpt: dict, path: Path, with_optimizer: bool) -> None:
+    """Read the shards into the model (and optimizer), resharded to this run's ranks; every rank
+    calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
+        get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+
+    entry = ckpt[SHARDED]
+    state: dict[str, Any] = {"model": get_model_state_dict(runner.model)}
+    optimizer = runner.optim_wrapper.optimizer if runner.optim_wrapper is not None else None
+    use_optimizer = with_optimizer and optimizer is not None and "optimizer" in entry["keys"]
+    if use_optimizer:
+        state["optimizer"] = get_optimizer_state_dict(runner.model, optimizer)
+    with warnings.catch_warnings():  # one process: DCP says it assumes so
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(Path(path).parent / entry["dir"]))
+    set_model_state_dict(runner.model, state["model"])
+    if use_optimizer:
+        set_optimizer_state_dict(runner.model, optimizer, state["optimizer"])
+
+
+def full_weights(path: Path, ckpt: dict) -> dict:
+    """The whole model's weights from a sharded checkpoint, read by one process (publishing a
+    deployable file needs no process group)."""
+    import tempfile
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "full.pt"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp_to_torch_save(str(Path(path).parent / ckpt[SHARDED]["dir"]), str(out))
+        return torch.load(out, map_location="cpu", weights_only=True)["model"]
