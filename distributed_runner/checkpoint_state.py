@@ -15,33 +15,12 @@ from typing import Any
 import torch
 
 from . import __version__, dist
-from .checkpoint import atomic_save, capture_rng, load_weights, model_state_from, restore_rng
+from .checkpoint import capture_rng, load_weights, model_state_from, restore_rng
 from .config import dumps_json
 from .redact import redact
-from .sharded_checkpoint import SHARDED, after_manifest_written, load_shards, save_shards, \
-    writes_shards
+from .sharded_checkpoint import SHARDED, load_shards
 from .sharding import full_model_state, full_optimizer_state, is_sharded, \
     load_full_optimizer_state
-
-
-def save_training_checkpoint(runner: Any, path: Path, save_optimizer: bool = True,
-                             save_param_scheduler: bool = True, meta: dict | None = None) -> Path:
-    """Collect the state on every rank, let hooks see it, write it on rank 0 (atomically), then
-    ``after_save_checkpoint(path, checkpoint)`` on every rank.
-
-    The sinks are flushed first, so a run resumed from this checkpoint finds every record up to
-    it (and the flush settles the sinks' state, such as the MLflow run id, that it saves).
-    """
-    if runner.rank == 0:
-        runner.sinks.flush()
-    ckpt = collect_training_state(runner, save_optimizer, save_param_scheduler, meta, path)
-    runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
-    if runner.rank == 0:
-        atomic_save(ckpt, path)  # with shards: the manifest, written last, is the commit
-        if SHARDED in ckpt:
-            after_manifest_written(path, ckpt)
-    runner.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
-    return path
 
 
 def load_model_weights(runner: Any, ckpt: dict, path: str | Path, key: str,
@@ -54,10 +33,10 @@ def load_model_weights(runner: Any, ckpt: dict, path: str | Path, key: str,
 
 
 def collect_training_state(runner: Any, save_optimizer: bool, save_param_scheduler: bool,
-                           meta: dict | None, path: Path | None = None) -> dict:
+                           meta: dict | None, with_weights: bool = True) -> dict:
     """The checkpoint dict for ``runner``'s current position (collective: call on every rank).
-    With sharded FSDP checkpoints the model and optimizer go to shards next to ``path``."""
-    sharded = path is not None and writes_shards(runner)
+    Without ``with_weights`` the model and optimizer are left out (sharded FSDP checkpoints
+    write them as shards, :mod:`.sharded_checkpoint`)."""
     position = runner.train_state.position() if runner.train_loop is not None else {}
     info = {**position, "seed": runner.seed, "world_size": runner.world_size,
             "experiment_name": runner.experiment_name, "time": time.time(),
@@ -75,13 +54,11 @@ def collect_training_state(runner: Any, save_optimizer: bool, save_param_schedul
         "rng": {"ranks": dist.all_gather_object(capture_rng())},
         "sampler": {"ranks": dist.all_gather_object(sampler_pos)},
     }
-    if sharded:
-        ckpt[SHARDED] = save_shards(runner, path, save_optimizer)
-    else:  # FSDP with checkpoint='full': gathered on rank 0, the keys an unsharded model has
+    if with_weights:  # FSDP with checkpoint='full': gathered on rank 0, an unsharded model's keys
         ckpt["state_dict"] = full_model_state(runner.model) if is_sharded(runner.model) \
             else runner.model.state_dict()
     if runner.optim_wrapper is not None:
-        if save_optimizer and not sharded:
+        if save_optimizer and with_weights:
             ckpt["optimizer"] = full_optimizer_state(runner.model, runner.optim_wrapper.optimizer) \
                 if is_sharded(runner.model) else runner.optim_wrapper.state_dict()
         ckpt["scaler"] = runner.optim_wrapper.scaler_state_dict()

@@ -49,7 +49,8 @@ from .registry import LOOPS, check_arguments
 from .resume_choice import choose_checkpoint
 from .schedulers import build_param_schedulers
 from .checkpoint_state import load_model_weights, newest_checkpoint_everywhere, \
-    restore_training_state, save_training_checkpoint
+    restore_training_state
+from .checkpoint_writer import CheckpointWriter
 from .sinks import SinkSet
 from .train_state import TrainState
 
@@ -97,6 +98,7 @@ class Runner:
         # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
         self._load_from, self._resume = load_from, resume
+        self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
         self._has_loaded = False
         for key, path in (("load_from", load_from),
                           ("resume", resume if isinstance(resume, (str, Path)) else None)):
@@ -295,6 +297,7 @@ class Runner:
     def rollback(self, reason: str) -> Path:
         """Restore the newest checkpoint on every rank (rank 0 reads it and sends it, so ranks on
         other machines need not see ``work_dir``). Used by NonFiniteLossHook(policy='rollback')."""
+        self.checkpoints.wait()  # the newest checkpoint may still be being written
         ckpt, path = newest_checkpoint_everywhere(self, reason)
         self.logger.warning("rolling back to %s: %s", path, reason)
         self._restore(ckpt, path)
@@ -311,6 +314,7 @@ class Runner:
             self._load_or_resume()
             self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
             self.train_loop.run()
+            self.checkpoints.wait()  # an asynchronous save still in flight commits now
         return self.model
 
     def val(self) -> dict:
@@ -381,9 +385,10 @@ class Runner:
         self.call_hook("after_load_checkpoint", checkpoint=ckpt)
 
     def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
-                        save_param_scheduler: bool = True, meta: dict | None = None) -> Path:
+                        save_param_scheduler: bool = True, meta: dict | None = None,
+                        asynchronous: bool = False) -> Path:
         """Assemble the checkpoint (DESIGN §4) on every rank; rank 0 writes it atomically (with
-        sharded FSDP checkpoints every rank writes its shards first). Call it on every rank;
-        see :func:`~distributed_runner.checkpoint_state.save_training_checkpoint`."""
-        return save_training_checkpoint(self, Path(out_dir) / filename, save_optimizer,
-                                        save_param_scheduler, meta)
+        sharded FSDP checkpoints every rank writes its shards); ``asynchronous`` writes in the
+        background. Call it on every rank; see :mod:`distributed_runner.checkpoint_writer`."""
+        return self.checkpoints.save(Path(out_dir) / filename, save_optimizer,
+                                     save_param_scheduler, meta, asynchronous)

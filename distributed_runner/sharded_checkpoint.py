@@ -40,9 +40,12 @@ def shard_folders(path: Path) -> list[Path]:
     return sorted(Path(path).parent.glob(f"{Path(path).stem}.*.dcp"))
 
 
-def save_shards(runner: Any, path: Path, save_optimizer: bool) -> dict:
-    """Every rank writes its shards of the model (and optimizer) next to ``path``; returns the
-    manifest's ``sharded`` entry (complete on rank 0, which DCP's save ends on)."""
+def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bool = False,
+                 group: Any = None) -> tuple[dict, Any]:
+    """Every rank writes its shards of the model (and optimizer) next to ``path``, now or (with
+    ``asynchronous``) in DCP's background thread after copying them to host memory. Returns the
+    manifest's ``sharded`` entry (its file list is filled by :func:`finish_shards`) and DCP's
+    future (None when written already)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
         get_optimizer_state_dict
@@ -53,12 +56,20 @@ def save_shards(runner: Any, path: Path, save_optimizer: bool) -> dict:
     if save_optimizer and runner.optim_wrapper is not None:
         state["optimizer"] = get_optimizer_state_dict(runner.model,
                                                       runner.optim_wrapper.optimizer)
+    entry = {"dir": folder.name, "keys": list(state), "files": {}}
+    if asynchronous:
+        return entry, dcp.async_save(state, checkpoint_id=str(folder), process_group=group)
     dcp.save(state, checkpoint_id=str(folder))
-    # each rank lists the files it wrote (on several machines each sees only its own)
+    return entry, None
+
+
+def finish_shards(runner: Any, path: Path, entry: dict) -> None:
+    """Once written: every rank's files with their sizes into ``entry`` (each rank lists its own:
+    on several machines each sees only those). A collective."""
+    folder = Path(path).parent / entry["dir"]
     mine = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
             if is_ranks_file(f.name, runner.rank)}
-    files = {k: v for part in dist.all_gather_object(mine) for k, v in part.items()}
-    return {"dir": folder.name, "keys": list(state), "files": files}
+    entry["files"] = {k: v for part in dist.all_gather_object(mine) for k, v in part.items()}
 
 
 def is_ranks_file(name: str, rank: int) -> bool:

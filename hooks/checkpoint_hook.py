@@ -51,6 +51,10 @@ class CheckpointHook(Hook, CheckpointSaver):
       these keys as ``{name}-{sha256[:8]}.pth``.
     * ``out_dir`` (default ``work_dir``), ``filename_tmpl`` (default ``epoch_{}.pth`` /
       ``iter_{}.pth``), ``save_optimizer``, ``save_param_scheduler``.
+    * ``async_save``: write in the background; training waits only while the tensors are
+      copied to host memory. The checkpoint commits (``last_checkpoint`` moves, old files go,
+      Ray hears of it) once every rank's write is done — checked after every iteration — and a
+      new save waits for the previous one (:mod:`distributed_runner.checkpoint_writer`).
 
     ``work_dir/last_checkpoint`` (and ``out_dir/last_checkpoint``) names the newest periodic or
     last checkpoint; ``resume=True`` starts from it. ``runner.request_checkpoint(reason)`` and
@@ -69,7 +73,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                  less_keys: Optional[Sequence[str]] = None,
                  filename_tmpl: Optional[str] = None,
                  published_keys: Union[str, Sequence[str], None] = None,
-                 save_begin: int = 0, save_topk: int = 1) -> None:
+                 save_begin: int = 0, save_topk: int = 1, async_save: bool = False) -> None:
         if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
                 interval != int(interval) or interval == 0 or interval < -1):
             raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
@@ -80,8 +84,12 @@ class CheckpointHook(Hook, CheckpointSaver):
                                  ("save_topk", save_topk, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
-        if not isinstance(by_epoch, bool):
-            raise ArgumentError("by_epoch", f"got {by_epoch!r}; takes True or False")
+        for name, flag in (("by_epoch", by_epoch), ("async_save", async_save)):
+            if not isinstance(flag, bool):
+                raise ArgumentError(name, f"got {flag!r}; takes True or False")
+        self.async_save = async_save
+        # what a save's commit does (rank 0), by file name: move the pointer, remove old files
+        self._on_commit: dict[str, tuple[bool, list[str]]] = {}
         self.every = Interval.parse(interval, bool(by_epoch), "interval")
         self.interval = interval
         self.by_epoch = bool(by_epoch)
@@ -165,6 +173,8 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
+        if self.async_save:
+            runner.checkpoints.poll()  # commits a background save every rank has finished
         if self.every.kind == "time":  # rank 0's clock decides; the request makes ranks agree
             if runner.rank == 0 and self.every.time_due(agree=False):
                 runner.request_checkpoint(f"{self.every.text} of wall time since the last save")
@@ -183,9 +193,23 @@ class CheckpointHook(Hook, CheckpointSaver):
             runner.logger.info("saved %s (%s)", name, reason)
         return self.out_dir / name
 
-    def _save(self, runner, filename: str, meta: Optional[dict] = None) -> Path:
+    def _save(self, runner, filename: str, meta: Optional[dict] = None, point: bool = False,
+              remove: Sequence[str] = ()) -> Path:
+        """Save ``filename``; when it commits, point ``last_checkpoint`` at it (``point``) and
+        remove the files it replaces (``remove``): never before it is safely written."""
+        self._on_commit[filename] = (point, list(remove))
         return runner.save_checkpoint(self.out_dir, filename, save_optimizer=self.save_optimizer,
-                                      save_param_scheduler=self.save_param_scheduler, meta=meta)
+                                      save_param_scheduler=self.save_param_scheduler, meta=meta,
+                                      asynchronous=self.async_save)
+
+    def after_save_checkpoint(self, runner, path: Path, checkpoint: dict) -> None:
+        point, remove = self._on_commit.pop(Path(path).name, (False, []))
+        if runner.rank != 0:
+            return
+        if point:
+            self._point_at(runner, Path(path))
+        for name in remove:
+            remove_checkpoint(self.out_dir / name)
 
     def _save_periodic(self, runner, filename: str) -> None:
         if filename not in self.kept:
@@ -195,11 +219,7 @@ class CheckpointHook(Hook, CheckpointSaver):
             removed.append(self.kept.pop(0))
         self.last_file = filename
         self.last_saved_iter = runner.train_state.position()["iter"]
-        path = self._save(runner, filename)
-        if runner.rank == 0:
-            self._point_at(runner, path)
-            for name in removed:
-                remove_checkpoint(self.out_dir / name)
+        self._save(runner, filename, point=True, remove=removed)
 
     def _point_at(self, runner, path: Path) -> None:
         for folder in {self.out_dir, Path(runner.work_dir)}:
@@ -229,12 +249,10 @@ class CheckpointHook(Hook, CheckpointSaver):
             del top[self.save_topk:]
             self.best_scores[key], self.best_files[key] = top[0]
             runner.message_hub.update_info(f"best_score/{key}", top[0][0])
-            self._save(runner, name, meta={"best": {key: value}})
+            self._save(runner, name, meta={"best": {key: value}}, remove=dropped)
             if runner.rank == 0:
                 runner.logger.info("%s %s = %.4f: saved %s", "new best" if place == 0 else
                                    f"top-{self.save_topk}", key, value, name)
-                for old in dropped:
-                    remove_checkpoint(self.out_dir / old)
 
     # -- end of training -----------------------------------------------------------------------
     def after_train(self, runner) -> None:
@@ -245,9 +263,8 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.save_last and self.last_saved_iter != runner.iter:
             self.last_file = "last.pth"
             self.last_saved_iter = runner.iter
-            path = self._save(runner, "last.pth")
-            if runner.rank == 0:
-                self._point_at(runner, path)
+            self._save(runner, "last.pth", point=True)
+        runner.checkpoints.wait()  # an asynchronous save commits before anything reads it
         if self.published_keys and runner.rank == 0:
             names = ([self.last_file] if self.save_last and self.last_file else []) \
                 + list(self.best_files.values())

@@ -51,7 +51,13 @@ class RayReportHook(Hook):
         name = f"{path.stem}-{time.time_ns()}"
         if shards:  # every rank uploads its own shard files into the one checkpoint folder
             name = dist.broadcast_object(name if runner.rank == 0 else None)
-        with tempfile.TemporaryDirectory(prefix="drun-report-") as tmp:
+        # an asynchronous save is uploaded asynchronously too: Ray copies the folder to
+        # storage in the background and deletes it afterwards
+        background = bool(meta.get("async_save"))
+        upload = dict(checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+                      delete_local_checkpoint_after_upload=True) if background else {}
+        tmp = tempfile.mkdtemp(prefix="drun-report-")
+        try:
             for source, target in self._files(runner.rank, path, shards):
                 target = Path(tmp) / target
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -60,7 +66,10 @@ class RayReportHook(Hook):
                 except OSError:
                     shutil.copy2(source, target)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=name)
+                             checkpoint_dir_name=name, **upload)
+        finally:
+            if not background:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     @staticmethod
     def _files(rank: int, path: Path, shards: dict | None) -> list[tuple[Path, str]]:

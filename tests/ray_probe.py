@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import distributed_runner.checkpoint_state as checkpoint_state
+import distributed_runner.checkpoint_writer as checkpoint_writer
 import tests.toy  # noqa: F401  (registers ToyDataset / ToyModel on the worker)
 from distributed_runner.registry import HOOKS, MODELS
 from hooks import Hook
 
-_original_save = checkpoint_state.atomic_save
+_original_save = checkpoint_writer.atomic_save
 
 
 def _recording_save(obj, path):
@@ -28,7 +28,7 @@ def _recording_save(obj, path):
     return _original_save(obj, path)
 
 
-checkpoint_state.atomic_save = _recording_save
+checkpoint_writer.atomic_save = _recording_save
 
 
 @MODELS.register_module(force=True)

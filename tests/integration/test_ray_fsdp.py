@@ -1,7 +1,7 @@
 """FSDP2 through Ray Train (2 CPU workers, gloo), sharded checkpoints: each worker reports its
-own shard files and Ray merges them into one checkpoint folder; a worker killed mid-run comes
-back from it and the run ends with the weights, average and optimizer state of a run that was
-never interrupted."""
+own shard files and Ray merges them into one checkpoint folder (saved and uploaded in the
+background in one run); a worker killed mid-run comes back from it and the run ends with the
+weights, average and optimizer state of the run that was never interrupted."""
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,17 @@ def everything(path: Path, tmp: Path) -> dict:
 
 def test_fsdp_worker_death_resumes_exactly_from_merged_shards(ray_cluster, tmp_path):
     ema = dict(type="EMAHook", momentum=0.3)
-    assert fit(ray_cfg(tmp_path / "straight", custom_hooks=[ema], **FSDP))[0] == 0
+    straight = ray_cfg(tmp_path / "straight", custom_hooks=[ema], **FSDP)
+    straight["default_hooks"]["checkpoint"]["async_save"] = True  # saved and uploaded in the
+    assert fit(straight)[0] == 0                                   # background: the same result
+    storage = tmp_path / "straight" / "ray_storage" / "straight"
+    reported = sorted(p.name.rsplit("-", 1)[0] for p in storage.iterdir() if p.is_dir())
+    assert reported == ["iter_14", "iter_7", "last"]
+    for folder in (p for p in storage.iterdir() if p.is_dir()):
+        manifest = torch.load(next(folder.glob("*.pth")), weights_only=False)
+        assert manifest["meta"]["async_save"] is True
+        assert sorted(p.name for p in (folder / manifest["sharded"]["dir"]).iterdir()) == \
+            [".metadata", "__0_0.distcp", "__1_0.distcp"]
     died = ray_cfg(tmp_path / "died", custom_hooks=[ema, dict(type="DieOnceHook", at_iter=9)],
                    **FSDP)
     died["launcher"]["max_failures"] = 1

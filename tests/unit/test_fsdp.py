@@ -2,9 +2,11 @@
 what DDP trains; its checkpoints, sharded (each rank writes its shards through DCP) or full (one
 file, full tensors under the model's own keys), resume exactly — also inside a gradient-
 accumulation window, with clipping and with EMA — and a sharded one resumes in one process."""
+import faulthandler
 import json
 import os
 import socket
+import traceback
 
 import pytest
 import torch
@@ -17,14 +19,15 @@ from tests.toy import make_runner
 ITERS = 6
 
 
-def cfg(work_dir, strategy, optim=None, **extra):
+def cfg(work_dir, strategy, optim=None, async_save=False, **extra):
     return dict(
         work_dir=str(work_dir), model=dict(type="TinyBlocks"), strategy=strategy,
         train_dataloader=dict(dataset=dict(type="ToyDataset", n=64), batch_size=4,
                               sampler=dict(type="DefaultSampler", shuffle=True)),
         train_cfg=dict(by_epoch=False, max_iters=ITERS, val_interval=3),
         optim_wrapper=optim or dict(optimizer=dict(type="AdamW", lr=0.01)),
-        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=3, by_epoch=False),
+        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=3, by_epoch=False,
+                                           async_save=async_save),
                            logger=dict(type="LoggerHook", interval=2, sinks=["jsonl"])),
         randomness=dict(seed=0), log_level="WARNING", **extra)
 
@@ -46,6 +49,9 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, port: int, out: str) -> None:
+    # a rank that fails exits at once (mp.spawn then ends the other, which would wait forever
+    # in a collective); a hang ends after 240 s with every thread's stack printed
+    faulthandler.dump_traceback_later(240, exit=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
@@ -72,6 +78,11 @@ def _worker(rank: int, port: int, out: str) -> None:
             "sharded_acc_resumed": cfg(f"{out}/sharded_acc_resumed", SHARDED, ACCUMULATE_CLIP,
                                        custom_hooks=[EMA],
                                        resume=f"{out}/sharded_acc/iter_3.pth"),
+            "sharded_async": cfg(f"{out}/sharded_async", SHARDED, ACCUMULATE_CLIP,
+                                 async_save=True, custom_hooks=[EMA]),
+            "sharded_async_resumed": cfg(f"{out}/sharded_async_resumed", SHARDED,
+                                         ACCUMULATE_CLIP, async_save=True, custom_hooks=[EMA],
+                                         resume=f"{out}/sharded_async/iter_3.pth"),
             "fsdp_acc_ema": cfg(f"{out}/fsdp_acc_ema", FSDP, ACCUMULATE_CLIP,
                                 custom_hooks=[EMA]),
             "fsdp_bf16": cfg(f"{out}/fsdp_bf16", dict(
@@ -87,9 +98,11 @@ def _worker(rank: int, port: int, out: str) -> None:
                            if "val_dataloader" in config else []}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(facts, f)
-    finally:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def weights(path):
@@ -222,20 +235,23 @@ def test_sharded_checkpoints_are_a_manifest_and_every_ranks_shards(two_rank_runs
 
 @pytest.mark.timeout(300)
 def test_sharded_checkpoints_train_and_resume_as_full_ones(two_rank_runs):
-    """Saving shards does not change training (the same weights as the full-file run, EMA and
-    accumulation included), and resuming from a mid-window shard checkpoint is exact."""
+    """Saving shards, in the foreground or the background, does not change training (the same
+    weights as the full-file run, EMA and accumulation included), and resuming from a
+    mid-window shard checkpoint is exact."""
     out, _ = two_rank_runs
     full = weights(out / "fsdp_acc_ema" / f"iter_{ITERS}.pth")
-    straight = sharded_weights(out / "sharded_acc" / f"iter_{ITERS}.pth")
-    resumed = sharded_weights(out / "sharded_acc_resumed" / f"iter_{ITERS}.pth")
-    assert straight.keys() == full["state_dict"].keys()
-    for k, v in full["state_dict"].items():
-        assert torch.equal(straight[k], v), k
-        assert torch.equal(resumed[k], v), k
-    ema = [weights(out / run / f"iter_{ITERS}.pth")["ema_state_dict"]
-           for run in ("sharded_acc", "sharded_acc_resumed")]
-    for k, v in full["ema_state_dict"].items():
-        assert torch.equal(ema[0][k], v) and torch.equal(ema[1][k], v), k
+    runs = ("sharded_acc", "sharded_acc_resumed", "sharded_async", "sharded_async_resumed")
+    for run in runs:
+        final = out / run / f"iter_{ITERS}.pth"
+        model, ema = sharded_weights(final), weights(final)["ema_state_dict"]
+        assert model.keys() == full["state_dict"].keys()
+        for k, v in full["state_dict"].items():
+            assert torch.equal(model[k], v), f"{run} {k}"
+        for k, v in full["ema_state_dict"].items():
+            assert torch.equal(ema[k], v), f"{run} ema {k}"
+    # written in the background, committed: the pointer names the last one
+    assert weights(out / "sharded_async" / "iter_3.pth")["meta"]["async_save"] is True
+    assert (out / "sharded_async" / "last_checkpoint").read_text() == f"iter_{ITERS}.pth"
 
 
 @pytest.mark.timeout(300)

@@ -1,0 +1,150 @@
+"""Writing checkpoints, in the foreground or in the background (``async_save``).
+
+One save, on every rank::
+
+    wait()                      the previous save commits first: one save in flight at a time
+    flush the sinks (rank 0)    a run resumed from this checkpoint finds every record up to it
+    collect the state           every rank (RNG, sampler position ... are gathered: collectives)
+    shards (sharded FSDP)       every rank hands its shards to torch.distributed.checkpoint
+    before_save_checkpoint      hooks add to the checkpoint (EMA's average)
+    write                       sync: now. async: the tensors are copied to host memory (the
+                                only stall) and a background thread writes the file (DCP writes
+                                the shards the same way)
+    commit                      rank 0 writes the manifest (sharded); after_save_checkpoint on
+                                every rank (CheckpointHook moves last_checkpoint and removes old
+                                files, RayReportHook reports to Ray)
+
+Why an asynchronous save commits at a point every rank agrees on: ``after_save_checkpoint``
+reports to Ray (a barrier every rank must call equally often) and moves ``last_checkpoint``.
+:meth:`CheckpointWriter.poll` (CheckpointHook calls it after every iteration while a save is in
+flight) asks all ranks whether their writes are done — one small collective — and commits when
+they all are; a new save, the end of training and a rollback wait for it. A crash before the
+commit leaves no checkpoint that resume would pick: a one-file checkpoint appears under its name
+only once complete (written to a temporary, renamed), and shards count only once the manifest
+that names them exists.
+"""
+from __future__ import annotations
+
+import copy
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import dist
+from .checkpoint import atomic_save
+from .sharded_checkpoint import SHARDED, after_manifest_written, finish_shards, start_shards, \
+    writes_shards
+
+
+def staged_copy(obj: Any) -> Any:
+    """``obj`` with every tensor copied to host memory and every container copied: what a
+    background write may read while training changes the originals."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, staged_copy(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(staged_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+@dataclass
+class PendingSave:
+    """A save whose bytes are still being written."""
+
+    path: Path
+    checkpoint: dict       # what hooks saw (after_save_checkpoint gets it at the commit)
+    staged: Any            # rank 0's host-memory copy: the file or the manifest to write
+    file: Future | None    # the one-file write (rank 0)
+    shards: Any            # DCP's future for this rank's shards
+
+    def written(self) -> bool:
+        return all(f is None or f.done() for f in (self.file, self.shards))
+
+
+class CheckpointWriter:
+    """The Runner's checkpoint writer (``runner.checkpoints``); see the module docstring."""
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+        self._pending: PendingSave | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._group: Any = None  # a gloo group of its own for DCP's background collectives
+
+    @property
+    def in_flight(self) -> bool:
+        return self._pending is not None
+
+    def save(self, path: Path, save_optimizer: bool = True, save_param_scheduler: bool = True,
+             meta: dict | None = None, asynchronous: bool = False) -> Path:
+        """Save the training state as ``path`` (call on every rank); see the module docstring."""
+        from .checkpoint_state import collect_training_state
+
+        runner = self._runner
+        self.wait()
+        if runner.rank == 0:
+            runner.sinks.flush()
+        sharded = writes_shards(runner)
+        meta = {**(meta or {}), **({"async_save": True} if asynchronous else {})}
+        ckpt = collect_training_state(runner, save_optimizer, save_param_scheduler, meta,
+                                      with_weights=not sharded)
+        shards = None
+        if sharded:
+            ckpt[SHARDED], shards = start_shards(
+                runner, path, save_optimizer, asynchronous,
+                self._async_group() if asynchronous else None)
+        runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
+        if not asynchronous:
+            self._commit(path, ckpt, ckpt, file_written=False)
+            return path
+        staged = staged_copy(ckpt) if runner.rank == 0 else None
+        file = None
+        if runner.rank == 0 and not sharded:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="drun-checkpoint")
+            file = self._thread.submit(atomic_save, staged, path)
+        self._pending = PendingSave(path, ckpt, staged, file, shards)
+        return path
+
+    def poll(self) -> None:
+        """Commit the save in flight if every rank has written its part (a collective while a
+        save is in flight, nothing otherwise)."""
+        if self._pending is None:
+            return
+        done = torch.tensor([1 if self._pending.written() else 0])
+        if int(dist.all_reduce(done, "min").item()):
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the save in flight is written, then commit it (every rank)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if pending.file is not None:
+            pending.file.result()  # a write error surfaces here, as one line
+        if pending.shards is not None:
+            pending.shards.result()
+        self._commit(pending.path, pending.checkpoint, pending.staged,
+                     file_written=pending.file is not None)
+
+    def _commit(self, path: Path, ckpt: dict, to_write: Any, file_written: bool) -> None:
+        runner = self._runner
+        if SHARDED in ckpt:
+            finish_shards(runner, path, ckpt[SHARDED])  # every rank's files, into the manifest
+            if to_write is not None and to_write is not ckpt:  # rank 0's staged manifest
+                to_write[SHARDED] = ckpt[SHARDED]
+        if runner.rank == 0 and not file_written:
+            atomic_save(to_write, path)  # with shards: the manifest, written last, commits
+            if SHARDED in ckpt:
+                after_manifest_written(path, ckpt)
+        runner.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
+
+    def _async_group(self) -> Any:
+        """DCP's background thread runs collectives while training runs its own: on a group of
+        their own they cannot interleave with training's (made once, on every rank)."""
+        if self._group is None:
+            self._group = torch.distributed.new_group(backend="gloo")
+        return self._group
