@@ -39,15 +39,25 @@ from .sharded_checkpoint import SHARDED, after_manifest_written, finish_shards, 
     writes_shards
 
 
-def staged_copy(obj: Any) -> Any:
+def staged_copy(obj: Any, reuse: Any = None) -> Any:
     """``obj`` with every tensor copied to host memory and every container copied: what a
-    background write may read while training changes the originals."""
+    background write may read while training changes the originals.
+
+    ``reuse`` is the previous save's copy (written by then): a tensor of the same shape and
+    dtype at the same place is copied into instead of allocated, because fresh memory costs
+    page faults that take longer than the copy itself.
+    """
     if isinstance(obj, torch.Tensor):
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape
+                and reuse.dtype == obj.dtype):
+            return reuse.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return type(obj)((k, staged_copy(v)) for k, v in obj.items())
+        before = reuse if isinstance(reuse, dict) else {}
+        return type(obj)((k, staged_copy(v, before.get(k))) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(staged_copy(v) for v in obj)
+        before = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
+        return type(obj)(staged_copy(v, b) for v, b in zip(obj, before))
     return copy.deepcopy(obj)
 
 
@@ -73,6 +83,8 @@ class CheckpointWriter:
         self._pending: PendingSave | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._group: Any = None  # a gloo group of its own for DCP's background collectives
+        self._staged: Any = None  # the last one-file copy, reused by the next save
+        self._stager: Any = None  # DCP's stager, kept: it reuses its host buffers
 
     @property
     def in_flight(self) -> bool:
@@ -93,14 +105,16 @@ class CheckpointWriter:
                                       with_weights=not sharded)
         shards = None
         if sharded:
-            ckpt[SHARDED], shards = start_shards(
-                runner, path, save_optimizer, asynchronous,
-                self._async_group() if asynchronous else None)
+            ckpt[SHARDED], shards = start_shards(runner, path, save_optimizer, asynchronous,
+                                                 *self._async_tools(asynchronous))
         runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
         if not asynchronous:
             self._commit(path, ckpt, ckpt, file_written=False)
             return path
-        staged = staged_copy(ckpt) if runner.rank == 0 else None
+        staged = staged_copy(ckpt, None if sharded else self._staged) if runner.rank == 0 \
+            else None
+        if not sharded:
+            self._staged = staged
         file = None
         if runner.rank == 0 and not sharded:
             if self._thread is None:
@@ -142,9 +156,14 @@ class CheckpointWriter:
                 after_manifest_written(path, ckpt)
         runner.call_hook("after_save_checkpoint", path=path, checkpoint=ckpt)
 
-    def _async_group(self) -> Any:
-        """DCP's background thread runs collectives while training runs its own: on a group of
-        their own they cannot interleave with training's (made once, on every rank)."""
+    def _async_tools(self, asynchronous: bool) -> tuple[Any, Any]:
+        """(process group, stager) for DCP's background saves. Its thread runs collectives
+        while training runs its own: on a gloo group of their own they cannot interleave (made
+        once, on every rank). One stager for the run reuses its host buffers from save to save."""
+        if not asynchronous:
+            return None, None
         if self._group is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
             self._group = torch.distributed.new_group(backend="gloo")
-        return self._group
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        return self._group, self._stager

@@ -41,7 +41,7 @@ def shard_folders(path: Path) -> list[Path]:
 
 
 def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bool = False,
-                 group: Any = None) -> tuple[dict, Any]:
+                 group: Any = None, stager: Any = None) -> tuple[dict, Any]:
     """Every rank writes its shards of the model (and optimizer) next to ``path``, now or (with
     ``asynchronous``) in DCP's background thread after copying them to host memory. Returns the
     manifest's ``sharded`` entry (its file list is filled by :func:`finish_shards`) and DCP's
@@ -58,7 +58,8 @@ def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bo
                                                       runner.optim_wrapper.optimizer)
     entry = {"dir": folder.name, "keys": list(state), "files": {}}
     if asynchronous:
-        return entry, dcp.async_save(state, checkpoint_id=str(folder), process_group=group)
+        return entry, dcp.async_save(state, checkpoint_id=str(folder), process_group=group,
+                                     async_stager=stager)
     dcp.save(state, checkpoint_id=str(folder))
     return entry, None
 
