@@ -77,3 +77,20 @@ class DieOnceHook(Hook):
             marker.write_text(str(self.at_iter))
             time.sleep(self.delay)
             os._exit(1)
+
+
+@HOOKS.register_module(force=True)
+class MarkNodeHook(Hook):
+    """Rank ``rank`` writes its Ray node id to ``work_dir/node_of_rank<rank>`` after iteration
+    ``at_iter`` (once per work_dir) and waits there, so that a test can kill the whole node."""
+
+    def __init__(self, at_iter: int = -1, rank: int = 1, wait: float = 60.0) -> None:
+        self.at_iter, self.rank, self.wait = at_iter, rank, wait
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        marker = Path(runner.work_dir) / f"node_of_rank{self.rank}"
+        if runner.iter + 1 == self.at_iter and runner.rank == self.rank and not marker.exists():
+            import ray
+            time.sleep(1.0)  # Ray's controller learns of the iteration-7 checkpoint meanwhile
+            marker.write_text(ray.get_runtime_context().get_node_id())
+            time.sleep(self.wait)

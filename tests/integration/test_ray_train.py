@@ -1,6 +1,10 @@
 """Real Ray Train runs (CPU, gloo, 2 workers): DDP equivalence, rank-aware hooks, master-only
-checkpoints reported to Ray, exact resume after a worker dies and after a driver rerun."""
+checkpoints reported to Ray, exact resume after a worker dies, after a whole node dies (on a
+multi-node cluster of its own) and after a driver rerun."""
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,6 +112,29 @@ def test_worker_death_mid_epoch_resumes_exactly(uninterrupted, tmp_path):
     # restarted from iter_7, 2 batches into epoch 2: the rest of the run, no batch replayed
     for rank in (0, 1):
         assert after[rank]["seen"] == ref[rank]["seen"][7 * 4:]
+
+
+@pytest.mark.timeout(360)
+def test_a_killed_node_is_left_behind_and_the_run_resumes_exactly(uninterrupted, tmp_path):
+    """A real multi-node cluster on this machine (a head and three 1-CPU worker nodes, each its
+    own raylet; tests/integration/node_failure_driver.py, in a process of its own): the node of
+    rank 1 is removed after iteration 9 — its raylet and every process on it killed. The run
+    resumes from iteration 7 on the nodes left and ends as the uninterrupted run did."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1",
+               RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name(
+        "node_failure_driver.py")), str(tmp_path)], env=env, capture_output=True, text=True,
+        timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 4  # the head and 3 worker nodes
+    assert report["died"] == 0 and report["final_iter"] == 15
+    assert report["killed_node"] and report["killed_node"] not in report["alive"]
+    after, ref = dumps(tmp_path / "died"), dumps(uninterrupted[0])
+    for rank in (0, 1):
+        assert equal_states(after[rank]["state"], ref[rank]["state"]), f"rank {rank}"
+        assert after[rank]["seen"] == ref[rank]["seen"][7 * 4:]  # no batch replayed
 
 
 def test_second_driver_run_with_the_same_name_resumes(ray_cluster, tmp_path):

@@ -35,3 +35,14 @@ def test_gpu_throughput_benchmark_runs_reduced_on_the_cpu():
     assert [line.split(" ")[0] for line in lines[1:]] == ["resnet50", "gpt2"]
     for line, unit in zip(lines[1:], ("images/s", "tokens/s")):
         assert f"eager: raw " in line and f"{unit} | Runner " in line and "| ratio " in line
+
+
+def test_checkpoint_stall_benchmark_runs():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_stall.py"),
+                          "--mb", "2", "--iters", "8", "--every", "4"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("checkpoint stall: ")
+    assert [line.split()[0] for line in lines[1:]] == ["ddp", "fsdp"]
+    assert all("| async/sync " in line for line in lines[1:])
