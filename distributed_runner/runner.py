@@ -12,9 +12,10 @@ and the hooks with their declared extension points (:mod:`hooks.extension_points
 Hooks use the public surface: ``model``, ``wrapped_model`` (what the loops call; PrepareTTAHook
 swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the position, ``work_dir``,
 ``cfg``, ``message_hub``, ``logger``, ``sinks``, ``rank``, ``world_size``, ``train_loop``,
-``save_checkpoint()``, ``load_checkpoint()``, ``request_stop/request_checkpoint/request_val``
-(:mod:`distributed_runner.control`) and ``hook_timings()``. The order of mount points is in
-:mod:`distributed_runner.loops`.
+``strategy`` (DDP or FSDP's options), ``save_checkpoint()`` and ``checkpoints`` (its writer:
+``wait()`` for a background save), ``load_checkpoint()``,
+``request_stop/request_checkpoint/request_val`` (:mod:`distributed_runner.control`) and
+``hook_timings()``. The order of mount points is in :mod:`distributed_runner.loops`.
 """
 from __future__ import annotations
 
@@ -40,7 +41,6 @@ from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .model_setup import default_device, setup_model
-from .sharding import parse_strategy
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
@@ -48,6 +48,8 @@ from .randomness import set_random_seed
 from .registry import LOOPS, check_arguments
 from .resume_choice import choose_checkpoint
 from .schedulers import build_param_schedulers
+from .sharded_checkpoint import SHARDED
+from .sharding import parse_strategy
 from .checkpoint_state import load_model_weights, newest_checkpoint_everywhere, \
     restore_training_state
 from .checkpoint_writer import CheckpointWriter
@@ -371,7 +373,7 @@ class Runner:
 
     def _resume_from(self, ckpt: dict, path: str | Path) -> dict:
         for key in ("meta", "state_dict"):
-            if key not in ckpt and not (key == "state_dict" and "sharded" in ckpt):
+            if key not in ckpt and not (key == "state_dict" and SHARDED in ckpt):
                 raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
                                             f"training checkpoint; use load_from= for weights")
         self._restore(ckpt, path)

@@ -21,8 +21,10 @@ from .hook import Hook
 class RayReportHook(Hook):
     """At ``after_save_checkpoint``: ``ray.train.report(metrics, checkpoint)`` — rank 0 passes
     the file (hard-linked into a fresh folder, copied across filesystems), the other ranks report
-    ``None``; with sharded FSDP checkpoints every rank passes its own shard files. Ray persists it under the run's ``storage_path``; ``ray.train.get_checkpoint()`` hands
-    it to a restarted worker group.
+    ``None``; with sharded FSDP checkpoints every rank passes its own shard files. Ray persists
+    it under the run's ``storage_path``; ``ray.train.get_checkpoint()`` hands it to a restarted
+    worker group. An asynchronous save (``async_save``) is uploaded with
+    ``CheckpointUploadMode.ASYNC``.
 
     ``ray.train.report`` is a barrier: every rank calls it once per saved checkpoint, which holds
     because checkpoints are saved at the same points on every rank. The metrics are the position

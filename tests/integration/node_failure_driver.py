@@ -35,9 +35,10 @@ def kill_the_marked_node(cluster: Cluster, marker: Path, report: dict) -> None:
 
 def main(out: str) -> None:
     out_dir = Path(out)
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0))
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0,
+                                                                include_dashboard=False))
     for _ in range(3):
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1, include_dashboard=False)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
     report: dict = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}

@@ -1,13 +1,17 @@
-"""FSDP2 through Ray Train (2 CPU workers, gloo), sharded checkpoints: each worker reports its
-own shard files and Ray merges them into one checkpoint folder (saved and uploaded in the
-background in one run); a worker killed mid-run comes back from it and the run ends with the
-weights, average and optimizer state of the run that was never interrupted."""
+"""FSDP2 through Ray Train (2 CPU workers, gloo), sharded checkpoints saved and uploaded in the
+background: each worker reports its own shard files and Ray merges them into one checkpoint
+folder; a worker killed mid-run comes back from it; MLflow receives the last checkpoint whole.
+The run must end with the weights, average and optimizer state of the same config trained
+without interruption by 2 local gloo processes."""
+import os
+import socket
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-from distributed_runner.sharded_checkpoint import full_weights
 from tests.integration.test_ray_train import fit, ray_cfg
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -16,6 +20,19 @@ FSDP = dict(model=dict(type="TinyBlocks"), strategy=dict(type="fsdp", shard_modu
             train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4,
                                   sampler=dict(type="DefaultSampler", shuffle=True)),
             optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.01), accumulative_counts=2))
+EMA = dict(type="EMAHook", momentum=0.3)
+
+
+def _reference(rank: int, port: int, cfg: dict) -> None:
+    """One of the 2 local processes of the uninterrupted reference run."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)  # as a 1-CPU Ray worker: the same float summation order
+    import tests.ray_probe  # noqa: F401  (registers what the Ray workers import)
+    from distributed_runner import Runner
+    Runner.from_cfg(cfg).train()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def everything(path: Path, tmp: Path) -> dict:
@@ -27,32 +44,37 @@ def everything(path: Path, tmp: Path) -> dict:
     return {"manifest": manifest, **torch.load(out, weights_only=False)}
 
 
-def test_fsdp_worker_death_resumes_exactly_from_merged_shards(ray_cluster, tmp_path):
-    ema = dict(type="EMAHook", momentum=0.3)
-    straight = ray_cfg(tmp_path / "straight", custom_hooks=[ema], **FSDP)
-    straight["default_hooks"]["checkpoint"]["async_save"] = True  # saved and uploaded in the
-    assert fit(straight)[0] == 0                                   # background: the same result
-    storage = tmp_path / "straight" / "ray_storage" / "straight"
-    reported = sorted(p.name.rsplit("-", 1)[0] for p in storage.iterdir() if p.is_dir())
-    assert reported == ["iter_14", "iter_7", "last"]
-    for folder in (p for p in storage.iterdir() if p.is_dir()):
-        manifest = torch.load(next(folder.glob("*.pth")), weights_only=False)
-        assert manifest["meta"]["async_save"] is True
-        assert sorted(p.name for p in (folder / manifest["sharded"]["dir"]).iterdir()) == \
-            [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    died = ray_cfg(tmp_path / "died", custom_hooks=[ema, dict(type="DieOnceHook", at_iter=9)],
-                   **FSDP)
-    died["launcher"]["max_failures"] = 1
-    assert fit(died)[0] == 0 and (tmp_path / "died" / "died_once").read_text() == "9"
-    # Ray's copy of iter_7: the manifest and both ranks' shards in one folder
+def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster, mlflow_server,
+                                                                     tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    reference = ray_cfg(tmp_path / "reference", custom_hooks=[EMA], **FSDP)
+    del reference["launcher"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_reference, args=(port, reference), nprocs=2, join=True)
+
+    cfg = ray_cfg(tmp_path / "died", experiment_name=f"fsdp-{uuid.uuid4().hex[:8]}",
+                  log_level="INFO",
+                  custom_hooks=[EMA, dict(type="DieOnceHook", at_iter=10),
+                                dict(type="MLflowCheckpointHook", kinds=["last"])], **FSDP)
+    cfg["launcher"]["max_failures"] = 1
+    cfg["default_hooks"]["checkpoint"]["async_save"] = True
+    cfg["default_hooks"]["logger"]["sinks"] = [dict(type="MLflowSink",
+                                                    tracking_uri=mlflow_server.uri)]
+    assert fit(cfg)[0] == 0 and (tmp_path / "died" / "died_once").read_text() == "10"
+
+    # Ray's copy of iter_7 (committed before the death): the manifest and both ranks' shards
     reported = next((tmp_path / "died" / "ray_storage" / "died").glob("iter_7-*"))
     manifest = torch.load(reported / "iter_7.pth", weights_only=False)
-    shards = sorted(p.name for p in (reported / manifest["sharded"]["dir"]).iterdir())
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert full_weights(reported / "iter_7.pth", manifest).keys() == \
-        full_weights(tmp_path / "died" / "iter_7.pth",
-                     torch.load(tmp_path / "died" / "iter_7.pth", weights_only=False)).keys()
-    a, b = (everything(tmp_path / run / "last.pth", tmp_path) for run in ("straight", "died"))
+    assert manifest["meta"]["async_save"] is True
+    assert sorted(p.name for p in (reported / manifest["sharded"]["dir"]).iterdir()) == \
+        [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    log = (tmp_path / "died" / "logs" / "run.log").read_text()
+    assert "resumed from" in log and "iter_7.pth (epoch 1, iter 7)" in log
+
+    a, b = (everything(tmp_path / run / "last.pth", tmp_path) for run in ("reference", "died"))
     assert a["manifest"]["meta"]["iter"] == b["manifest"]["meta"]["iter"] == 15
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), f"model {k}"
@@ -62,3 +84,13 @@ def test_fsdp_worker_death_resumes_exactly_from_merged_shards(ray_cluster, tmp_p
     for name, state in a["optimizer"]["state"].items():
         for k, v in state.items():
             assert torch.equal(v, b["optimizer"]["state"][name][k]), f"optimizer {name} {k}"
+
+    # MLflow holds the last checkpoint whole: the manifest and its shard folder
+    client = MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name(cfg["experiment_name"])
+    run_id = client.search_runs([experiment.experiment_id])[0].info.run_id
+    uploaded = {Path(x.path).name: x for x in client.list_artifacts(run_id, "checkpoints")}
+    shard_dir = b["manifest"]["sharded"]["dir"]
+    assert {"last.pth", shard_dir} <= set(uploaded) and uploaded[shard_dir].is_dir
+    assert sorted(Path(x.path).name for x in client.list_artifacts(
+        run_id, f"checkpoints/{shard_dir}")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]

@@ -45,4 +45,4 @@ def test_checkpoint_stall_benchmark_runs():
     lines = out.stdout.splitlines()
     assert lines[0].startswith("checkpoint stall: ")
     assert [line.split()[0] for line in lines[1:]] == ["ddp", "fsdp"]
-    assert all("| async/sync " in line for line in lines[1:])
+    assert all("| async/sync: stall " in line for line in lines[1:])
