@@ -34,7 +34,7 @@ def test_gpu_throughput_benchmark_runs_reduced_on_the_cpu():
     assert lines[0].startswith("gpu throughput: ") and "default hooks" in lines[0]
     assert [line.split(" ")[0] for line in lines[1:]] == ["resnet50", "gpt2"]
     for line, unit in zip(lines[1:], ("images/s", "tokens/s")):
-        assert f"eager: raw " in line and f"{unit} | Runner " in line and "| ratio " in line
+        assert "eager: raw " in line and f"{unit} | Runner " in line and "| ratio " in line
 
 
 def test_checkpoint_stall_benchmark_runs():
