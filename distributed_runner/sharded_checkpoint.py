@@ -14,7 +14,7 @@ is the commit. A crash while shards are written leaves a folder no manifest name
 never picks and the next run removes. The folder name carries a token so that re-saving a name
 (``last.pth``) never overwrites the shards the current manifest names. Loading checks that every
 file the manifest lists is there with its size (a torn copy is refused like a damaged file), and
-DCP reshards: a checkpoint written by 2 ranks resumes on 1, 2 or 4.
+DCP reshards: a checkpoint written by 2 ranks resumes on another number (tested: 2 -> 1).
 """
 from __future__ import annotations
 
