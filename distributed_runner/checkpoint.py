@@ -44,6 +44,8 @@ import numpy as np
 import torch
 
 from .errors import CheckpointWriteError, ConfigError
+from .sharded_checkpoint import SHARDED, missing_shards, remove_shards
+from .sharding import is_sharded, load_full_model_state
 
 LAST_CHECKPOINT_POINTER = "last_checkpoint"
 CHECKSUM_SUFFIX = ".crc32"
@@ -136,7 +138,6 @@ def atomic_write_text(text: str, path: str | os.PathLike) -> None:
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
     """Delete a checkpoint, its checksum and its shards (if sharded)."""
-    from .sharded_checkpoint import remove_shards
     Path(path).unlink(missing_ok=True)
     checksum_path(path).unlink(missing_ok=True)
     remove_shards(Path(path))
@@ -198,8 +199,7 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
                                      f"written (bit rot or an overwrite); it was not loaded")
     if not isinstance(ckpt, dict):
         raise ConfigError(key, f"{str(p)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
-    if "sharded" in ckpt:  # a manifest: its shard files must all be there, whole
-        from .sharded_checkpoint import missing_shards
+    if SHARDED in ckpt:  # a manifest: its shard files must all be there, whole
         reason = missing_shards(p, ckpt)
         if reason:
             raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {reason}; it was not loaded")
@@ -284,7 +284,6 @@ def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.P
                  strict: bool = True) -> None:
     """``model.load_state_dict(state)``; a checkpoint of another model is one line naming the
     first tensors that differ (torch's message lists every one, over dozens of lines)."""
-    from .sharding import is_sharded, load_full_model_state
     try:
         if is_sharded(model):  # full tensors from the file, sharded into this rank's parts
             load_full_model_state(model, state, strict=strict)

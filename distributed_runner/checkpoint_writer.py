@@ -87,10 +87,6 @@ class CheckpointWriter:
         self._staged: Any = None  # the last one-file copy, reused by the next save
         self._stager: Any = None  # DCP's stager, kept: it reuses its host buffers
 
-    @property
-    def in_flight(self) -> bool:
-        return self._pending is not None
-
     def save(self, path: Path, save_optimizer: bool = True, save_param_scheduler: bool = True,
              meta: dict | None = None, asynchronous: bool = False) -> Path:
         """Save the training state as ``path`` (call on every rank); see the module docstring."""
@@ -112,13 +108,11 @@ class CheckpointWriter:
         if not asynchronous:
             self._commit(path, ckpt, ckpt, file_written=False)
             return path
-        staged = None
+        staged = file = None
         if runner.rank == 0 and sharded:  # a small manifest: pickling copies it fastest
             staged = pickle.loads(pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL))
-        elif runner.rank == 0:
+        elif runner.rank == 0:  # the whole checkpoint, written by a thread of its own
             staged = self._staged = staged_copy(ckpt, self._staged)
-        file = None
-        if runner.rank == 0 and not sharded:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="drun-checkpoint")
             file = self._thread.submit(atomic_save, staged, path)

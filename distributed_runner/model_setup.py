@@ -11,7 +11,7 @@ from torch import nn
 from . import dist
 from .errors import ConfigError
 from .registry import MODELS, accepts, check_arguments
-from .sharding import check_shard_modules, parse_strategy, shard_model
+from .sharding import check_shard_modules, shard_model
 
 
 def default_device() -> torch.device:
@@ -83,17 +83,16 @@ def _compiled_inner(model: Any) -> Any:
 
 
 def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device,
-                strategy: Any = None) -> tuple[nn.Module, nn.Module]:
+                strategy: dict) -> tuple[nn.Module, nn.Module]:
     """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
-    then compiled)."""
-    parsed = parse_strategy(strategy)
+    then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result."""
     model = build_model(spec, device)
-    if parsed["type"] == "fsdp":
+    if strategy["type"] == "fsdp":
         if wrapper_cfg:
             raise ConfigError("model_wrapper_cfg", "holds DDP arguments, but strategy is FSDP: "
                                                    "put FSDP options in strategy=dict(...)")
-        check_shard_modules(model, parsed)
-        wrapped = shard_model(model, parsed, device) if dist.is_distributed() else model
+        check_shard_modules(model, strategy)
+        wrapped = shard_model(model, strategy, device) if dist.is_distributed() else model
     else:
         wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)
     return model, compile_model(wrapped, compile_spec)

@@ -22,11 +22,12 @@ import torch
 
 from .checkpoint import LAST_CHECKPOINT_POINTER, CheckpointDamaged, load_file, read_pointer
 from .errors import ConfigError
+from .sharded_checkpoint import SHARDED
 
 
 def _is_training_checkpoint(ckpt: Any) -> bool:
     return isinstance(ckpt, dict) and "meta" in ckpt and ("state_dict" in ckpt
-                                                           or "sharded" in ckpt)
+                                                           or SHARDED in ckpt)
 
 
 def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:

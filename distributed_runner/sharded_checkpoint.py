@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from . import dist
+from .sharding import is_sharded
 
 SHARDED = "sharded"
 
 
 def writes_shards(runner: Any) -> bool:
     """Whether ``runner``'s checkpoints are sharded (an FSDP model with checkpoint='sharded')."""
-    from .sharding import is_sharded
     return runner.strategy.get("checkpoint") == "sharded" and is_sharded(runner.model)
 
 

@@ -13,7 +13,7 @@ from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
 from distributed_runner.registry import HOOKS
-from distributed_runner.sharded_checkpoint import full_weights, remove_orphan_shards
+from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_orphan_shards
 
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
@@ -277,7 +277,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
         with argument_errors():  # raised at after_train: the dispatcher names the config key
             ckpt = load_file(path, "published_keys")
-        if "sharded" in ckpt and "state_dict" in self.published_keys:
+        if SHARDED in ckpt and "state_dict" in self.published_keys:
             ckpt["state_dict"] = full_weights(path, ckpt)  # one deployable file from the shards
         slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
         tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))

@@ -12,7 +12,7 @@ from typing import Any
 from distributed_runner import dist
 from distributed_runner.checkpoint import checksum_path
 from distributed_runner.registry import HOOKS
-from distributed_runner.sharded_checkpoint import is_ranks_file
+from distributed_runner.sharded_checkpoint import SHARDED, is_ranks_file
 
 from .hook import Hook
 
@@ -45,7 +45,7 @@ class RayReportHook(Hook):
         for key, buf in runner.message_hub.log_scalars.items():
             if key.startswith("val/") and len(buf):
                 metrics[key] = buf.current()
-        shards = checkpoint.get("sharded")
+        shards = checkpoint.get(SHARDED)
         if runner.rank != 0 and not shards:
             ray.train.report(metrics, checkpoint=None)
             return
