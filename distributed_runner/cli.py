@@ -1,7 +1,7 @@
 """``drun``: train, test and inspect from a config file.
 
     drun train CONFIG [--work-dir D] [--resume [PATH]] [--cfg-options k=v ...]
-               [--launcher ray --num-workers N [--gpu] [--address A] [--storage-path S]
+               [--launcher ray --num-workers N|MIN-MAX [--gpu] [--address A] [--storage-path S]
                 [--name NAME] [--max-failures K]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...] [--launcher none|ray]
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="overrides strategy's type (FSDP options in the config are kept)")
     ray = train.add_argument_group("Ray (override the config's launcher=dict(type='ray', ...))")
     ray.add_argument("--launcher", choices=["none", "ray"])
-    ray.add_argument("--num-workers", type=int)
+    ray.add_argument("--num-workers", type=worker_count, metavar="N|MIN-MAX",
+                     help="workers, or an elastic range such as 2-4")
     ray.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
     ray.add_argument("--address", help="'auto' or ray://...: join a running cluster")
     ray.add_argument("--storage-path", help="where Ray persists checkpoints (shared for multi-node)")
@@ -79,6 +80,15 @@ def load_config(args: argparse.Namespace):
     # moved out of a `ray job submit` package folder (which Ray deletes), and said so
     cfg["work_dir"] = announced_path(str(cfg["work_dir"]), "work_dir")
     return cfg
+
+
+def worker_count(text: str) -> int | tuple[int, int]:
+    """``--num-workers``: ``N`` or an elastic ``MIN-MAX`` (launcher.num_workers=(MIN, MAX))."""
+    low, sep, high = text.partition("-")
+    try:
+        return (int(low), int(high)) if sep else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX (e.g. 2-4), got {text!r}")
 
 
 RAY_FLAGS = {"num_workers": "num_workers", "gpu": "use_gpu", "address": "address",

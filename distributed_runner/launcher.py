@@ -1,7 +1,9 @@
 """Launchers: run a config in this process (``launcher='none'``) or on Ray Train workers.
 
 ``launcher=dict(type='ray', num_workers=2, use_gpu=False, resources_per_worker=None,
-placement_strategy='PACK', address=None, storage_path=None, name=None, max_failures=0)``
+placement_strategy='PACK', address=None, storage_path=None, name=None, max_failures=0,
+elastic_resize_monitor_interval_s=60)``; ``num_workers=(min, max)`` is an elastic group
+(:mod:`distributed_runner.elastic`).
 
 On Ray the driver only loads and checks: it validates the config (every ``type`` resolves, every
 argument exists) and the resource request against the cluster — a request the cluster cannot meet
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, import_custom_modules, to_plain
+from .elastic import check_elastic_config
 from .errors import ConfigError, did_you_mean
 from .ray_connect import (announced_path, check_storage, forwarded_env, probe_address,
                           resolve_address, start_local_ray)
@@ -38,7 +41,7 @@ from .registry import check_arguments
 RAY_DEFAULTS: dict[str, Any] = {
     "type": "ray", "num_workers": 1, "use_gpu": False, "resources_per_worker": None,
     "placement_strategy": "PACK", "address": None, "storage_path": None, "name": None,
-    "max_failures": 0,
+    "max_failures": 0, "elastic_resize_monitor_interval_s": 60.0,
 }
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -61,8 +64,10 @@ def normalize_launcher(spec: Any) -> dict | None:
                                                  f" the ray launcher takes "
                                                  f"{', '.join(k for k in RAY_DEFAULTS if k != 'type')}")
     out = {**RAY_DEFAULTS, **spec}
-    if not isinstance(out["num_workers"], int) or out["num_workers"] < 1:
-        raise ConfigError("launcher.num_workers", "must be an int >= 1")
+    out["num_workers"] = _worker_count(out["num_workers"])
+    if not isinstance(out["elastic_resize_monitor_interval_s"], (int, float)) \
+            or out["elastic_resize_monitor_interval_s"] < 0:
+        raise ConfigError("launcher.elastic_resize_monitor_interval_s", "must be seconds >= 0")
     if not isinstance(out["max_failures"], int) or out["max_failures"] < -1:
         raise ConfigError("launcher.max_failures", "must be an int >= 0 (or -1: no limit)")
     if out["placement_strategy"] not in PLACEMENT_STRATEGIES:
@@ -73,6 +78,19 @@ def normalize_launcher(spec: Any) -> dict | None:
                             or not all(isinstance(v, (int, float)) for v in res.values())):
         raise ConfigError("launcher.resources_per_worker", "must be a dict like {'CPU': 2}")
     return out
+
+
+def _worker_count(value: Any) -> int | tuple[int, int]:
+    """``num_workers``: an int >= 1, or ``(min, max)`` (a list after a round trip through
+    plain config) for an elastic group."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 2 \
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value) \
+            and 1 <= value[0] <= value[1]:
+        return (value[0], value[1]) if value[0] < value[1] else value[0]
+    raise ConfigError("launcher.num_workers", f"must be an int >= 1 or (min, max) with "
+                                              f"1 <= min <= max, got {value!r}")
 
 
 def validate_config(cfg: dict) -> None:
@@ -97,6 +115,7 @@ def validate_config(cfg: dict) -> None:
     check_config({k: v for k, v in cfg.items() if k != "device"}, RUNNER_KEYS,
                  OTHER_CONFIG_KEYS)  # the device is the workers' (the driver may have no GPU)
     plan_hooks(cfg)  # hooks built and checked, sinks' names and arguments checked, none built
+    check_elastic_config(cfg)  # every size of an elastic group splits the global batch evenly
 
     def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
         if isinstance(spec, dict):
@@ -165,6 +184,16 @@ class RayLauncher:
         else:
             start_local_ray()
 
+    @property
+    def min_workers(self) -> int:
+        workers = self.opts["num_workers"]
+        return workers[0] if isinstance(workers, tuple) else workers
+
+    def workers_text(self) -> str:
+        workers = self.opts["num_workers"]
+        return f"{workers[0]}-{workers[1]} workers (elastic)" if isinstance(workers, tuple) \
+            else f"{workers} workers"
+
     def worker_resources(self) -> dict[str, float]:
         res = dict(self.opts["resources_per_worker"] or {})
         res.setdefault("CPU", 1)
@@ -174,7 +203,7 @@ class RayLauncher:
 
     def check_resources(self, total: dict[str, float]) -> None:
         """One-line errors for a request the cluster cannot meet (Ray would wait forever)."""
-        n = self.opts["num_workers"]
+        n = self.min_workers  # an elastic group starts when its minimum fits
         for resource, each in self.worker_resources().items():
             have = float(total.get(resource, 0))
             if each * n > have:
@@ -217,6 +246,7 @@ class RayLauncher:
             train_loop_config={"cfg": plain, "source": source, "env": env},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=self.opts["num_workers"], use_gpu=self.opts["use_gpu"],
+                elastic_resize_monitor_interval_s=self.opts["elastic_resize_monitor_interval_s"],
                 resources_per_worker=self.opts["resources_per_worker"],
                 placement_strategy=self.opts["placement_strategy"]),
             run_config=ray.train.RunConfig(
@@ -236,7 +266,7 @@ class RayLauncher:
         self.connect()
         self.check_resources(ray.cluster_resources())
         print(f"distributed-runner on Ray: joined {self.joined}", flush=True)
-        print(f"distributed-runner on Ray: {self.opts['num_workers']} workers"
+        print(f"distributed-runner on Ray: {self.workers_text()}"
               f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
               f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
               flush=True)

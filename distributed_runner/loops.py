@@ -38,13 +38,13 @@ A whole ``Runner.train()``::
     after_run                                               # also when training raised
     close the sinks                                         # also when training raised
 
-Wherever a checkpoint is saved (``Runner.save_checkpoint``): ``before_save_checkpoint(checkpoint)``
--> sinks flushed, file written by rank 0 -> ``after_save_checkpoint(path, checkpoint)`` on every
-rank (under Ray, RayReportHook reports it there). ``Runner.test()`` is ``before_run -> load ->
-before_test -> before_test_epoch -> iters -> after_test_epoch(metrics) -> after_test ->
-after_run``; ``Runner.val()`` likewise. The IterBasedTrainLoop runs ``max_iters`` steps over an
-endless pass of the data (the sampler reshuffles at each wrap), calls ``before_train_epoch`` /
-``after_train_epoch`` once around them and validates every ``val_interval`` iterations.
+Saving a checkpoint (``Runner.save_checkpoint``): ``before_save_checkpoint(checkpoint)`` -> sinks
+flushed, rank 0 writes -> ``after_save_checkpoint(path, checkpoint)`` on every rank (RayReportHook
+reports it to Ray). ``Runner.test()``: ``before_run -> load -> before_test -> before_test_epoch ->
+iters -> after_test_epoch(metrics) -> after_test -> after_run``; ``Runner.val()`` likewise. The
+IterBasedTrainLoop runs ``max_iters`` steps over an endless pass of the data (reshuffled at each
+wrap) between one ``before_train_epoch`` / ``after_train_epoch``. In an elastic run a data_batch is
+the rank's micro-batches of one global batch, and train_step one optimizer step over them.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ from torch.utils.data import DataLoader
 
 from . import dist
 from .data import resume_sampler
+from .elastic import MicroBatches, train_global_batch
 from .errors import ConfigError
 from .optim import NO_CONTEXT
 from .preemption import TrainingPreempted
@@ -200,8 +201,9 @@ class _TrainLoopBase:
     # -- one step ------------------------------------------------------------------------------
     def train_step(self, data_batch: Any) -> dict:
         runner = self.runner
-        model = runner.wrapped_model
-        optim_wrapper = runner.optim_wrapper
+        if type(data_batch) is MicroBatches:  # an elastic run's global batch (elastic.py)
+            return train_global_batch(runner, data_batch, self._step_allowed)
+        model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
         if self._to_device:
             data_batch = move_to(data_batch, runner.device)
         if optim_wrapper.plain_step and type(data_batch) is dict:  # the common case, no calls
@@ -242,12 +244,10 @@ class _TrainLoopBase:
 
     def _batches(self) -> Iterator[tuple[int, Any]]:
         """This data pass's remaining batches with their in-pass index."""
-        start = self.state.batch_in_epoch
-        it = iter(self.dataloader)
-        for _ in range(self._skip_by_iterating):
+        it, skip, self._skip_by_iterating = iter(self.dataloader), self._skip_by_iterating, 0
+        for _ in range(skip):
             next(it, None)
-        self._skip_by_iterating = 0
-        return enumerate(it, start=start)
+        return enumerate(it, start=self.state.batch_in_epoch)
 
 
 @LOOPS.register_module()

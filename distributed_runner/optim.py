@@ -83,6 +83,14 @@ class OptimWrapper:
         # (set_requires_gradient_sync(False) would hold them in FSDP's private buffers instead)
         return NO_CONTEXT
 
+    @contextlib.contextmanager
+    def micro_batch_context(self, model: nn.Module, sync: bool) -> Iterator[None]:
+        """The forward context of one micro-batch of an elastic global batch (elastic.py): DDP
+        skips its all-reduce unless ``sync`` (the last), plus :meth:`optim_context`'s."""
+        skip = not sync and hasattr(model, "no_sync")
+        with model.no_sync() if skip else NO_CONTEXT, self.optim_context(model):
+            yield
+
     def update_params(self, loss: torch.Tensor) -> None:
         if self.plain_step:
             loss.backward()

@@ -12,10 +12,10 @@ and the hooks with their declared extension points (:mod:`hooks.extension_points
 Hooks use the public surface: ``model``, ``wrapped_model`` (what the loops call; PrepareTTAHook
 swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the position, ``work_dir``,
 ``cfg``, ``message_hub``, ``logger``, ``sinks``, ``rank``, ``world_size``, ``train_loop``,
-``strategy`` (DDP or FSDP's options), ``save_checkpoint()`` and ``checkpoints`` (its writer:
-``wait()`` for a background save), ``load_checkpoint()``,
-``request_stop/request_checkpoint/request_val`` (:mod:`distributed_runner.control`) and
-``hook_timings()``. The order of mount points is in :mod:`distributed_runner.loops`.
+``strategy`` (DDP or FSDP's options), ``elastic_plan`` (an elastic run's split of the global batch,
+:mod:`distributed_runner.elastic`), ``save_checkpoint()``, ``checkpoints`` (its writer: ``wait()``
+for a background save), ``load_checkpoint()``, ``request_stop/request_checkpoint/request_val``
+(:mod:`distributed_runner.control`), ``hook_timings()``. Mount point order: :mod:`.loops`.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from .config import Config, import_custom_modules, to_config_dict
 from .config_check import all_or_none, check_config
 from .control import ControlRequests
 from .data import build_dataloader, seeded_dataloader
+from .elastic import elastic_training
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
@@ -112,9 +113,8 @@ class Runner:
         self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (sharding.py)
         self._model, self.wrapped_model = setup_model(model, model_wrapper_cfg, compile,
                                                       self.device, self.strategy)
-
         self.val_dataloader = self.test_dataloader = None
-        self.train_loop = None
+        self.train_loop = self.elastic_plan = None  # elastic_plan: elastic.py's GlobalBatchPlan
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
@@ -123,15 +123,16 @@ class Runner:
         self.test_loop = self._build_eval("test", test_dataloader, test_evaluator, test_cfg,
                                           TestLoop)
 
-        self.logger.info("distributed-runner %s | torch %s | device %s | world size %d | seed %d "
-                         "| work_dir %s", __version__, torch.__version__, self.device,
-                         self.world_size, self.seed, self.work_dir)
+        self.logger.info("distributed-runner %s | torch %s | device %s | world size %d%s | seed "
+                         "%d | work_dir %s", __version__, torch.__version__, self.device,
+                         self.world_size, f" ({self.elastic_plan.describe()})" if
+                         self.elastic_plan else "", self.seed, self.work_dir)
         self.logger.info(self._hooks.plan_text())
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_cfg(cls, cfg: dict) -> "Runner":
-        """Build a Runner from a config (a :class:`Config` or a plain dict, e.g. on a Ray worker)."""
+        """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker)."""
         cfg = cfg if isinstance(cfg, Config) else Config(to_config_dict(dict(cfg)))
         import_custom_modules(cfg.get("custom_imports"))
         if cfg.get("work_dir") is None:
@@ -157,7 +158,9 @@ class Runner:
                 raise ConfigError("param_scheduler", "set without training: add train_dataloader, "
                                                      "train_cfg and optim_wrapper")
             return
-        loader = build_dataloader(dataloader, "train_dataloader", self.seed)
+        loader, optim_wrapper, self.elastic_plan = elastic_training(  # elastic.py, else as is
+            build_dataloader(dataloader, "train_dataloader", self.seed), optim_wrapper,
+            self.launcher, self.world_size, self.rank)
         self.train_loop = self._build_train_loop(dict(train_cfg), loader)
         self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)

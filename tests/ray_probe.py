@@ -94,3 +94,30 @@ class MarkNodeHook(Hook):
             time.sleep(1.0)  # Ray's controller learns of the iteration-7 checkpoint meanwhile
             marker.write_text(ray.get_runtime_context().get_node_id())
             time.sleep(self.wait)
+
+
+@HOOKS.register_module(force=True)
+class WaitWhileAloneHook(Hook):
+    """After iteration ``at_iter`` of a group of one worker, write ``work_dir/alone`` (once per
+    work_dir) and wait there, so that a test can add a node and watch Ray grow the group."""
+
+    def __init__(self, at_iter: int = -1, wait: float = 90.0) -> None:
+        self.at_iter, self.wait = at_iter, wait
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        marker = Path(runner.work_dir) / "alone"
+        if runner.iter + 1 == self.at_iter and runner.world_size == 1 and not marker.exists():
+            time.sleep(1.0)  # Ray's controller learns of the last checkpoint meanwhile
+            marker.write_text(str(self.at_iter))
+            time.sleep(self.wait)
+
+
+@HOOKS.register_module(force=True)
+class RecordGroupHook(Hook):
+    """Rank 0 appends ``<iteration> <world size>`` to ``work_dir/groups.txt`` whenever a worker
+    group starts training: the sizes a resized run went through and where each resumed."""
+
+    def before_train(self, runner) -> None:
+        if runner.rank == 0:
+            with open(Path(runner.work_dir) / "groups.txt", "a") as f:
+                f.write(f"{runner.iter} {runner.world_size}\n")

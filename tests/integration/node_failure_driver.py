@@ -4,7 +4,9 @@ raylet of its own (``ray.cluster_utils.Cluster``). Trains the toy model on 2 wor
 node: STRICT_SPREAD) while the node of rank 1 is removed — its raylet and every process on it
 killed — after iteration 9; the restarted group runs on the two nodes left. The run it must
 match is the session's uninterrupted one (test_ray_train's fixture: the same config on the
-session's one-node cluster). Prints one JSON line."""
+session's one-node cluster). With ``--elastic`` the same cluster then runs
+:func:`elastic_run`: a group shrunk by a lost node and grown again by a new one. Prints one JSON
+line."""
 import json
 import sys
 import threading
@@ -15,12 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ray  # noqa: E402
+import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from tests.integration.test_ray_train import fit, ray_cfg  # noqa: E402
+from distributed_runner import Runner  # noqa: E402
+from tests.integration.test_ray_train import elastic_cfg, fit, ray_cfg  # noqa: E402
 
 
-def kill_the_marked_node(cluster: Cluster, marker: Path, report: dict) -> None:
+def kill_the_marked_node(cluster: Cluster, marker: Path, report: dict,
+                         key: str = "killed_node") -> None:
     """Wait for rank 1's marker (its node id), then remove that node."""
     deadline = time.time() + 120
     while not marker.exists() and time.time() < deadline:
@@ -30,10 +35,44 @@ def kill_the_marked_node(cluster: Cluster, marker: Path, report: dict) -> None:
     node_id = marker.read_text().strip()
     victim = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
     cluster.remove_node(victim, allow_graceful=False)  # the raylet and all its processes
-    report["killed_node"] = node_id
+    report[key] = node_id
 
 
-def main(out: str) -> None:
+def elastic_run(cluster: Cluster, out_dir: Path, report: dict) -> None:
+    """On the two nodes left: an elastic (1, 2) group loses the node of rank 1 after iteration
+    4 (restarts alone from iteration 3); alone, after iteration 7 (its checkpoint at 6 written),
+    a new node joins and Ray grows the group back to 2, which resumes from 6 and finishes."""
+    work_dir = out_dir / "elastic"
+    launcher = dict(type="ray", num_workers=(1, 2), max_failures=4,
+                    elastic_resize_monitor_interval_s=1)
+    hooks = [dict(type="RecordGroupHook"), dict(type="RankDumpHook"),
+             dict(type="MarkNodeHook", at_iter=4, rank=1),
+             dict(type="WaitWhileAloneHook", at_iter=7)]
+    cfg = elastic_cfg(work_dir, launcher=launcher, custom_hooks=hooks)
+    outcome: dict = {}
+    trainer = threading.Thread(target=lambda: outcome.update(status=fit(cfg)[0]))
+    killer = threading.Thread(target=kill_the_marked_node,
+                              args=(cluster, work_dir / "node_of_rank1", report,
+                                    "elastic_killed_node"))
+    start = time.time()
+    trainer.start()
+    killer.start()
+    alone = work_dir / "alone"
+    while not alone.exists() and trainer.is_alive():
+        time.sleep(0.1)
+    if alone.exists():  # Cluster.add_node must run on the main thread
+        cluster.add_node(num_cpus=1, include_dashboard=False)
+        report["added_node_after_s"] = round(time.time() - start, 1)
+    trainer.join()
+    killer.join()
+    report.update(elastic=outcome.get("status"), elastic_seconds=round(time.time() - start, 1))
+    # the same config never resized, trained here in one process (the same global batches)
+    steady = Runner.from_cfg(dict(elastic_cfg(out_dir / "steady"), custom_hooks=[]))
+    steady.train()
+    torch.save(steady.model.state_dict(), out_dir / "steady.pt")
+
+
+def main(out: str, elastic: bool) -> None:
     out_dir = Path(out)
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0,
                                                                 include_dashboard=False))
@@ -55,10 +94,12 @@ def main(out: str) -> None:
     report.update(died=status, seconds=round(time.time() - start, 1),
                   final_iter=result.metrics.get("iter") if result is not None else None,
                   alive=[n["NodeID"] for n in ray.nodes() if n["Alive"]])
+    if elastic:
+        elastic_run(cluster, out_dir, report)
     print(json.dumps(report), flush=True)
     ray.shutdown()
     cluster.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], elastic="--elastic" in sys.argv)

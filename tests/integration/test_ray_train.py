@@ -34,6 +34,18 @@ def ray_cfg(work_dir, workers=2, **overrides):
     return cfg
 
 
+def elastic_cfg(work_dir, **overrides):
+    """An elastic (1, 2) run: ToyLinear (no batch statistics), global batches of 8 from 40
+    samples, 5 iterations an epoch, 15 in all, a checkpoint every 3."""
+    cfg = ray_cfg(work_dir, model=dict(type="ToyLinear"),
+                  launcher=dict(type="ray", num_workers=(1, 2)),
+                  train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4,
+                                        sampler=dict(type="DefaultSampler", shuffle=True)))
+    cfg["default_hooks"]["checkpoint"]["interval"] = 3
+    cfg.update(overrides)
+    return cfg
+
+
 def fit(cfg):
     """(exit status as ``drun`` gives it, the launcher, Ray's Result or None on failure)."""
     launcher = RayLauncher(cfg, normalize_launcher(cfg["launcher"]))
@@ -114,18 +126,24 @@ def test_worker_death_mid_epoch_resumes_exactly(uninterrupted, tmp_path):
         assert after[rank]["seen"] == ref[rank]["seen"][7 * 4:]
 
 
-@pytest.mark.timeout(360)
-def test_a_killed_node_is_left_behind_and_the_run_resumes_exactly(uninterrupted, tmp_path):
+@pytest.mark.timeout(540)
+def test_a_killed_node_is_left_behind_and_an_elastic_group_shrinks_and_grows(uninterrupted,
+                                                                             tmp_path):
     """A real multi-node cluster on this machine (a head and three 1-CPU worker nodes, each its
-    own raylet; tests/integration/node_failure_driver.py, in a process of its own): the node of
-    rank 1 is removed after iteration 9 — its raylet and every process on it killed. The run
-    resumes from iteration 7 on the nodes left and ends as the uninterrupted run did."""
+    own raylet; tests/integration/node_failure_driver.py, in a process of its own).
+
+    Fixed size: the node of rank 1 is removed after iteration 9 — its raylet and every process
+    on it killed. The run resumes from iteration 7 on the nodes left and ends as the
+    uninterrupted run did, bit for bit. Elastic, ``num_workers=(1, 2)``, on the two nodes left:
+    a node is lost after iteration 4 and the group goes on alone from iteration 3; alone, it
+    writes the iteration-6 checkpoint; a new node joins and Ray grows the group back to 2,
+    which resumes from 6. It ends within 1e-5 of the same config trained without resizing."""
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root), RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1",
-               RAY_USAGE_STATS_ENABLED="0")
+               RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="10")
     done = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "node_failure_driver.py")), str(tmp_path)], env=env, capture_output=True, text=True,
-        timeout=300)
+        "node_failure_driver.py")), str(tmp_path), "--elastic"], env=env, capture_output=True,
+        text=True, timeout=480)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["nodes"] == 4  # the head and 3 worker nodes
@@ -135,6 +153,19 @@ def test_a_killed_node_is_left_behind_and_the_run_resumes_exactly(uninterrupted,
     for rank in (0, 1):
         assert equal_states(after[rank]["state"], ref[rank]["state"]), f"rank {rank}"
         assert after[rank]["seen"] == ref[rank]["seen"][7 * 4:]  # no batch replayed
+
+    assert report["elastic"] == 0, done.stderr[-3000:]
+    assert report["elastic_killed_node"] and report.get("added_node_after_s")
+    # (iteration the group started at, its size): 2 workers, 1 from iteration 3, 2 from 6
+    groups = (tmp_path / "elastic" / "groups.txt").read_text().split()
+    assert [(int(i), int(w)) for i, w in zip(groups[::2], groups[1::2])] == \
+        [(0, 2), (3, 1), (6, 2)]
+    resized = torch.load(tmp_path / "elastic" / "dump_rank0.pt", weights_only=True)
+    reference = torch.load(tmp_path / "steady.pt", weights_only=True)  # never resized
+    assert resized["iter"] == 15 and resized["world_size"] == 2
+    gap = max(((resized["state"][k] - v).abs().max() / v.abs().max()).item()
+              for k, v in reference.items())
+    assert gap < 1e-5
 
 
 def test_second_driver_run_with_the_same_name_resumes(ray_cluster, tmp_path):
