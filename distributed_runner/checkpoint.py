@@ -316,3 +316,24 @@ def model_state_from(ckpt: dict) -> dict:
         if state and all(k.startswith(prefix) for k in state):
             state = {k[len(prefix):]: v for k, v in state.items()}
     return state
+
+
+def load_state_dict(module: Any, state_dict: dict, strict: bool = False,
+                    logger: Any = None) -> None:
+    """MMEngine's ``mmengine.runner.checkpoint.load_state_dict``, which downstream hooks call:
+    load ``state_dict`` into ``module`` (a DDP wrapper's inner module); keys that do not match
+    are an error with ``strict``, else a warning on the run's logger."""
+    from .log import current_logger
+    from .model_setup import is_model_wrapper
+
+    module = module.module if is_model_wrapper(module) else module
+    result = module.load_state_dict(state_dict, strict=False)
+    problems = [f"{what}: {', '.join(keys)}" for what, keys in
+                (("missing keys", result.missing_keys), ("unexpected keys",
+                                                         result.unexpected_keys)) if keys]
+    if problems and strict:
+        raise RuntimeError(f"state_dict does not fit {type(module).__name__}: "
+                           f"{'; '.join(problems)}")
+    if problems:
+        (logger if hasattr(logger, "warning") else current_logger()).warning(
+            "state_dict does not fit %s: %s", type(module).__name__, "; ".join(problems))

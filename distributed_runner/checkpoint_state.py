@@ -138,6 +138,26 @@ def restore_training_state(runner: Any, ckpt: dict, path: str | Path) -> None:
                               meta.get("world_size"), runner.world_size)
 
 
+def load_or_resume(runner: Any, load_from: Any, resume: Any) -> None:
+    """The Runner's start: ``resume='path'`` (that file, verified, no second-guessing), else
+    ``resume=True`` (the newest checkpoint of work_dir that verifies; none yet: start fresh),
+    else ``load_from`` (weights only)."""
+    from .resume_choice import choose_checkpoint
+
+    if isinstance(resume, (str, Path)):
+        runner.resume(resume)
+        return
+    if resume:
+        path, ckpt = choose_checkpoint(runner.work_dir, runner.logger)
+        if path is not None:
+            runner.resume(path, ckpt)
+            return
+        runner.logger.info("resume=True but %s has no checkpoint yet: starting fresh",
+                           runner.work_dir)
+    if load_from:
+        runner.load_checkpoint(load_from)
+
+
 def newest_checkpoint_everywhere(runner: Any, reason: str) -> tuple[dict, str]:
     """The newest checkpoint that verifies (:func:`~.resume_choice.choose_checkpoint`) and its
     path on every rank: rank 0 reads the file and broadcasts it, so ranks on other machines need

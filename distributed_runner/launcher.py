@@ -139,6 +139,9 @@ def validate_config(cfg: dict) -> None:
     if isinstance(optim, dict):
         check(registry.OPTIMIZERS, optim.get("optimizer"), "optim_wrapper.optimizer",
               supplied=("params",))
+        if "paramwise_cfg" in optim or "constructor" in optim:
+            from .optim_constructor import constructor_for
+            constructor_for(optim)  # checks its options without a model
     schedulers = cfg.get("param_scheduler")
     for i, sched in enumerate(schedulers if isinstance(schedulers, list) else [schedulers]):
         if isinstance(sched, dict) and "type" in sched:

@@ -113,6 +113,13 @@ def current_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 
 
+class MMLogger:
+    """MMEngine's ``MMLogger.get_current_instance()``, for hooks that call it (the run's
+    logger, as :func:`current_logger`)."""
+
+    get_current_instance = staticmethod(current_logger)
+
+
 def print_log(msg: str, logger: logging.Logger | str | None = None,
               level: int = logging.INFO) -> None:
     """MMEngine's ``print_log``: ``logger=None`` prints; ``'current'`` logs to the run's logger;

@@ -4,7 +4,7 @@ A whole ``Runner.train()``::
 
     open the sinks (runner.sinks)                           # built when the Runner was built
     before_run
-    (resume / load_from)                       -> after_load_checkpoint(checkpoint)
+    (resume / load_from: after_load_checkpoint(checkpoint), then the state is restored from it)
     before_train
     [validation, if the checkpoint resumed from was saved before a validation that was due]
     for epoch in range(start_epoch, max_epochs):            # EpochBasedTrainLoop

@@ -219,14 +219,20 @@ class AmpOptimWrapper(OptimWrapper):
             self.scaler.load_state_dict(state)
 
 
-def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper") -> OptimWrapper:
-    """An OptimWrapper from ``dict(type=..., optimizer=dict(type='SGD', lr=...), ...)``."""
+def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper",
+                        params: Any = None) -> OptimWrapper:
+    """An OptimWrapper from ``dict(type=..., optimizer=dict(type='SGD', lr=...), ...)``, over
+    ``params`` (default: all of the model's); ``paramwise_cfg`` or ``constructor`` hand the
+    spec to an optimizer constructor (:mod:`distributed_runner.optim_constructor`)."""
     if isinstance(spec, OptimWrapper):
         return spec
     if isinstance(spec, torch.optim.Optimizer):
         return OptimWrapper(spec)
     if not isinstance(spec, dict):
         raise ConfigError(key, "expected dict(optimizer=dict(type='SGD', lr=0.01), ...)")
+    if "paramwise_cfg" in spec or "constructor" in spec:
+        from .optim_constructor import build_with_constructor
+        return build_with_constructor(spec, model, key)
     args = dict(spec)
     wrapper_cls = OPTIM_WRAPPERS.resolve(args.pop("type", "OptimWrapper"), key)
     opt_spec = args.pop("optimizer", None)
@@ -240,6 +246,6 @@ def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper")
         opt_args = {k: v for k, v in opt_spec.items() if k != "type"}
         opt_cls = OPTIMIZERS.resolve(opt_spec["type"], f"{key}.optimizer")
         check_arguments(opt_cls, opt_args, f"{key}.optimizer", supplied=["params"])
-        optimizer = opt_cls(model.parameters(), **opt_args)
+        optimizer = opt_cls(model.parameters() if params is None else params, **opt_args)
     check_arguments(wrapper_cls, args, key, supplied=["optimizer"])
     return wrapper_cls(optimizer=optimizer, **args)

@@ -241,6 +241,8 @@ DATA_SAMPLERS = Registry("sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.dat
                          builtins=["distributed_runner.data"])
 OPTIMIZERS = Registry("optimizer", "OPTIMIZERS", fallbacks=["torch.optim"])
 OPTIM_WRAPPERS = Registry("optim_wrapper", "OPTIM_WRAPPERS", builtins=["distributed_runner.optim"])
+OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim_wrapper_constructor", "OPTIM_WRAPPER_CONSTRUCTORS",
+                                      builtins=["distributed_runner.optim_constructor"])
 PARAM_SCHEDULERS = Registry("param_scheduler", "PARAM_SCHEDULERS",
                             fallbacks=["torch.optim.lr_scheduler"],
                             builtins=["distributed_runner.schedulers"])

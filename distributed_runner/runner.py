@@ -14,7 +14,8 @@ swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the positio
 ``cfg``, ``message_hub``, ``logger``, ``sinks``, ``rank``, ``world_size``, ``train_loop``,
 ``strategy`` (DDP or FSDP's options), ``elastic_plan`` (an elastic run's split of the global batch,
 :mod:`distributed_runner.elastic`), ``save_checkpoint()``, ``checkpoints`` (its writer: ``wait()``
-for a background save), ``load_checkpoint()``, ``request_stop/request_checkpoint/request_val``
+for a background save), ``load_checkpoint()``, ``loading_for`` (while after_load_checkpoint
+runs: 'resume' or 'load_from'), ``request_stop/request_checkpoint/request_val``
 (:mod:`distributed_runner.control`), ``hook_timings()``. Mount point order: :mod:`.loops`.
 """
 from __future__ import annotations
@@ -47,11 +48,10 @@ from .preemption import parse_preemption, preemption_signals
 from .redact import redact
 from .randomness import set_random_seed
 from .registry import LOOPS, check_arguments
-from .resume_choice import choose_checkpoint
 from .schedulers import build_param_schedulers
 from .sharded_checkpoint import SHARDED
 from .sharding import parse_strategy
-from .checkpoint_state import load_model_weights, newest_checkpoint_everywhere, \
+from .checkpoint_state import load_model_weights, load_or_resume, newest_checkpoint_everywhere, \
     restore_training_state
 from .checkpoint_writer import CheckpointWriter
 from .sinks import SinkSet
@@ -102,7 +102,7 @@ class Runner:
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
         self._load_from, self._resume = load_from, resume
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
-        self._has_loaded = False
+        self._has_loaded, self.loading_for = False, None  # loading_for: see _after_load
         for key, path in (("load_from", load_from),
                           ("resume", resume if isinstance(resume, (str, Path)) else None)):
             if path and not Path(path).expanduser().is_file():
@@ -344,37 +344,23 @@ class Runner:
         return read_pointer(self.work_dir)
 
     def _load_or_resume(self) -> None:
-        if self._has_loaded:
-            return
-        self._has_loaded = True
-        if isinstance(self._resume, (str, Path)):
-            self.resume(self._resume)  # the file the user named, verified: no second-guessing
-            return
-        if self._resume:
-            path, ckpt = choose_checkpoint(self.work_dir, self.logger)
-            if path is None:
-                self.logger.info("resume=True but %s has no checkpoint yet: starting fresh",
-                                 self.work_dir)
-            else:
-                self._resume_from(ckpt, path)
-                return
-        if self._load_from:
-            self.load_checkpoint(self._load_from)
+        if not self._has_loaded:
+            self._has_loaded = True
+            load_or_resume(self, self._load_from, self._resume)  # checkpoint_state.py
 
     def load_checkpoint(self, path: str | Path, strict: bool = True,
                         map_location: Any = "cpu") -> dict:
         """Load model weights only (``load_from``); returns the checkpoint dict."""
         ckpt = load_file(path, "load_from", map_location)
+        self._after_load(ckpt, "load_from")
         load_model_weights(self, ckpt, path, "load_from", strict=strict)
         self.logger.info("loaded weights from %s", path)
-        self.call_hook("after_load_checkpoint", checkpoint=ckpt)
         return ckpt
 
-    def resume(self, path: str | Path) -> dict:
-        """Restore the full training state of ``path`` and continue exactly where it stopped."""
-        return self._resume_from(load_file(path, "resume"), path)
-
-    def _resume_from(self, ckpt: dict, path: str | Path) -> dict:
+    def resume(self, path: str | Path, checkpoint: dict | None = None) -> dict:
+        """Restore the full training state of ``path`` (``checkpoint``: the file, already read
+        and verified) and continue exactly where it stopped."""
+        ckpt = load_file(path, "resume") if checkpoint is None else checkpoint
         for key in ("meta", "state_dict"):
             if key not in ckpt and not (key == "state_dict" and SHARDED in ckpt):
                 raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
@@ -386,8 +372,18 @@ class Runner:
         return ckpt
 
     def _restore(self, ckpt: dict, path: str | Path) -> None:
+        self._after_load(ckpt, "resume")
         restore_training_state(self, ckpt, path)
-        self.call_hook("after_load_checkpoint", checkpoint=ckpt)
+
+    def _after_load(self, ckpt: dict, purpose: str) -> None:
+        """``after_load_checkpoint`` before anything is taken from ``ckpt`` (MMEngine's order:
+        hooks may rewrite it); ``loading_for`` says for what ('resume': the whole training state,
+        also a rollback; 'load_from': weights) while the hooks run."""
+        self.loading_for = purpose
+        try:
+            self.call_hook("after_load_checkpoint", checkpoint=ckpt)
+        finally:
+            self.loading_for = None
 
     def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
                         save_param_scheduler: bool = True, meta: dict | None = None,

@@ -279,6 +279,9 @@ class CheckpointHook(Hook, CheckpointSaver):
             ckpt = load_file(path, "published_keys")
         if SHARDED in ckpt and "state_dict" in self.published_keys:
             ckpt["state_dict"] = full_weights(path, ckpt)  # one deployable file from the shards
+            average = ckpt.get("ema_state_dict", {})  # deploy the average, as MMEngine's layout
+            ckpt["state_dict"].update({k: average[f"module.{k}"] for k in ckpt["state_dict"]
+                                       if f"module.{k}" in average})
         slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
         tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]

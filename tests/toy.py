@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from benchmarks.gpu_models import GPT, SyntheticTokens
 from distributed_runner.registry import DATASETS, MODELS
 from distributed_runner.sinks import LogSink
 from hooks import HOOKS, MOUNT_POINTS, Hook
@@ -82,6 +83,25 @@ class TinyBlocks(nn.Module):
         if mode == "loss":
             return {"loss": F.cross_entropy(logits, labels)}
         return logits
+
+
+@MODELS.register_module(force=True)
+class ToyGPT(GPT):
+    """A transformer-shaped toy: the GPT-2 architecture of benchmarks/gpu_models.py (pre-norm
+    causal-attention ``Block``s, tied embeddings) at vocabulary 64, context 16, width 32, 2
+    layers, 2 heads: ``shard_modules=['Block']`` shards it as FSDP shards a real one."""
+
+    def __init__(self, vocab: int = 64, context: int = 16, width: int = 32, layers: int = 2,
+                 heads: int = 2) -> None:
+        super().__init__(vocab, context, width, layers, heads)
+
+
+@DATASETS.register_module(force=True)
+class ToyTokens(SyntheticTokens):
+    """``n`` random token sequences of ``context + 1`` tokens for :class:`ToyGPT`."""
+
+    def __init__(self, n: int = 40, context: int = 16, vocab: int = 64) -> None:
+        super().__init__(n, context, vocab, torch.device("cpu"))
 
 
 class RecorderHook(Hook):

@@ -35,12 +35,14 @@ def ray_cfg(work_dir, workers=2, **overrides):
 
 
 def elastic_cfg(work_dir, **overrides):
-    """An elastic (1, 2) run: ToyLinear (no batch statistics), global batches of 8 from 40
-    samples, 5 iterations an epoch, 15 in all, a checkpoint every 3."""
-    cfg = ray_cfg(work_dir, model=dict(type="ToyLinear"),
+    """An elastic (1, 2) run of a transformer toy (ToyGPT: LayerNorm, no batch statistics) with
+    DDP: global batches of 8 from 40 samples, 5 iterations an epoch, 15 in all, a checkpoint
+    every 3."""
+    cfg = ray_cfg(work_dir, model=dict(type="ToyGPT"),
                   launcher=dict(type="ray", num_workers=(1, 2)),
-                  train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4,
-                                        sampler=dict(type="DefaultSampler", shuffle=True)))
+                  train_dataloader=dict(dataset=dict(type="ToyTokens", n=40), batch_size=4,
+                                        sampler=dict(type="DefaultSampler", shuffle=True)),
+                  val_dataloader=None, val_evaluator=None, val_cfg=None)
     cfg["default_hooks"]["checkpoint"]["interval"] = 3
     cfg.update(overrides)
     return cfg

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from distributed_runner.errors import ConfigError
 from distributed_runner.sharding import parse_strategy
+from hooks.ema_hook import EMAHook
 from tests.toy import make_runner
 
 ITERS = 6
@@ -240,6 +241,8 @@ def test_sharded_checkpoints_train_and_resume_as_full_ones(two_rank_runs):
     mid-window shard checkpoint is exact."""
     out, _ = two_rank_runs
     full = weights(out / "fsdp_acc_ema" / f"iter_{ITERS}.pth")
+    assert full["meta"]["ema_in_state_dict"]  # MMEngine's layout: state_dict is the average...
+    EMAHook._swap_ema_state_dict(full)  # ...the training weights, as the shards hold them
     runs = ("sharded_acc", "sharded_acc_resumed", "sharded_async", "sharded_async_resumed")
     for run in runs:
         final = out / run / f"iter_{ITERS}.pth"

@@ -70,7 +70,12 @@ def test_ema_evaluates_with_the_average_and_never_changes_training(tmp_path):
         assert not torch.equal(averaged[name], runner.model.state_dict()[name])
     ckpt = torch.load(tmp_path / "ema" / "epoch_3.pth", weights_only=True)
     assert int(ckpt["ema_state_dict"]["steps"]) == 30
-    assert_state_equal(ckpt["state_dict"], params_of(runner.model))  # weights = training weights
+    # MMEngine's layout: state_dict holds the average (what is deployed), ema_state_dict the
+    # training weights
+    assert ckpt["meta"]["ema_in_state_dict"] is True
+    assert_state_equal(ckpt["state_dict"], averaged)
+    assert_state_equal({k[len("module."):]: v for k, v in ckpt["ema_state_dict"].items()
+                        if k != "steps"}, params_of(runner.model))
     runner.val()  # a later val()/test() on the same runner keeps the average
     assert runner.get_hook("ema").ema_model.steps == 30
     for name, _ in runner.model.named_parameters():
@@ -97,11 +102,13 @@ def test_ema_begin_epoch_and_begin_iter(tmp_path):
     last = make_runner(tmp_path / "c", custom_hooks=[dict(type="EMAHook", begin_iter=30)])
     last.train()
     assert last.get_hook("ema").ema_model.steps == 1  # the 30th and last iteration
-    never = make_runner(tmp_path / "b", custom_hooks=[dict(type="EMAHook", begin_iter=31)])
-    never.train()
-    ema = never.get_hook("ema").ema_model
-    assert ema.steps == 0
-    assert_state_equal(ema.module.state_dict(), params_of(never.model))  # tracked exactly
+    with pytest.raises(ConfigError, match=r"custom_hooks\[0\].begin_iter: 31 is after the end "
+                                          r"of training \(30\)"):  # MMEngine refuses it too
+        make_runner(tmp_path / "b", custom_hooks=[dict(type="EMAHook", begin_iter=31)]).train()
+    never = make_runner(tmp_path / "d", custom_hooks=[dict(type="EMAHook", begin_epoch=3)],
+                        train_cfg=dict(by_epoch=True, max_epochs=2))
+    with pytest.raises(ConfigError, match="begin_epoch: 3 is after the end of training"):
+        never.train()
     with pytest.raises(ConfigError, match="begin_iter or begin_epoch, not both"):
         make_runner(tmp_path, custom_hooks=[dict(type="EMAHook", begin_iter=1, begin_epoch=1)])
 
@@ -116,18 +123,28 @@ def test_ema_config_mistakes_fail_at_registration(tmp_path):
 
 
 def test_ema_load_from_and_strict_load(tmp_path):
+    """As MMEngine: ``load_from`` puts the checkpoint's state_dict (the average) in the model and
+    starts the average from it; resuming without an ema_state_dict is an error only with
+    ``strict_load``."""
     trained = make_runner(tmp_path / "t", custom_hooks=[dict(type="EMAHook", momentum=0.2)])
     trained.train()
-    expected = _ema_state(trained)
-    cfg = dict(load_from=str(tmp_path / "t" / "epoch_3.pth"),
-               custom_hooks=[dict(type="EMAHook", momentum=0.2, strict_load=True)])
-    tester = make_runner(tmp_path / "u", **cfg)
+    average = trained.get_hook("ema").ema_model.module.state_dict()
+    tester = make_runner(tmp_path / "u", load_from=str(tmp_path / "t" / "epoch_3.pth"),
+                         custom_hooks=[dict(type="EMAHook", momentum=0.2)])
     tester.val()
-    assert_state_equal(_ema_state(tester), expected)
-    torch.save({"state_dict": params_of(trained.model)}, tmp_path / "weights.pth")
-    cfg["load_from"] = str(tmp_path / "weights.pth")
+    assert_state_equal(params_of(tester.model), average)
+    assert_state_equal(tester.get_hook("ema").ema_model.module.state_dict(), average)
+    plain = make_runner(tmp_path / "p")
+    plain.train()
+    hooks = [dict(type="EMAHook", momentum=0.2, strict_load=True)]
     with pytest.raises(ConfigError, match="no ema_state_dict"):
-        make_runner(tmp_path / "v", **cfg).val()
+        make_runner(tmp_path / "v", custom_hooks=hooks,
+                    resume=str(tmp_path / "p" / "epoch_1.pth")).train()
+    hooks[0]["strict_load"] = False  # the average starts from the resumed weights
+    lenient = make_runner(tmp_path / "w", custom_hooks=hooks,
+                          resume=str(tmp_path / "p" / "epoch_1.pth"))
+    lenient.train()
+    assert lenient.get_hook("ema").ema_model.steps == 20
 
 
 # -- EarlyStoppingHook ---------------------------------------------------------------------------

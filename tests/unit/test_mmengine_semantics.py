@@ -1,6 +1,8 @@
 """Loop and hook rules that follow MMEngine's (issue: MMEngine and iMIX parity)."""
+import torch
+
 from hooks import Hook
-from tests.toy import make_runner
+from tests.toy import make_runner, params_of
 
 
 class ValCounter(Hook):
@@ -94,3 +96,26 @@ def test_an_mmcv1_config_is_refused_with_what_replaced_each_key(tmp_path):
     Runner.from_cfg(ok)
     with pytest.raises(ConfigError, match="^optimizer: is an MMCV 1.x key"):
         Runner.from_cfg({k: v for k, v in ok.items() if k != "optim_wrapper"})
+
+
+def test_after_load_checkpoint_runs_before_anything_loads_and_may_rewrite_the_checkpoint(
+        tmp_path):
+    """MMEngine's order: the hook sees the checkpoint first (``runner.loading_for`` says why it
+    is loaded), and what it changes is what the runner loads."""
+    make_runner(tmp_path / "t").train()
+    seen = []
+
+    class ZeroHead(Hook):
+        def after_load_checkpoint(self, runner, checkpoint):
+            seen.append((runner.loading_for, runner.iter))
+            checkpoint["state_dict"]["fc2.bias"] = torch.zeros(2)
+
+    loaded = make_runner(tmp_path / "l", load_from=str(tmp_path / "t" / "epoch_3.pth"),
+                         custom_hooks=[ZeroHead()])
+    loaded.val()
+    resumed = make_runner(tmp_path / "r", resume=str(tmp_path / "t" / "epoch_2.pth"),
+                          custom_hooks=[ZeroHead()])
+    resumed.train()
+    assert seen == [("load_from", 0), ("resume", 0)]  # before the position was restored
+    assert torch.equal(params_of(loaded.model)["fc2.bias"], torch.zeros(2))
+    assert loaded.loading_for is None and resumed.iter == 30
