@@ -28,6 +28,16 @@ from .errors import ConfigError
 from .registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS, accepts, check_arguments
 
 
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """An epoch's sample order: a permutation drawn from ``seed + epoch`` alone (never the
+    global RNG), or ``0..n-1``. DefaultSampler and elastic.GlobalBatchSampler share it."""
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
 @DATA_SAMPLERS.register_module()
 class DefaultSampler(Sampler[int]):
     """Shuffled (or ordered) indices, sharded by rank, padded so every rank gets as many.
@@ -61,12 +71,7 @@ class DefaultSampler(Sampler[int]):
     def indices(self) -> list[int]:
         """This rank's indices for the current epoch (the whole shard)."""
         n = len(self.dataset)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g).tolist()
-        else:
-            order = list(range(n))
+        order = epoch_order(n, self.shuffle, self.seed, self.epoch)
         if self.round_up and self.total_size > n:
             reps = math.ceil(self.total_size / n)
             order = (order * reps)[:self.total_size]

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from .data import DefaultSampler
+from .data import DefaultSampler, epoch_order
 from .errors import ConfigError
 from .step import call_model, move_to, parse_losses
 
@@ -136,12 +136,7 @@ class GlobalBatchSampler:
     def order(self) -> list[int]:
         """The epoch's sample order, as ``DefaultSampler`` draws it, wrapped to whole batches."""
         n = len(self.dataset)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g).tolist()
-        else:
-            order = list(range(n))
+        order = epoch_order(n, self.shuffle, self.seed, self.epoch)
         total = self.steps * self.plan.global_batch
         return (order * math.ceil(total / n))[:total]
 
