@@ -43,7 +43,8 @@ from .registry import OPTIM_WRAPPER_CONSTRUCTORS
 PARAMWISE_OPTIONS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult",
                      "dwconv_decay_mult", "flat_decay_mult", "dcn_offset_lr_mult",
                      "bypass_duplicate")
-DECAY_OPTIONS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
+# the multipliers MMEngine refuses without a weight decay to scale (flat_decay_mult it ignores)
+DECAY_OPTIONS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult")
 NORM_LAYERS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 KEY = "optim_wrapper.paramwise_cfg"
 
