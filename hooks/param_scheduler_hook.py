@@ -13,23 +13,29 @@ class ParamSchedulerHook(Hook):
     """Step iteration-based schedulers after every training iteration and epoch-based ones after
     every training epoch. Runs before CheckpointHook (LOW < VERY_LOW) so a saved checkpoint holds
     the learning rate of the step that comes next. Ranks: all (every rank's optimizer).
+
+    As MMEngine's, it reads ``runner.param_schedulers`` when it steps them (a list, or a dict of
+    lists for several optimizers; None: nothing to step) and keeps no state of its own, so a
+    subclass that overrides ``__init__``/``before_train`` without calling them (mmyolo's
+    YOLOv5ParamSchedulerHook) still steps whatever schedulers the config has.
     """
 
     priority = "LOW"
 
-    def __init__(self) -> None:
-        self._by_iter: list = []
-        self._by_epoch: list = []
-
-    def before_train(self, runner) -> None:
-        self._by_iter = [s for s in runner.param_schedulers if not s.by_epoch]
-        self._by_epoch = [s for s in runner.param_schedulers if s.by_epoch]
+    @staticmethod
+    def _schedulers(runner) -> list:
+        schedulers = runner.param_schedulers
+        if isinstance(schedulers, dict):
+            return [s for group in schedulers.values() for s in group]
+        return schedulers or []
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        for scheduler in self._by_iter:
-            scheduler.step()
+        for scheduler in self._schedulers(runner):
+            if not scheduler.by_epoch:
+                scheduler.step()
 
     def after_train_epoch(self, runner) -> None:
-        for scheduler in self._by_epoch:
-            scheduler.step()
+        for scheduler in self._schedulers(runner):
+            if scheduler.by_epoch:
+                scheduler.step()

@@ -6,12 +6,19 @@ mmpretrain 1.2.0's ``EMAHook`` subclasses MMEngine's: it calls ``_swap_ema_param
 ``_swap_ema_state_dict(checkpoint)``, reads ``ema_model``, ``src_model`` and
 ``runner._resume``, re-runs validation through ``val_loop.run_iter`` and
 ``val_loop.evaluator.evaluate`` for ``evaluate_on_origin``, and expects MMEngine's checkpoint
-layout (``state_dict`` = the average)."""
+layout (``state_dict`` = the average). mmyolo 0.6.0's ``YOLOv5ParamSchedulerHook`` subclasses
+ParamSchedulerHook without calling its ``__init__``/``before_train``; its
+``YOLOXModeSwitchHook`` rebuilds the train loader from ``runner.cfg`` with
+``Runner.build_dataloader`` and assigns ``runner.train_loop.dataloader``."""
 import pytest
 import torch
+from torch import nn
 
+from distributed_runner.registry import DATASETS, MODELS
+
+from hooks import Hook
 from tests.published import published_module
-from tests.toy import assert_state_equal, make_runner, params_of
+from tests.toy import ToyDataset, ToyModel, assert_state_equal, make_runner, params_of
 
 MMPRETRAIN_EMA_IMPORTS = {
     "from mmengine.hooks import EMAHook as BaseEMAHook":
@@ -71,3 +78,105 @@ def test_mmpretrains_ema_hook_resumes_exactly_and_evaluates_on_origin(tmp_path, 
     # evaluate_on_origin: validation re-run on the training weights, logged beside the average's
     origin = full.message_hub.get_scalar("val/accuracy_origin")
     assert origin is not None and len(origin.values()) == 3
+
+
+# -- mmyolo 0.6.0's YOLOv5ParamSchedulerHook ------------------------------------------------------
+MMYOLO_IMPORTS = {
+    "from mmengine.hooks import ParamSchedulerHook": "from hooks import ParamSchedulerHook",
+    "from mmengine.runner import Runner": "from distributed_runner import Runner",
+    "from mmyolo.registry import HOOKS": "from tests.published import SCRATCH_HOOKS as HOOKS",
+}
+
+
+def test_mmyolos_yolov5_scheduler_hook_sets_its_warmup_and_decay_in_place_of_ours(tmp_path):
+    """It subclasses ParamSchedulerHook without calling its __init__ or before_train and sets
+    the learning rate itself (param_scheduler=None, as YOLOv5 configs have): a linear warm-up
+    over ``warmup_mim_iter`` iterations to ``lr x scheduler(epoch)``, then the per-epoch decay."""
+    module = published_module("mmyolo", "0.6.0",
+                              "mmyolo/engine/hooks/yolov5_param_scheduler_hook.py",
+                              MMYOLO_IMPORTS)
+    hook = module.YOLOv5ParamSchedulerHook(scheduler_type="linear", lr_factor=0.1, max_epochs=3,
+                                           warmup_epochs=1, warmup_mim_iter=15)
+    seen = []
+
+    class LrProbe(Hook):
+        priority = "LOWEST"
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            seen.append(runner.optim_wrapper.get_lr()[0])
+
+    runner = make_runner(tmp_path, param_scheduler=None, custom_hooks=[LrProbe()],
+                         default_hooks=dict(param_scheduler=hook, checkpoint=None))
+    runner.train()
+    decay = [(1 - e / 3) * (1 - 0.1) + 0.1 for e in range(4)]  # its 'linear' rule, lr 0.1
+    expected = []
+    for i in range(30):  # 10 iterations an epoch
+        if i <= 15:  # warm-up: from 0 to the epoch's decayed lr
+            expected.append(i / 15 * 0.1 * decay[i // 10])
+        else:  # then only at epoch ends, to lr x scheduler(the epoch that ended): epoch 1's
+            expected.append(0.1 * decay[1])
+    assert seen == pytest.approx(expected)
+
+
+@DATASETS.register_module(force=True)
+class PipelineToyDataset(ToyDataset):
+    """ToyDataset with an MMDetection-style ``pipeline``: ``dict(type='Scale', factor=f)``
+    multiplies the inputs, so which pipeline a batch came through is visible in the batch."""
+
+    def __init__(self, n: int = 40, pipeline: list | None = None) -> None:
+        super().__init__(n=n, with_index=True)
+        self.factor = 1.0
+        for step in pipeline or []:
+            assert step["type"] == "Scale", step
+            self.factor *= step["factor"]
+
+    def __getitem__(self, i: int) -> dict:
+        sample = super().__getitem__(i)
+        return {**sample, "inputs": sample["inputs"] * self.factor}
+
+
+@MODELS.register_module(force=True)
+class ToyDetector(ToyModel):
+    """ToyModel with a ``bbox_head`` whose ``use_bbox_aux`` flag the YOLOX hook turns on; it
+    records each training batch's input scale (the pipeline) per epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bbox_head = nn.Module()
+        self.bbox_head.use_bbox_aux = False
+        self.scales: list[float] = []
+
+    def forward(self, inputs, labels=None, index=None, mode="predict"):
+        if self.training:
+            self.scales.append(round(float(inputs.abs().sum() / ToyDataset(n=40).x[index]
+                                           .abs().sum()), 3))
+        return super().forward(inputs, labels, index, mode)
+
+
+def test_mmyolos_yolox_mode_switch_hook_rebuilds_the_loader_the_loop_then_iterates(tmp_path):
+    """It deep-copies ``runner.cfg.train_dataloader``, swaps the dataset's pipeline, builds a
+    loader with ``Runner.build_dataloader`` and assigns ``runner.train_loop.dataloader``, then
+    sets ``model.bbox_head.use_bbox_aux`` — for the last ``num_last_epochs`` epochs."""
+    module = published_module("mmyolo", "0.6.0", "mmyolo/engine/hooks/yolox_mode_switch_hook.py",
+                              {"from mmengine.hooks import Hook": "from hooks import Hook",
+                               "from mmengine.runner import Runner":
+                                   "from distributed_runner import Runner",
+                               "from mmyolo.registry import HOOKS":
+                                   "from tests.published import SCRATCH_HOOKS as HOOKS",
+                               "from mmengine.model import is_model_wrapper":
+                                   "from distributed_runner.model_setup import is_model_wrapper"})
+    loader = dict(dataset=dict(type="PipelineToyDataset", n=40,
+                               pipeline=[dict(type="Scale", factor=2.0)]),
+                  batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True))
+    runner = make_runner(tmp_path, model=dict(type="ToyDetector"), train_dataloader=loader,
+                         custom_hooks=[module.YOLOXModeSwitchHook(
+                             num_last_epochs=1, new_train_pipeline=[dict(type="Scale",
+                                                                         factor=0.5)])])
+    runner.train()
+    # its rule, (epoch + 1) == max_epochs - num_last_epochs, switches before the second epoch
+    scales = runner.model.scales
+    assert scales[:10] == [2.0] * 10 and scales[10:] == [0.5] * 20
+    assert runner.model.bbox_head.use_bbox_aux is True
+    seen = runner.model.seen  # the rebuilt loader covers the data once an epoch, reshuffled
+    second, third = seen[40:80], seen[80:]
+    assert sorted(second) == sorted(third) == list(range(40)) and second != third
