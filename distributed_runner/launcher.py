@@ -105,6 +105,7 @@ def validate_config(cfg: dict) -> None:
     from .imix_compat import translate_imix_hooks
 
     import_custom_modules(cfg.get("custom_imports"))  # the driver's side of Runner.from_cfg
+    registry.set_default_scope(cfg.get("default_scope"))
     cfg = dict(cfg)
     translate_imix_hooks(cfg)  # as each worker's Runner.from_cfg will (and log it there)
     for key in ("work_dir", "model"):

@@ -8,12 +8,19 @@ classes work by name without the user registering them.
 ``build`` checks the keyword arguments against the constructor's signature *before* calling it, so an
 unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
 ``TypeError`` from deep inside a constructor.
+
+Scopes, as MMEngine's: a downstream project makes its own registry under ours,
+``Registry('hook', parent=HOOKS, scope='mmdet')`` (the scope defaults to the top-level package of
+the module that creates it), and registers into that. ``type='mmdet.Name'`` finds its entry from
+any registry of the tree, so two projects may register the same name; a child finds its parent's
+entries too. A config's ``default_scope='mmdet'`` makes plain names look in that scope first.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
 import logging
+import sys
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
@@ -22,15 +29,34 @@ from .log import LOGGER_NAME
 
 
 _BUILTIN_PACKAGES = ("hooks", "distributed_runner")
+_default_scope: str | None = None
+
+
+def set_default_scope(scope: str | None) -> None:
+    """A config's ``default_scope``: plain names look in that scope's registries first."""
+    global _default_scope
+    if scope is not None and not isinstance(scope, str):
+        raise ConfigError("default_scope", f"expected a scope name such as 'mmdet', got "
+                                           f"{type(scope).__name__}")
+    _default_scope = scope
 
 
 class Registry:
     """A name -> class (or function) table with optional fallback modules."""
 
-    def __init__(self, name: str, var: str, fallbacks: Iterable[str] = (),
-                 builtins: Iterable[str] = ()) -> None:
+    def __init__(self, name: str, var: str | None = None, fallbacks: Iterable[str] = (),
+                 builtins: Iterable[str] = (), *, parent: "Registry | None" = None,
+                 scope: str | None = None, locations: Iterable[str] = ()) -> None:
         self.name = name
-        self.var = var  # the registry's importable name, for error messages
+        if parent is not None and scope is None:  # MMEngine's rule: the creating package
+            scope = sys._getframe(1).f_globals.get("__name__", "").split(".")[0] or None
+        self.scope, self.parent = scope, parent
+        self._children: dict[str, Registry] = {}
+        if parent is not None:
+            parent._children[scope] = self
+        # the registry's importable name, for error messages
+        self.var = var or (f"{name} registry of scope {scope!r}" if parent else name.upper())
+        self._locations = tuple(locations)  # a child's modules, imported at its first look-up
         self._table: dict[str, Any] = {}
         self._fallback_names = tuple(fallbacks)
         self._fallback_modules: list[ModuleType] | None = None
@@ -44,6 +70,26 @@ class Registry:
             self._builtins_loaded = True
             for module in self._builtin_modules:
                 importlib.import_module(module)
+        locations, self._locations = self._locations, ()
+        for module in locations:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:  # the project's own entries stay reachable
+                logging.getLogger(LOGGER_NAME).warning("%s: cannot import %s (%s)", self.var,
+                                                       module, e)
+
+    def _root(self) -> "Registry":
+        return self if self.parent is None else self.parent._root()
+
+    def _in_scope(self, scope: str) -> "Registry | None":
+        """The registry of ``scope`` in this registry's tree (depth first), or None."""
+        if self.scope == scope:
+            return self
+        for child in self._children.values():
+            found = child._in_scope(scope)
+            if found is not None:
+                return found
+        return None
 
     def __repr__(self) -> str:
         return f"Registry({self.name!r}, {len(self._table)} entries)"
@@ -100,24 +146,57 @@ class Registry:
         return self._fallback_modules
 
     def get(self, name: str) -> Any:
-        """The registered object, or one from the fallback modules, or None."""
+        """The registered object (``'scope.Name'``: in that scope's registry), or one from the
+        fallback modules or the parent registry, or None. With a ``default_scope``, a plain name
+        is looked up in that scope's registry first."""
+        scope, dot, short = name.partition(".")
+        if dot:
+            target = self._root()._in_scope(scope)
+            return target.get(short) if target is not None else None
+        if _default_scope is not None and self.parent is None:
+            scoped = self._in_scope(_default_scope)
+            obj = scoped._get_here(name) if scoped not in (None, self) else None
+            if obj is not None:
+                return obj
+        obj = self._get_here(name)
+        if obj is None and self.parent is not None:
+            return self.parent.get(name)
+        return obj
+
+    def _get_here(self, name: str) -> Any:
         obj = self._table.get(name)
         if obj is not None:
             return obj
-        if not self._builtins_loaded:
+        if not self._builtins_loaded or self._locations:
             self._load_builtins()
-            return self.get(name)
+            return self._get_here(name)
         for mod in self._fallbacks():
             obj = getattr(mod, name, None)
             if obj is not None and callable(obj):
                 return obj
         return None
 
-    def _known_names(self) -> list[str]:
+    def _own_names(self) -> set[str]:
         self._load_builtins()
         names = set(self._table)
         for mod in self._fallbacks():
             names.update(n for n in dir(mod) if n[:1].isupper())
+        return names
+
+    def _known_names(self) -> list[str]:
+        """What a config could name from here: this registry's and its parents' entries, and
+        every scoped entry of the tree as ``'scope.Name'``."""
+        names: set[str] = set()
+        registry: Registry | None = self
+        while registry is not None:
+            names |= registry._own_names()
+            registry = registry.parent
+        stack = [self._root()]
+        while stack:
+            registry = stack.pop()
+            stack.extend(registry._children.values())
+            if registry.parent is not None:
+                names.update(f"{registry.scope}.{n}" for n in registry._table)
         return sorted(names)
 
     def resolve(self, type_: Any, key: str) -> Any:

@@ -47,7 +47,7 @@ from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
 from .randomness import set_random_seed
-from .registry import LOOPS, check_arguments
+from .registry import LOOPS, check_arguments, set_default_scope
 from .schedulers import build_param_schedulers
 from .sharded_checkpoint import SHARDED
 from .sharding import parse_strategy
@@ -65,7 +65,7 @@ RUNNER_KEYS = (
     "compile", "strategy",
 )
 # top-level config keys the Runner does not take but other parts of the project read
-OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg")
+OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope")
 
 
 class Runner:
@@ -135,6 +135,7 @@ class Runner:
         """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker)."""
         cfg = cfg if isinstance(cfg, Config) else Config(to_config_dict(dict(cfg)))
         import_custom_modules(cfg.get("custom_imports"))
+        set_default_scope(cfg.get("default_scope"))  # MMEngine's key: scoped names first
         if cfg.get("work_dir") is None:
             raise ConfigError("work_dir", "missing: set work_dir='work_dirs/NAME' in the config or "
                                           "pass --work-dir")

@@ -19,11 +19,13 @@ from types import ModuleType
 
 import pytest
 
-from distributed_runner.registry import Registry
+from distributed_runner.registry import HOOKS, Registry
 
 CACHE = Path(os.environ.get("DRUN_TEST_WHEELS", Path.home() / ".cache" / "drun-test-wheels"))
 # what published hooks register into: their names (IterTimerHook ...) are ours too
 SCRATCH_HOOKS = Registry("hook", "tests.published.SCRATCH_HOOKS")
+# mmdet's own hook registry, made as mmdet/registry.py makes it: a child of ours, scope 'mmdet'
+MMDET_HOOKS = Registry("hook", parent=HOOKS, scope="mmdet")
 
 
 def wheel(package: str, version: str) -> Path:

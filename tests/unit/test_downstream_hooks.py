@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from distributed_runner.registry import DATASETS, MODELS
+from distributed_runner.errors import ConfigError
+from distributed_runner.registry import DATASETS, HOOKS, MODELS, Registry
 
 from hooks import Hook
-from tests.published import published_module
+from tests.published import MMDET_HOOKS, published_module
 from tests.toy import ToyDataset, ToyModel, assert_state_equal, make_runner, params_of
 
 MMPRETRAIN_EMA_IMPORTS = {
@@ -180,3 +181,72 @@ def test_mmyolos_yolox_mode_switch_hook_rebuilds_the_loader_the_loop_then_iterat
     seen = runner.model.seen  # the rebuilt loader covers the data once an epoch, reshuffled
     second, third = seen[40:80], seen[80:]
     assert sorted(second) == sorted(third) == list(range(40)) and second != third
+
+
+# -- scoped registries: mmdet 3.3.0's CheckInvalidLossHook beside ours ------------------------------
+@pytest.fixture(scope="module")
+def mmdet_check_loss():
+    return published_module("mmdet", "3.3.0", "mmdet/engine/hooks/checkloss_hook.py", {
+        "from mmengine.hooks import Hook": "from hooks import Hook",
+        "from mmengine.runner import Runner": "from distributed_runner import Runner",
+        "from mmdet.registry import HOOKS":
+            "from tests.published import MMDET_HOOKS as HOOKS"})
+
+
+class NanAt(Hook):
+    """Poisons the model after iteration ``at`` so that the next loss is NaN."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 == self.at:
+            with torch.no_grad():
+                runner.model.fc2.bias.fill_(float("nan"))
+
+
+def test_a_scoped_registry_holds_mmdets_hook_beside_ours_of_the_same_name(tmp_path,
+                                                                          mmdet_check_loss):
+    theirs = mmdet_check_loss.CheckInvalidLossHook
+    assert MMDET_HOOKS.get("CheckInvalidLossHook") is theirs  # registered in its own scope
+    assert HOOKS.get("mmdet.CheckInvalidLossHook") is theirs  # 'scope.Name' from the root
+    ours = HOOKS.get("CheckInvalidLossHook")
+    assert ours is not theirs and ours.__module__.startswith("hooks")
+    assert MMDET_HOOKS.get("CheckpointHook") is HOOKS.get("CheckpointHook")  # the parent's
+
+    def run(name, **cfg):
+        runner = make_runner(tmp_path / name, custom_hooks=[
+            dict(type=name, interval=1), NanAt(3)], **cfg)
+        with pytest.raises(Exception) as raised:
+            runner.train()
+        return next(h for h in runner.hooks if type(h).__name__ == "CheckInvalidLossHook"), \
+            raised.value
+
+    hook, error = run("mmdet.CheckInvalidLossHook")
+    assert type(hook) is theirs and type(error) is AssertionError  # theirs asserts it is finite
+    hook, error = run("CheckInvalidLossHook", default_scope="mmdet")
+    assert type(hook) is theirs and type(error) is AssertionError  # mmdet's scope first
+    hook, error = run("CheckInvalidLossHook")
+    assert type(hook) is ours and type(error) is FloatingPointError  # ours, at iteration 4
+    assert "at iteration 4" in str(error)
+
+
+def test_two_projects_may_register_one_name_and_a_wrong_scope_is_one_line(tmp_path):
+    yolo_hooks = Registry("hook", parent=HOOKS, scope="mmyolo_test")
+    det_hooks = Registry("hook", parent=HOOKS, scope="mmdet_test")
+
+    @yolo_hooks.register_module()
+    class SwitchHook(Hook):
+        pass
+
+    @det_hooks.register_module(name="SwitchHook")
+    class OtherSwitchHook(Hook):
+        pass
+
+    assert HOOKS.get("mmyolo_test.SwitchHook") is SwitchHook
+    assert HOOKS.get("mmdet_test.SwitchHook") is OtherSwitchHook
+    assert HOOKS.get("SwitchHook") is None  # no default scope: the root's own names only
+    with pytest.raises(ConfigError, match=r"custom_hooks\[0\].type: unknown hook "
+                                          r"'mmyolo_tset.SwitchHook' \(did you mean "
+                                          r"'mmyolo_test.SwitchHook'"):
+        make_runner(tmp_path, custom_hooks=[dict(type="mmyolo_tset.SwitchHook")])
