@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -13,7 +14,10 @@ from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
 from distributed_runner.registry import HOOKS
-from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_orphan_shards
+from distributed_runner.redact import redact_url
+from distributed_runner.remote_storage import RemoteCopies, is_remote, open_filesystem
+from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_orphan_shards, \
+    shard_folders
 
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
@@ -49,8 +53,14 @@ class CheckpointHook(Hook, CheckpointSaver):
       previous best. ``save_topk=K`` keeps the K best checkpoints of each key instead of one.
     * ``published_keys``: after training, the last and best checkpoints are also written with only
       these keys as ``{name}-{sha256[:8]}.pth``.
-    * ``out_dir`` (default ``work_dir``), ``filename_tmpl`` (default ``epoch_{}.pth`` /
-      ``iter_{}.pth``), ``save_optimizer``, ``save_param_scheduler``.
+    * ``out_dir``: as MMEngine, checkpoints go to ``out_dir/<basename(work_dir)>`` (default:
+      ``work_dir`` itself). A URI (``s3://``, ``gs://``, ``hdfs://``) gets a copy of each
+      committed checkpoint, uploaded in the background, while the files stay in ``work_dir``
+      (:mod:`distributed_runner.remote_storage`); ``backend_args`` are its filesystem's options.
+      MMEngine's deprecated ``file_client_args`` (a local ``backend``) and MMCV's
+      ``create_symlink`` are accepted with a warning.
+    * ``filename_tmpl`` (default ``epoch_{}.pth`` / ``iter_{}.pth``), ``save_optimizer``,
+      ``save_param_scheduler``.
     * ``async_save``: write in the background; training waits only while the tensors are
       copied to host memory. The checkpoint commits (``last_checkpoint`` moves, old files go,
       Ray hears of it) once every rank's write is done — checked after every iteration — and a
@@ -73,7 +83,9 @@ class CheckpointHook(Hook, CheckpointSaver):
                  less_keys: Optional[Sequence[str]] = None,
                  filename_tmpl: Optional[str] = None,
                  published_keys: Union[str, Sequence[str], None] = None,
-                 save_begin: int = 0, save_topk: int = 1, async_save: bool = False) -> None:
+                 save_begin: int = 0, save_topk: int = 1, async_save: bool = False,
+                 backend_args: Optional[dict] = None, file_client_args: Optional[dict] = None,
+                 create_symlink: Optional[bool] = None) -> None:
         if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
                 interval != int(interval) or interval == 0 or interval < -1):
             raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
@@ -97,6 +109,9 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
         self.out_dir_arg = out_dir
+        self.backend_args = self._storage_options(out_dir, backend_args, file_client_args,
+                                                  create_symlink)
+        self.remote: Optional[RemoteCopies] = None
         self.max_keep_ckpts = int(max_keep_ckpts)
         self.save_last = save_last
         self.save_begin = int(save_begin)
@@ -139,6 +154,32 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
+    @staticmethod
+    def _storage_options(out_dir: Optional[str], backend_args: Optional[dict],
+                         file_client_args: Optional[dict],
+                         create_symlink: Optional[bool]) -> Optional[dict]:
+        if file_client_args is not None:
+            if backend_args is not None:
+                raise ArgumentError("file_client_args", "set backend_args or file_client_args "
+                                                        "(deprecated), not both")
+            backend = (file_client_args or {}).get("backend", "disk")
+            if backend not in ("disk", "local"):
+                raise ArgumentError("file_client_args", f"backend {backend!r} is not supported: "
+                                                        f"use out_dir='s3://...' with "
+                                                        f"backend_args")
+            warnings.warn("CheckpointHook: file_client_args is deprecated (as in MMEngine): "
+                          "use backend_args", DeprecationWarning, stacklevel=3)
+        if create_symlink is not None:
+            warnings.warn("CheckpointHook: create_symlink (MMCV's) is ignored: "
+                          "work_dir/last_checkpoint names the newest checkpoint", UserWarning,
+                          stacklevel=3)
+        if backend_args is not None and not (out_dir and is_remote(out_dir)):
+            raise ArgumentError("backend_args", "only a remote out_dir (s3://...) takes "
+                                                "filesystem options")
+        if out_dir and is_remote(out_dir):
+            open_filesystem(out_dir, backend_args)  # its options, checked now (no I/O)
+        return backend_args
+
     def _infer_rule(self, key: str) -> str:
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
@@ -151,7 +192,15 @@ class CheckpointHook(Hook, CheckpointSaver):
         for key in self.save_best:
             if key != "auto":
                 require_metric("save_best", key, names)
-        self.out_dir = Path(self.out_dir_arg or runner.work_dir).expanduser().resolve()
+        work_dir = Path(runner.work_dir)
+        if self.out_dir_arg and is_remote(self.out_dir_arg):  # copies go there, files stay here
+            self.out_dir = work_dir
+            if runner.rank == 0 and self.remote is None:
+                self.remote = RemoteCopies(f"{self.out_dir_arg.rstrip('/')}/{work_dir.name}",
+                                           self.backend_args, runner.logger)
+        else:
+            self.out_dir = Path(self.out_dir_arg).expanduser().resolve() / work_dir.name \
+                if self.out_dir_arg else work_dir
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             # a write that a crash or SIGKILL interrupted left a checkpoint-sized temporary
@@ -208,8 +257,17 @@ class CheckpointHook(Hook, CheckpointSaver):
             return
         if point:
             self._point_at(runner, Path(path))
+        if self.remote is not None:
+            self.remote.upload(self._parts(Path(path)))
+            self.remote.remove([part.name for name in remove
+                                for part in self._parts(self.out_dir / name)])
         for name in remove:
             remove_checkpoint(self.out_dir / name)
+
+    @staticmethod
+    def _parts(path: Path) -> list[Path]:
+        """A checkpoint's files: itself, its checksum, its shard folders."""
+        return [path, checksum_path(path), *shard_folders(path)]
 
     def _save_periodic(self, runner, filename: str) -> None:
         if filename not in self.kept:
@@ -259,6 +317,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         loop = runner.train_loop
         finished = loop.stop_training or runner.iter >= runner.max_iters
         if not finished:  # training raised: its final state is nothing to keep
+            self._wait_for_uploads(runner)
             return
         if self.save_last and self.last_saved_iter != runner.iter:
             self.last_file = "last.pth"
@@ -272,6 +331,17 @@ class CheckpointHook(Hook, CheckpointSaver):
                 published = self.publish(self.out_dir / name)
                 self.published.append(published.name)
                 runner.logger.info("published %s", published)
+                if self.remote is not None:
+                    self.remote.upload([published, checksum_path(published)])
+        self._wait_for_uploads(runner)
+
+    def _wait_for_uploads(self, runner) -> None:
+        if self.remote is not None:
+            failed = self.remote.wait()
+            if failed:
+                runner.logger.error("%d of the copies to out_dir %s failed (the files are in "
+                                    "%s): %s", len(failed), redact_url(self.remote.uri),
+                                    self.out_dir, "; ".join(failed[:3]))
 
     def publish(self, path: Path) -> Path:
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""

@@ -62,11 +62,11 @@ def test_by_iteration_saving_inside_epoch_training(tmp_path):
 
 
 def test_last_checkpoint_pointer_and_out_dir(tmp_path):
-    out = tmp_path / "elsewhere"
-    train(tmp_path / "wd", dict(interval=2, out_dir=str(out)), max_epochs=4)
+    train(tmp_path / "wd", dict(interval=2, out_dir=str(tmp_path / "elsewhere")), max_epochs=4)
+    out = tmp_path / "elsewhere" / "wd"  # as MMEngine: out_dir/<basename(work_dir)>
     assert files(out) == ["epoch_2.pth", "epoch_4.pth"]
     # relative to the pointer's folder: a moved or copied work_dir still resolves it
-    assert (tmp_path / "wd" / "last_checkpoint").read_text() == "../elsewhere/epoch_4.pth"
+    assert (tmp_path / "wd" / "last_checkpoint").read_text() == "../elsewhere/wd/epoch_4.pth"
     assert (out / "last_checkpoint").read_text() == "epoch_4.pth"
     assert read_pointer(tmp_path / "wd") == read_pointer(out) == out / "epoch_4.pth"
 

@@ -1,0 +1,118 @@
+"""Remote checkpoint copies: CheckpointHook's ``out_dir='s3://bucket/path'`` (or ``gs://``,
+``hdfs://``: any URI pyarrow's filesystems open).
+
+As MMEngine, checkpoints go to ``out_dir/<basename(work_dir)>``. A remote ``out_dir`` receives a
+copy of each checkpoint once it has committed locally in ``work_dir`` (where resume reads it): the
+file, its checksum and, for a sharded checkpoint, its shard folder. One background thread uploads
+them in order, so training does not wait on the network; a checkpoint that replaces others
+(``max_keep_ckpts``, a new best) deletes their remote copies too, after its own upload. At the end
+of training the uploads are waited for; one that failed is logged as an error naming the file and
+the reason (its local copy stays). ``backend_args`` are the filesystem's options — for ``s3://``
+those of ``pyarrow.fs.S3FileSystem`` (``endpoint_override``, ``region``, ``access_key``,
+``secret_key``, ``scheme`` ...); without them pyarrow reads the usual environment (``AWS_*``).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ArgumentError
+from .redact import redact_url
+
+CHUNK = 8 << 20
+
+
+def is_remote(path: Any) -> bool:
+    return "://" in str(path)
+
+
+def open_filesystem(uri: str, backend_args: dict | None) -> tuple[Any, str]:
+    """(pyarrow filesystem, path inside it) for ``uri``; a one-line ``backend_args`` or
+    ``out_dir`` error when pyarrow refuses them."""
+    import pyarrow.fs as pafs
+
+    scheme, _, rest = uri.partition("://")
+    if backend_args and scheme != "s3":
+        raise ArgumentError("backend_args", f"options are supported for s3:// only; {scheme}:// "
+                                            f"takes its configuration from the environment")
+    try:
+        if backend_args:
+            return pafs.S3FileSystem(**backend_args), rest.rstrip("/")
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, path.rstrip("/")
+    except TypeError as e:
+        raise ArgumentError("backend_args", f"pyarrow.fs.S3FileSystem rejected them: "
+                                            f"{str(e).splitlines()[0]}") from None
+    except (ValueError, OSError) as e:
+        raise ArgumentError("out_dir", f"cannot open {redact_url(uri)}: "
+                                       f"{str(e).splitlines()[0]}") from None
+
+
+class RemoteCopies:
+    """Uploads and deletions under one remote folder, in order, on one background thread."""
+
+    def __init__(self, uri: str, backend_args: dict | None, logger: logging.Logger) -> None:
+        self.uri = uri.rstrip("/")
+        self.fs, self.root = open_filesystem(uri, backend_args)
+        self.logger = logger
+        self.failed: list[str] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drun-out-dir")
+        self._pending: list[Future] = []
+        self._run(lambda: self.fs.create_dir(self.root, recursive=True), "create")
+
+    def _run(self, task: Callable[[], None], what: str) -> None:
+        def guarded() -> None:
+            try:
+                task()
+            except Exception as e:  # noqa: BLE001 - reported once training is done
+                message = f"{what} ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+                self.failed.append(message)
+                self.logger.error("out_dir %s: %s failed", redact_url(self.uri), message)
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pool.submit(guarded))
+
+    def upload(self, paths: list[Path]) -> None:
+        """Copy files and folders (recursively) to the remote folder, under their names."""
+        for path in paths:
+            self._run(lambda p=path: self._copy(p), f"upload of {path.name}")
+
+    def _copy(self, source: Path) -> None:
+        files = sorted(f for f in source.rglob("*") if f.is_file()) if source.is_dir() \
+            else [source] if source.is_file() else []
+        for file in files:
+            target = f"{self.root}/{file.relative_to(source.parent).as_posix()}"
+            self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+            with open(file, "rb") as src, self.fs.open_output_stream(target) as out:
+                shutil.copyfileobj(src, out, CHUNK)
+
+    def remove(self, names: list[str]) -> None:
+        """Delete remote files or folders by name (missing ones are fine)."""
+        import pyarrow.fs as pafs
+
+        def delete(name: str) -> None:
+            target = f"{self.root}/{name}"
+            kind = self.fs.get_file_info(target).type
+            if kind == pafs.FileType.Directory:
+                self.fs.delete_dir(target)
+            elif kind == pafs.FileType.File:
+                self.fs.delete_file(target)
+        for name in names:
+            self._run(lambda n=name: delete(n), f"removal of {name}")
+
+    def wait(self) -> list[str]:
+        """Block until everything submitted is done; the failures so far."""
+        for future in self._pending:
+            future.result()
+        self._pending = []
+        return list(self.failed)
+
+    def listing(self) -> list[str]:
+        """Every file under the remote folder, relative to it (for tests and the log)."""
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=True))
+        return sorted(i.path[len(self.root) + 1:] for i in infos
+                      if i.type == pafs.FileType.File)
