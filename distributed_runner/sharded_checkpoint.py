@@ -47,6 +47,7 @@ def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bo
     manifest's ``sharded`` entry (its file list is filled by :func:`finish_shards`) and DCP's
     future (None when written already)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
         get_optimizer_state_dict
 
@@ -57,9 +58,10 @@ def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bo
         state["optimizer"] = get_optimizer_state_dict(runner.model,
                                                       runner.optim_wrapper.optimizer)
     entry = {"dir": folder.name, "keys": list(state), "files": {}}
-    if asynchronous:
+    if asynchronous:  # the same shards every time: the global plan is kept, not re-agreed
+        planner = DefaultSavePlanner(enable_plan_caching=True)
         return entry, dcp.async_save(state, checkpoint_id=str(folder), process_group=group,
-                                     async_stager=stager)
+                                     async_stager=stager, planner=planner)
     dcp.save(state, checkpoint_id=str(folder))
     return entry, None
 
@@ -122,6 +124,7 @@ def load_shards(runner: Any, ckpt: dict, path: Path, with_optimizer: bool) -> No
     """Read the shards into the model (and optimizer), resharded to this run's ranks; every rank
     calls it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
         get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
 
