@@ -97,3 +97,32 @@ def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster
     assert {"last.pth", shard_dir} <= set(uploaded) and uploaded[shard_dir].is_dir
     assert sorted(Path(x.path).name for x in client.list_artifacts(
         run_id, f"checkpoints/{shard_dir}")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def test_ddp_on_the_transformer_through_ray_survives_a_dead_worker_exactly(ray_cluster, tmp_path):
+    """The same transformer toy with DDP (one checkpoint file, written in the background): a
+    worker killed after iteration 10 comes back from iteration 7 and the run ends with the
+    weights, average and optimizer state of 2 local gloo processes that were never interrupted."""
+    ddp = dict(FSDP, strategy="ddp")
+    reference = ray_cfg(tmp_path / "reference", custom_hooks=[EMA], **ddp)
+    del reference["launcher"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_reference, args=(port, reference), nprocs=2, join=True)
+    cfg = ray_cfg(tmp_path / "died", custom_hooks=[EMA, dict(type="DieOnceHook", at_iter=10)],
+                  log_level="INFO", **ddp)
+    cfg["launcher"]["max_failures"] = 1
+    cfg["default_hooks"]["checkpoint"]["async_save"] = True
+    assert fit(cfg)[0] == 0 and (tmp_path / "died" / "died_once").read_text() == "10"
+    assert "iter_7.pth (epoch 1, iter 7)" in (tmp_path / "died" / "logs" / "run.log").read_text()
+    a, b = (torch.load(tmp_path / run / "last.pth", weights_only=False)
+            for run in ("reference", "died"))
+    assert a["meta"]["iter"] == b["meta"]["iter"] == 15
+    for part in ("state_dict", "ema_state_dict"):
+        assert a[part].keys() == b[part].keys()
+        for k, v in a[part].items():
+            assert torch.equal(v, b[part][k]), f"{part} {k}"
+    for index, state in a["optimizer"]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(v, b["optimizer"]["state"][index][k]), f"optimizer {index} {k}"
