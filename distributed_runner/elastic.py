@@ -18,8 +18,8 @@ the run the config describes, what the optimizer sees must not depend on the siz
 * **The sample order is fixed**: an epoch is the permutation ``DefaultSampler`` draws from
   ``(seed, epoch)``, cut into consecutive global batches (the last one completed by wrapping
   around, or dropped with ``drop_last=True``); rank ``r`` takes every ``w``-th sample of each,
-  starting at ``r``. At full size with ``accumulative_counts=1`` that is exactly what
-  ``DefaultSampler`` gives each rank. A resumed run starts at the first global batch not yet
+  starting at ``r``. At full size with ``accumulative_counts=1`` that is what ``DefaultSampler``
+  gives each rank, but for an epoch's last, shorter batch. A resumed run starts at the first global batch not yet
   trained, whatever size wrote the checkpoint.
 
 What still depends on the size: the float summation order of the gradient (a resized run ends
