@@ -37,6 +37,16 @@ def _reference(rank: int, port: int, cfg: dict) -> None:
     torch.distributed.destroy_process_group()
 
 
+def train_reference(work_dir: Path, parts: dict) -> None:
+    """The config with EMA trained without interruption by 2 local gloo processes."""
+    reference = ray_cfg(work_dir, custom_hooks=[EMA], **parts)
+    del reference["launcher"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_reference, args=(port, reference), nprocs=2, join=True)
+
+
 def everything(path: Path, tmp: Path) -> dict:
     """Model and optimizer tensors of a sharded checkpoint, read by this one process."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -50,12 +60,7 @@ def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster
                                                                      tmp_path):
     from mlflow.tracking import MlflowClient
 
-    reference = ray_cfg(tmp_path / "reference", custom_hooks=[EMA], **FSDP)
-    del reference["launcher"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_reference, args=(port, reference), nprocs=2, join=True)
+    train_reference(tmp_path / "reference", FSDP)
 
     cfg = ray_cfg(tmp_path / "died", experiment_name=f"fsdp-{uuid.uuid4().hex[:8]}",
                   log_level="INFO",
@@ -104,12 +109,7 @@ def test_ddp_on_the_transformer_through_ray_survives_a_dead_worker_exactly(ray_c
     worker killed after iteration 10 comes back from iteration 7 and the run ends with the
     weights, average and optimizer state of 2 local gloo processes that were never interrupted."""
     ddp = dict(FSDP, strategy="ddp")
-    reference = ray_cfg(tmp_path / "reference", custom_hooks=[EMA], **ddp)
-    del reference["launcher"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_reference, args=(port, reference), nprocs=2, join=True)
+    train_reference(tmp_path / "reference", ddp)
     cfg = ray_cfg(tmp_path / "died", custom_hooks=[EMA, dict(type="DieOnceHook", at_iter=10)],
                   log_level="INFO", **ddp)
     cfg["launcher"]["max_failures"] = 1
