@@ -83,10 +83,18 @@ class RemoteCopies:
         files = sorted(f for f in source.rglob("*") if f.is_file()) if source.is_dir() \
             else [source] if source.is_file() else []
         for file in files:
-            target = f"{self.root}/{file.relative_to(source.parent).as_posix()}"
-            self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
-            with open(file, "rb") as src, self.fs.open_output_stream(target) as out:
-                shutil.copyfileobj(src, out, CHUNK)
+            self._put(file, file.relative_to(source.parent).as_posix())
+
+    def put(self, file: Path, name: str) -> None:
+        """Upload ``file`` as ``<remote folder>/<name>`` (in the background, in order)."""
+        self._run(lambda: self._put(file, name), f"upload of {name}")
+
+    def _put(self, file: Path, name: str) -> None:
+        """Write ``file`` to ``<remote folder>/<name>``."""
+        target = f"{self.root}/{name}"
+        self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        with open(file, "rb") as src, self.fs.open_output_stream(target) as out:
+            shutil.copyfileobj(src, out, CHUNK)
 
     def remove(self, names: list[str]) -> None:
         """Delete remote files or folders by name (missing ones are fine)."""
@@ -116,3 +124,31 @@ class RemoteCopies:
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=True))
         return sorted(i.path[len(self.root) + 1:] for i in infos
                       if i.type == pafs.FileType.File)
+
+
+def copy_run_files(work_dir: Path, out_dir: str, suffixes: tuple[str, ...], keep_local: bool,
+                   backend_args: dict | None, logger: logging.Logger) -> list[str]:
+    """LoggerHook's ``out_dir``: the files under ``work_dir/logs`` and ``work_dir`` itself whose
+    names end with one of ``suffixes``, copied to ``out_dir/<basename(work_dir)>/`` (local or
+    remote), keeping their paths; with ``keep_local=False`` the local ones are deleted once
+    every copy succeeded. Returns the relative paths copied."""
+    work_dir = Path(work_dir)
+    files = [f for f in sorted((work_dir / "logs").rglob("*")) + sorted(work_dir.glob("*"))
+             if f.is_file() and f.name.endswith(suffixes)]
+    names = [f.relative_to(work_dir).as_posix() for f in files]
+    target = f"{out_dir.rstrip('/')}/{work_dir.name}"
+    if is_remote(out_dir):
+        remote = RemoteCopies(target, backend_args, logger)
+        for file, name in zip(files, names):
+            remote.put(file, name)
+        failed = remote.wait()
+    else:
+        failed = []
+        for file, name in zip(files, names):
+            destination = Path(target).expanduser() / name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, destination)
+    if not keep_local and not failed:
+        for file in files:
+            file.unlink(missing_ok=True)
+    return names

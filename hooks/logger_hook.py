@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+import warnings
+from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -9,7 +11,9 @@ import torch
 from distributed_runner import dist
 from distributed_runner.errors import ArgumentError
 from distributed_runner.interval import Interval
+from distributed_runner.redact import redact_url
 from distributed_runner.registry import HOOKS
+from distributed_runner.remote_storage import copy_run_files, is_remote, open_filesystem
 from distributed_runner.sinks import LogRecord
 
 from .extension_points import SinkProvider
@@ -41,6 +45,13 @@ class LoggerHook(Hook, SinkProvider):
     slowest hooks of each window into the record (µs per iteration; the terminal line shows
     them) — off by default, as a diagnosis tool rather than something every line should carry.
 
+    MMEngine's other options: every ``interval_exp_name`` iterations the experiment name is
+    logged; ``out_dir`` (local or ``s3://``..., with ``backend_args``) receives, after the run,
+    the files under ``work_dir/logs`` and in ``work_dir`` whose names end with ``out_suffix``
+    (MMEngine's list plus ``.jsonl``), under ``out_dir/<basename(work_dir)>``, and
+    ``keep_local=False`` then deletes the local ones; ``file_client_args`` is accepted with a
+    deprecation warning.
+
     A sink that raises is reported once and skipped for that record; the others still write
     (:class:`~distributed_runner.sinks.SinkSet`; ``on_error='warn'`` covers this hook itself).
     Ranks: all compute (the cross-rank average is a collective); rank 0 writes.
@@ -51,7 +62,12 @@ class LoggerHook(Hook, SinkProvider):
 
     def __init__(self, interval: Union[int, str] = 10, ignore_last: bool = True,
                  sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 0,
-                 hook_time_warn_share: float = 0.1, hook_time_warn_seconds: float = 1.0) -> None:
+                 hook_time_warn_share: float = 0.1, hook_time_warn_seconds: float = 1.0,
+                 interval_exp_name: int = 1000, out_dir: Optional[str] = None,
+                 out_suffix: Union[str, Sequence[str]] = (".json", ".jsonl", ".log", ".py",
+                                                          "yaml"),
+                 keep_local: bool = True, backend_args: Optional[dict] = None,
+                 file_client_args: Optional[dict] = None) -> None:
         self.every = Interval.parse(interval, by_epoch=False, key="interval")
         if self.every.never:
             raise ArgumentError("interval", "must be >= 1")
@@ -63,6 +79,20 @@ class LoggerHook(Hook, SinkProvider):
         self.top_hooks = int(top_hooks)
         self.hook_time_warn_share = float(hook_time_warn_share)
         self.hook_time_warn_seconds = float(hook_time_warn_seconds)
+        self.interval_exp_name = int(interval_exp_name)
+        self.out_dir, self.keep_local, self.backend_args = out_dir, bool(keep_local), backend_args
+        self.out_suffix = (out_suffix,) if isinstance(out_suffix, str) else tuple(out_suffix)
+        if file_client_args is not None:
+            if backend_args is not None:
+                raise ArgumentError("file_client_args", "set backend_args or file_client_args "
+                                                        "(deprecated), not both")
+            warnings.warn("LoggerHook: file_client_args is deprecated (as in MMEngine): use "
+                          "backend_args", DeprecationWarning, stacklevel=2)
+        if out_dir and is_remote(out_dir):
+            open_filesystem(out_dir, backend_args)  # its options, checked now (no I/O)
+        elif backend_args is not None:
+            raise ArgumentError("backend_args", "only a remote out_dir (s3://...) takes "
+                                                "filesystem options")
         self._last_logged = 0  # runner.iter when the last train record was written
         self._warned_hooks: set[str] = set()
 
@@ -92,6 +122,9 @@ class LoggerHook(Hook, SinkProvider):
             due = self.every.time_due()
         if due:
             self._log_train(runner, batch_idx)
+        if self.interval_exp_name and (runner.iter + 1) % self.interval_exp_name == 0 \
+                and runner.rank == 0:
+            runner.logger.info("Exp name: %s", runner.experiment_name)  # MMEngine's line
 
     def _log_train(self, runner, batch_idx: int) -> None:
         hub = runner.message_hub
@@ -180,6 +213,19 @@ class LoggerHook(Hook, SinkProvider):
             self._check_hook_shares(runner, now_or_never=True)  # a short run counts too
         if runner.rank == 0:
             runner.logger.info(format_hook_timings(runner.hook_timings()))
+
+
+    def after_run(self, runner) -> None:
+        """``out_dir``: the run's logs and config (names ending with ``out_suffix``) copied to
+        ``out_dir/<basename(work_dir)>``, as MMEngine does; ``keep_local=False`` deletes the
+        local ones afterwards."""
+        if self.out_dir and runner.rank == 0:
+            runner.sinks.flush()  # the files are complete before they are copied
+            names = copy_run_files(runner.work_dir, self.out_dir, self.out_suffix,
+                                   self.keep_local, self.backend_args, runner.logger)
+            runner.logger.info("copied %d log files to %s", len(names),
+                               redact_url(f"{self.out_dir.rstrip('/')}/"
+                                          f"{Path(runner.work_dir).name}"))
 
 
 def format_hook_timings(rows: list) -> str:

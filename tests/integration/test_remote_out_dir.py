@@ -109,3 +109,21 @@ def test_an_unreachable_out_dir_is_logged_and_training_finishes(tmp_path):
     assert (tmp_path / "wd" / "epoch_1.pth").is_file()  # the local copy is the checkpoint
     log = (tmp_path / "wd" / "logs" / "run.log").read_text()
     assert "of the copies to out_dir s3://checkpoints/down/wd failed" in log
+
+
+def test_logger_hook_out_dir_copies_the_logs_to_s3_and_keep_local_false_deletes_them(s3,
+                                                                                    tmp_path):
+    options, fs = s3
+    logger = dict(type="LoggerHook", interval=5, out_dir="s3://checkpoints/logs",
+                  backend_args=options, keep_local=False, interval_exp_name=10)
+    runner = make_runner(tmp_path / "exp", default_hooks=dict(logger=logger), log_level="INFO")
+    runner.train()
+    remote = remote_files(fs, "checkpoints/logs/exp")
+    assert remote == ["config.py", "logs/run.log", "logs/scalars.jsonl"]
+    with fs.open_input_stream("checkpoints/logs/exp/logs/scalars.jsonl") as f:
+        records = f.read().decode().splitlines()
+    assert len(records) == 3 * 2 + 3  # every train record (2 an epoch) and every validation
+    with fs.open_input_stream("checkpoints/logs/exp/logs/run.log") as f:
+        assert f.read().decode().count("Exp name: exp") == 3  # every 10 iterations (MMEngine)
+    assert not (tmp_path / "exp" / "logs" / "scalars.jsonl").exists()  # keep_local=False
+    assert (tmp_path / "exp" / "epoch_3.pth").is_file()  # checkpoints are not logs

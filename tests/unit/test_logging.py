@@ -111,3 +111,18 @@ def test_history_converts_cpu_tensors_and_tensors_that_need_grad_exactly():
     for v in values:
         buf.update(v)
     assert buf.values() == [0.1, 5.0, 7.0, 1.5, 2.0]
+
+
+def test_logger_hook_out_dir_copies_the_run_files_as_mmengine(tmp_path):
+    """MMEngine's LoggerHook(out_dir=...): after the run the logs and the config go to
+    out_dir/<basename(work_dir)>, by suffix; keep_local=True (the default) keeps them here."""
+    from tests.toy import make_runner
+
+    logger = dict(type="LoggerHook", interval=5, out_dir=str(tmp_path / "shared"),
+                  out_suffix=(".jsonl", ".py"))
+    make_runner(tmp_path / "exp", default_hooks=dict(logger=logger)).train()
+    copied = sorted(p.relative_to(tmp_path / "shared" / "exp").as_posix()
+                    for p in (tmp_path / "shared" / "exp").rglob("*") if p.is_file())
+    assert copied == ["config.py", "logs/scalars.jsonl"]  # no run.log: not in out_suffix
+    assert (tmp_path / "shared" / "exp" / "logs" / "scalars.jsonl").read_bytes() == \
+        (tmp_path / "exp" / "logs" / "scalars.jsonl").read_bytes()
