@@ -29,6 +29,7 @@ constructors do) keeps the same attributes (``base_lr``, ``base_wd``, ``paramwis
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -49,8 +50,10 @@ NORM_LAYERS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 KEY = "optim_wrapper.paramwise_cfg"
 
 
+@functools.lru_cache(maxsize=None)
 def deformable_conv_types() -> tuple[type, ...]:
-    """mmcv's deformable convolutions, when mmcv is installed (``dcn_offset_lr_mult``)."""
+    """mmcv's deformable convolutions, when mmcv is installed (``dcn_offset_lr_mult``); looked
+    up once (a failed import is not cached by Python, and add_params asks for every module)."""
     try:
         from mmcv.ops import DeformConv2d, ModulatedDeformConv2d
     except Exception:  # noqa: BLE001 - no mmcv (or no compiled ops): no deformable convs
@@ -159,8 +162,9 @@ class DefaultOptimWrapperConstructor:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
     def __call__(self, model: nn.Module) -> Any:
+        from .model_setup import is_model_wrapper
         from .optim import build_optim_wrapper
-        model = getattr(model, "module", model)  # a DDP wrapper's module
+        model = model.module if is_model_wrapper(model) else model
         params: Any = model.parameters()
         if self.paramwise_cfg:
             params = []

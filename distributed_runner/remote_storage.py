@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +28,35 @@ CHUNK = 8 << 20
 
 def is_remote(path: Any) -> bool:
     return "://" in str(path)
+
+
+def run_folder(out_dir: str, work_dir: Path) -> str:
+    """MMEngine's rule for an ``out_dir``: the run's files go to ``out_dir/<basename(work_dir)>``
+    (a URI or a local path, as given)."""
+    return f"{str(out_dir).rstrip('/')}/{Path(work_dir).name}"
+
+
+def check_storage_options(owner: str, out_dir: str | None, backend_args: dict | None,
+                          file_client_args: dict | None) -> None:
+    """A hook's ``backend_args`` and MMEngine's deprecated ``file_client_args``, checked when
+    the hook is built (no I/O): one of them at most; ``file_client_args`` only with a local
+    backend (a warning says it is deprecated); ``backend_args`` only with a remote ``out_dir``,
+    whose filesystem must accept them."""
+    if file_client_args is not None:
+        if backend_args is not None:
+            raise ArgumentError("file_client_args", "set backend_args or file_client_args "
+                                                    "(deprecated), not both")
+        backend = (file_client_args or {}).get("backend", "disk")
+        if backend not in ("disk", "local"):
+            raise ArgumentError("file_client_args", f"backend {backend!r} is not supported: use "
+                                                    f"out_dir='s3://...' with backend_args")
+        warnings.warn(f"{owner}: file_client_args is deprecated (as in MMEngine): use "
+                      f"backend_args", DeprecationWarning, stacklevel=3)
+    if out_dir and is_remote(out_dir):
+        open_filesystem(out_dir, backend_args)
+    elif backend_args is not None:
+        raise ArgumentError("backend_args", "only a remote out_dir (s3://...) takes filesystem "
+                                            "options")
 
 
 def open_filesystem(uri: str, backend_args: dict | None) -> tuple[Any, str]:
@@ -117,14 +147,6 @@ class RemoteCopies:
         self._pending = []
         return list(self.failed)
 
-    def listing(self) -> list[str]:
-        """Every file under the remote folder, relative to it (for tests and the log)."""
-        import pyarrow.fs as pafs
-
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=True))
-        return sorted(i.path[len(self.root) + 1:] for i in infos
-                      if i.type == pafs.FileType.File)
-
 
 def copy_run_files(work_dir: Path, out_dir: str, suffixes: tuple[str, ...], keep_local: bool,
                    backend_args: dict | None, logger: logging.Logger) -> list[str]:
@@ -136,7 +158,7 @@ def copy_run_files(work_dir: Path, out_dir: str, suffixes: tuple[str, ...], keep
     files = [f for f in sorted((work_dir / "logs").rglob("*")) + sorted(work_dir.glob("*"))
              if f.is_file() and f.name.endswith(suffixes)]
     names = [f.relative_to(work_dir).as_posix() for f in files]
-    target = f"{out_dir.rstrip('/')}/{work_dir.name}"
+    target = run_folder(out_dir, work_dir)
     if is_remote(out_dir):
         remote = RemoteCopies(target, backend_args, logger)
         for file, name in zip(files, names):

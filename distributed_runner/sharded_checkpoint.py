@@ -124,7 +124,6 @@ def load_shards(runner: Any, ckpt: dict, path: Path, with_optimizer: bool) -> No
     """Read the shards into the model (and optimizer), resharded to this run's ranks; every rank
     calls it."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
         get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
 

@@ -15,7 +15,8 @@ from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
 from distributed_runner.registry import HOOKS
 from distributed_runner.redact import redact_url
-from distributed_runner.remote_storage import RemoteCopies, is_remote, open_filesystem
+from distributed_runner.remote_storage import RemoteCopies, check_storage_options, is_remote, \
+    run_folder
 from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_orphan_shards, \
     shard_folders
 
@@ -109,8 +110,12 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
         self.out_dir_arg = out_dir
-        self.backend_args = self._storage_options(out_dir, backend_args, file_client_args,
-                                                  create_symlink)
+        check_storage_options("CheckpointHook", out_dir, backend_args, file_client_args)
+        if create_symlink is not None:
+            warnings.warn("CheckpointHook: create_symlink (MMCV's) is ignored: "
+                          "work_dir/last_checkpoint names the newest checkpoint", UserWarning,
+                          stacklevel=2)
+        self.backend_args = backend_args
         self.remote: Optional[RemoteCopies] = None
         self.max_keep_ckpts = int(max_keep_ckpts)
         self.save_last = save_last
@@ -154,32 +159,6 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
-    @staticmethod
-    def _storage_options(out_dir: Optional[str], backend_args: Optional[dict],
-                         file_client_args: Optional[dict],
-                         create_symlink: Optional[bool]) -> Optional[dict]:
-        if file_client_args is not None:
-            if backend_args is not None:
-                raise ArgumentError("file_client_args", "set backend_args or file_client_args "
-                                                        "(deprecated), not both")
-            backend = (file_client_args or {}).get("backend", "disk")
-            if backend not in ("disk", "local"):
-                raise ArgumentError("file_client_args", f"backend {backend!r} is not supported: "
-                                                        f"use out_dir='s3://...' with "
-                                                        f"backend_args")
-            warnings.warn("CheckpointHook: file_client_args is deprecated (as in MMEngine): "
-                          "use backend_args", DeprecationWarning, stacklevel=3)
-        if create_symlink is not None:
-            warnings.warn("CheckpointHook: create_symlink (MMCV's) is ignored: "
-                          "work_dir/last_checkpoint names the newest checkpoint", UserWarning,
-                          stacklevel=3)
-        if backend_args is not None and not (out_dir and is_remote(out_dir)):
-            raise ArgumentError("backend_args", "only a remote out_dir (s3://...) takes "
-                                                "filesystem options")
-        if out_dir and is_remote(out_dir):
-            open_filesystem(out_dir, backend_args)  # its options, checked now (no I/O)
-        return backend_args
-
     def _infer_rule(self, key: str) -> str:
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
@@ -196,10 +175,10 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.out_dir_arg and is_remote(self.out_dir_arg):  # copies go there, files stay here
             self.out_dir = work_dir
             if runner.rank == 0 and self.remote is None:
-                self.remote = RemoteCopies(f"{self.out_dir_arg.rstrip('/')}/{work_dir.name}",
+                self.remote = RemoteCopies(run_folder(self.out_dir_arg, work_dir),
                                            self.backend_args, runner.logger)
         else:
-            self.out_dir = Path(self.out_dir_arg).expanduser().resolve() / work_dir.name \
+            self.out_dir = Path(run_folder(self.out_dir_arg, work_dir)).expanduser().resolve() \
                 if self.out_dir_arg else work_dir
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)

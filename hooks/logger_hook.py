@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import time
-import warnings
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -13,7 +11,8 @@ from distributed_runner.errors import ArgumentError
 from distributed_runner.interval import Interval
 from distributed_runner.redact import redact_url
 from distributed_runner.registry import HOOKS
-from distributed_runner.remote_storage import copy_run_files, is_remote, open_filesystem
+from distributed_runner.remote_storage import check_storage_options, copy_run_files, \
+    run_folder
 from distributed_runner.sinks import LogRecord
 
 from .extension_points import SinkProvider
@@ -82,17 +81,7 @@ class LoggerHook(Hook, SinkProvider):
         self.interval_exp_name = int(interval_exp_name)
         self.out_dir, self.keep_local, self.backend_args = out_dir, bool(keep_local), backend_args
         self.out_suffix = (out_suffix,) if isinstance(out_suffix, str) else tuple(out_suffix)
-        if file_client_args is not None:
-            if backend_args is not None:
-                raise ArgumentError("file_client_args", "set backend_args or file_client_args "
-                                                        "(deprecated), not both")
-            warnings.warn("LoggerHook: file_client_args is deprecated (as in MMEngine): use "
-                          "backend_args", DeprecationWarning, stacklevel=2)
-        if out_dir and is_remote(out_dir):
-            open_filesystem(out_dir, backend_args)  # its options, checked now (no I/O)
-        elif backend_args is not None:
-            raise ArgumentError("backend_args", "only a remote out_dir (s3://...) takes "
-                                                "filesystem options")
+        check_storage_options("LoggerHook", out_dir, backend_args, file_client_args)
         self._last_logged = 0  # runner.iter when the last train record was written
         self._warned_hooks: set[str] = set()
 
@@ -224,8 +213,7 @@ class LoggerHook(Hook, SinkProvider):
             names = copy_run_files(runner.work_dir, self.out_dir, self.out_suffix,
                                    self.keep_local, self.backend_args, runner.logger)
             runner.logger.info("copied %d log files to %s", len(names),
-                               redact_url(f"{self.out_dir.rstrip('/')}/"
-                                          f"{Path(runner.work_dir).name}"))
+                               redact_url(run_folder(self.out_dir, runner.work_dir)))
 
 
 def format_hook_timings(rows: list) -> str:

@@ -2,6 +2,7 @@
 BatchNorm and Dropout (so resume must restore running stats and RNG to be exact)."""
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,13 @@ def base_cfg(work_dir: Path | str, **overrides: Any) -> dict:
     for k, v in overrides.items():
         cfg[k] = v
     return cfg
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (for a process group or a server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_runner(work_dir: Path | str, **overrides: Any):

@@ -4,7 +4,6 @@ one checkpoint folder; a worker killed mid-run comes back from it; MLflow receiv
 checkpoint whole. The run must end with the weights, average and optimizer state of the same
 config trained without interruption by 2 local gloo processes."""
 import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.integration.test_ray_train import fit, ray_cfg
+from tests.toy import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -41,10 +41,7 @@ def train_reference(work_dir: Path, parts: dict) -> None:
     """The config with EMA trained without interruption by 2 local gloo processes."""
     reference = ray_cfg(work_dir, custom_hooks=[EMA], **parts)
     del reference["launcher"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_reference, args=(port, reference), nprocs=2, join=True)
+    mp.spawn(_reference, args=(free_port(), reference), nprocs=2, join=True)
 
 
 def everything(path: Path, tmp: Path) -> dict:

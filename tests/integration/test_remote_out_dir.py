@@ -4,7 +4,6 @@ files arrive under ``out_dir/<basename(work_dir)>`` byte for byte, replaced ones
 too, and mistakes in the filesystem options are one line before training."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import urllib.request
 import pytest
 
 from distributed_runner.errors import ConfigError
-from tests.toy import make_runner
+from tests.toy import free_port, make_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -23,9 +22,7 @@ def s3(tmp_path_factory):
     """moto's S3 server on a free port; yields (options for pyarrow.fs.S3FileSystem, fs)."""
     import pyarrow.fs as pafs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                              str(port)], stdout=log, stderr=log, start_new_session=True)
@@ -89,15 +86,16 @@ def test_filesystem_option_mistakes_are_one_line_before_training(tmp_path):
     hook = dict(type="CheckpointHook", file_client_args=dict(backend="petrel"))
     with pytest.raises(ConfigError, match="backend 'petrel' is not supported"):
         make_runner(tmp_path, default_hooks=dict(checkpoint=hook))
+    logger = dict(type="LoggerHook", file_client_args=dict(backend="petrel"))  # the same rules
+    with pytest.raises(ConfigError, match="logger.file_client_args: backend 'petrel'"):
+        make_runner(tmp_path, default_hooks=dict(logger=logger))
     with pytest.warns(DeprecationWarning, match="file_client_args is deprecated"):
         make_runner(tmp_path, default_hooks=dict(checkpoint=dict(
             type="CheckpointHook", file_client_args=dict(backend="disk"))))
 
 
 def test_an_unreachable_out_dir_is_logged_and_training_finishes(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here
+    port = free_port()  # nothing listens here
     options = dict(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
                    access_key="testing", secret_key="testing", connect_timeout=0.5,
                    request_timeout=0.5)

@@ -5,7 +5,6 @@ other's checkpoint) ends within 1e-5 of the run that stayed at 2; one iteration 
 step at any size; the driver refuses a range that cannot split the global batch."""
 import faulthandler
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -20,7 +19,7 @@ from distributed_runner.data import DefaultSampler
 from distributed_runner.elastic import GlobalBatchPlan, GlobalBatchSampler
 from distributed_runner.errors import ConfigError
 from distributed_runner.launcher import normalize_launcher, validate_config
-from tests.toy import ToyDataset
+from tests.toy import ToyDataset, free_port
 
 ELASTIC = dict(type="ray", num_workers=(1, 2))
 
@@ -163,12 +162,6 @@ def test_accumulation_is_part_of_the_global_batch_and_done_inside_the_step(tmp_p
 
 
 # -- 2 -> 1 -> 2 ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_ranks(rank: int, port: int, runs: list, errors: str) -> None:
     faulthandler.dump_traceback_later(180, exit=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -191,7 +184,7 @@ def _two_ranks(rank: int, port: int, runs: list, errors: str) -> None:
 
 def on_two_ranks(tmp_path, *runs):
     try:
-        mp.spawn(_two_ranks, args=(_free_port(), list(runs), str(tmp_path / "error")), nprocs=2)
+        mp.spawn(_two_ranks, args=(free_port(), list(runs), str(tmp_path / "error")), nprocs=2)
     except Exception:
         logs = [p.read_text() for p in tmp_path.glob("error.rank*")]
         pytest.fail("\n".join(logs) or "a rank failed without a traceback")
