@@ -138,6 +138,25 @@ RULES: dict[str, Rule] = {
 }
 
 
+# iMIX names (its hook registry, its tutorial, its hook bases) that configure nothing here: a config
+# naming one unregistered gets what to do and the README's table, not a look-alike of ours
+NO_EQUIVALENT: dict[str, str] = {
+    "EMAIterHook": "the iMIX tutorial's example: register your class with "
+                   "@HOOKS.register_module() (it runs as written), or use EMAHook",
+    "EMAEpochHook": "an iMIX hook: register your class with @HOOKS.register_module() (it runs "
+                    "as written), or use EMAHook",
+    "TextLoggerHook": "iMIX's debugging hook that logs a text at three mount points; LoggerHook "
+                      "(a default hook) logs training, or register your own hook",
+    "MomentumSchedulerHook": "an empty hook in iMIX; momentum is scheduled by param_scheduler "
+                             "entries with param_name='momentum', stepped by ParamSchedulerHook",
+    "HookBase": "iMIX's hook base class: subclass hooks.Hook and register the subclass",
+    "LogBufferWriter": "an iMIX base class of its logger hooks: use LoggerHook's sinks",
+    "PeriodicCheckpointer": "an iMIX checkpointing class: use CheckpointHook (default_hooks."
+                            "checkpoint)",
+}
+IMIX_TABLE = "see the README's iMIX table ('MMEngine and iMIX users')"
+
+
 def translate_imix_hooks(cfg: dict) -> list[str]:
     """Replace iMIX hook entries of ``cfg['custom_hooks']`` by their equivalents (in place);
     returns one note per entry replaced."""
@@ -148,6 +167,9 @@ def translate_imix_hooks(cfg: dict) -> list[str]:
     kept, notes, added = [], [], []
     for i, spec in enumerate(hooks):
         kind = spec.get("type") if isinstance(spec, dict) else None
+        if kind in NO_EQUIVALENT and HOOKS.get(kind) is None:
+            raise ConfigError(f"custom_hooks[{i}].type", f"{kind!r} is not registered: it is "
+                              f"{NO_EQUIVALENT[kind]}; {IMIX_TABLE}")
         if not isinstance(kind, str) or kind not in RULES or HOOKS.get(kind) is not None:
             kept.append(spec)
             continue

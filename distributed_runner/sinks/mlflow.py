@@ -32,15 +32,18 @@
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import multiprocessing
 import os
 import queue
+import sys
 import time
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..config import to_plain
 from ..log import LOGGER_NAME
@@ -68,6 +71,25 @@ def _ray_job_id() -> str | None:
     except Exception:
         return None
     return None
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start the sender without re-running the user's script in it.
+
+    A spawned child imports the parent's ``__main__`` (by path or module name) before it runs its
+    target. A script without an ``if __name__ == "__main__":`` guard would then train a second
+    time inside the sender, and fail to start it. The sender needs nothing from ``__main__``
+    (its target and arguments are ours and plain), so while it starts, ``__main__`` is an empty
+    module: the child has nothing to import. Notebooks have no main file and are unaffected.
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 @LOG_SINKS.register_module()
@@ -127,7 +149,8 @@ class MLflowSink(LogSink):
         settings = {"max_buffer": self.max_buffer, "flush_interval": self.flush_interval}
         self._process = ctx.Process(target=sender_main, name="mlflow-sender", daemon=True,
                                     args=(self.uri, settings, self._inbox, self._outbox))
-        self._process.start()
+        with _main_module_hidden():
+            self._process.start()
 
     def _post(self, command: str, *args: Any) -> int:
         """Send a request to the sender process without waiting; returns its id."""

@@ -1,6 +1,8 @@
 """A real ``mlflow server`` (SQLite, 127.0.0.1): one run per training run, whole — params,
 continuous metrics, checkpoint artifacts — through a resume, a server outage and Ray."""
+import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -179,3 +181,27 @@ def test_a_password_in_the_tracking_uri_is_never_shown_or_stored(mlflow_server, 
     client, runs = runs_of(mlflow_server, name)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert password not in str(runs[0].data.params) + str(runs[0].data.tags)
+
+
+def test_a_plain_script_without_a_main_guard_trains_once_and_logs(mlflow_server, tmp_path):
+    """Scripts and notebooks rarely have ``if __name__ == "__main__":``. The sender process must
+    not re-run the script (it did: the script trained twice and the sender failed to start)."""
+    name = f"script-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "train_me.py"
+    script.write_text(
+        "from distributed_runner import Config, Runner\n"
+        "from tests.toy import base_cfg\n"
+        f"cfg = base_cfg({str(tmp_path / 'wd')!r}, default_hooks=dict(logger=dict(\n"
+        "    type='LoggerHook', interval=1, sinks=['terminal', 'MLflowSink'])))\n"
+        "Runner.from_cfg(Config(cfg)).train()\n"
+        "print('TRAINED')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": mlflow_server.uri,
+           "MLFLOW_EXPERIMENT_NAME": name}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, timeout=150,
+                          capture_output=True, text=True)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert out.count("TRAINED") == 1 and "bootstrapping" not in out
+    client, runs = runs_of(mlflow_server, name)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert steps(client, runs[0].info.run_id, "train/loss") == list(range(1, 31))

@@ -136,3 +136,32 @@ def test_translation_leaves_the_callers_config_and_users_own_hooks_alone():
             dict(type="OptimizerHook")]
     finally:
         HOOKS._table.pop("OptimizerHook")
+
+
+def test_every_hook_imix_registers_is_translated_or_answered_with_what_to_do(tmp_path):
+    """iMIX 0.1.0's own hook registry, read from its wheel: each name either configures its
+    equivalent or is refused with what to do and the README table — never a look-alike of ours
+    ('TextLoggerHook' used to get "did you mean 'LoggerHook'")."""
+    import re
+    import zipfile
+
+    from distributed_runner.imix_compat import NO_EQUIVALENT, RULES
+    from tests.published import wheel
+    registered = set()
+    with zipfile.ZipFile(wheel("imix", "0.1.0")) as archive:
+        for name in archive.namelist():
+            if name.startswith("imix/engine/hooks/") and name.endswith(".py"):
+                registered |= set(re.findall(r"@HOOKS\.register_module\(\)\s*\nclass (\w+)",
+                                             archive.read(name).decode("utf-8")))
+    assert len(registered) >= 13 and "TextLoggerHook" in registered
+    missing = registered - set(RULES) - set(NO_EQUIVALENT)
+    assert not missing, missing
+    for kind in ("TextLoggerHook", "MomentumSchedulerHook", "HookBase"):
+        with pytest.raises(ConfigError) as error:
+            make_runner(tmp_path, custom_hooks=[dict(type=kind)])
+        message = str(error.value)
+        assert message.startswith(f"custom_hooks[0].type: {kind!r} is not registered: it is ")
+        assert message.endswith("see the README's iMIX table ('MMEngine and iMIX users')")
+        assert "did you mean" not in message
+    with pytest.raises(ConfigError, match=r"param_name='momentum'"):
+        make_runner(tmp_path, custom_hooks=[dict(type="MomentumSchedulerHook")])
