@@ -14,17 +14,36 @@ from .hook import DataBatch, Hook
 
 
 
+def _check_trace_keys(spec: dict) -> None:
+    """``on_trace_ready``'s keys besides ``type`` are arguments of torch's trace handler
+    (``tb_trace``) or of the operator table (``log_trace``), as in MMEngine."""
+    if spec["type"] == "tb_trace":
+        target, takes = "torch.profiler.tensorboard_trace_handler", \
+            lambda k: k == "dir_name" or accepts(torch.profiler.tensorboard_trace_handler, k)
+    else:
+        from torch.autograd.profiler_util import EventList
+        target, takes = "the operator table (EventList.table)", \
+            lambda k: accepts(EventList.table, k)
+    for key in spec:
+        if key != "type" and not takes(key):
+            raise ArgumentError(f"on_trace_ready.{key}", f"{target} takes no {key!r}")
+
+
 @HOOKS.register_module()
 class ProfilerHook(Hook):
     """Profile the first ``profile_times`` epochs (``by_epoch=True``) or iterations of training.
 
-    * activities: ``activity_with_cpu`` (default on), ``activity_with_cuda`` (on when CUDA is
-      used); ``record_shapes``, ``profile_memory``, ``with_stack``, ``with_flops``;
+    * activities: ``activity_with_cpu`` (default on), ``activity_with_cuda`` (default off, as in
+      MMEngine; ``None`` turns it on when the run uses CUDA); ``record_shapes``,
+      ``profile_memory``, ``with_stack``, ``with_flops``;
     * ``schedule=dict(wait=1, warmup=1, active=3, repeat=1)``: torch.profiler's schedule, stepped
       every iteration (or epoch) while profiling;
     * ``on_trace_ready=dict(type='tb_trace')`` writes traces TensorBoard's profiler plugin reads to
-      ``work_dir/tf_tracing_logs`` (``dir_name=`` to change; one file per rank);
-      ``dict(type='log_trace')`` only logs the table; a callable gets the profiler;
+      ``work_dir/tf_tracing_logs``; its other keys go to ``tensorboard_trace_handler`` as in
+      MMEngine (``dir_name``, ``worker_name`` — default ``rank<N>`` —, ``use_gzip``).
+      ``dict(type='log_trace')`` only logs the table; its other keys go to the table as in
+      MMEngine (``sort_by``, ``row_limit``, ``max_name_column_width``, ...). A callable gets the
+      profiler. A key neither function takes is a one-line error;
     * ``json_trace_path``: also export a Chrome trace (``chrome://tracing``, Perfetto); a relative
       path is under ``work_dir``; ``{rank}`` in it is replaced;
     * when profiling ends, the per-operator table (``sort_by``, ``row_limit``) goes to the log.
@@ -37,7 +56,7 @@ class ProfilerHook(Hook):
     on_error = "warn"  # a profiling problem never stops training
 
     def __init__(self, by_epoch: bool = True, profile_times: int = 1,
-                 activity_with_cpu: bool = True, activity_with_cuda: Optional[bool] = None,
+                 activity_with_cpu: bool = True, activity_with_cuda: Optional[bool] = False,
                  schedule: Optional[dict] = None,
                  on_trace_ready: Union[Callable, dict, None] = None,
                  record_shapes: bool = False, profile_memory: bool = False,
@@ -50,6 +69,8 @@ class ProfilerHook(Hook):
                                                                                  "log_trace"):
             raise ArgumentError("on_trace_ready.type", "use 'tb_trace' or 'log_trace' (or "
                                                            "pass a callable)")
+        if isinstance(on_trace_ready, dict):
+            _check_trace_keys(on_trace_ready)
         if schedule is not None and not isinstance(schedule, dict):
             raise ArgumentError("schedule", "a dict of torch.profiler.schedule arguments, "
                                                  "e.g. dict(wait=1, warmup=1, active=3)")
@@ -62,6 +83,7 @@ class ProfilerHook(Hook):
         self.profiler: Any = None
         self.table: str = ""
         self.trace_dir: Optional[Path] = None
+        self.worker_name = ""
         self._steps = 0
 
     def _activities(self, runner) -> list:
@@ -85,9 +107,11 @@ class ProfilerHook(Hook):
         if callable(spec):
             return spec
         if isinstance(spec, dict) and spec["type"] == "tb_trace":
+            options = {k: v for k, v in spec.items() if k not in ("type", "dir_name")}
+            options.setdefault("worker_name", f"rank{runner.rank}")
+            self.worker_name = options["worker_name"]
             self.trace_dir = Path(runner.work_dir) / spec.get("dir_name", "tf_tracing_logs")
-            return torch.profiler.tensorboard_trace_handler(str(self.trace_dir),
-                                                            worker_name=f"rank{runner.rank}")
+            return torch.profiler.tensorboard_trace_handler(str(self.trace_dir), **options)
         return None
 
     def before_train(self, runner) -> None:
@@ -131,7 +155,7 @@ class ProfilerHook(Hook):
             path = Path(self.json_trace_path.format(rank=runner.rank))
             path = path if path.is_absolute() else Path(runner.work_dir) / path
             path.parent.mkdir(parents=True, exist_ok=True)
-            saved = sorted(self.trace_dir.glob(f"rank{runner.rank}*.json"),
+            saved = sorted(self.trace_dir.glob(f"{self.worker_name}*.json"),
                            key=lambda p: p.stat().st_mtime) if self.trace_dir else []
             if saved:  # the TensorBoard handler already wrote this Chrome-format trace
                 shutil.copyfile(saved[-1], path)
@@ -145,6 +169,9 @@ class ProfilerHook(Hook):
             return
         cuda = any(a == torch.profiler.ProfilerActivity.CUDA for a in prof.activities)
         sort_by = self.sort_by or ("self_cuda_time_total" if cuda else "self_cpu_time_total")
-        self.table = averages.table(sort_by=sort_by, row_limit=self.row_limit)
+        table_options = {"sort_by": sort_by, "row_limit": self.row_limit}
+        if isinstance(self.on_trace_ready, dict) and self.on_trace_ready["type"] == "log_trace":
+            table_options.update((k, v) for k, v in self.on_trace_ready.items() if k != "type")
+        self.table = averages.table(**table_options)
         runner.logger.info("profile of the first %d %s (rank %d):\n%s", self.profile_times,
                            "epochs" if self.by_epoch else "iterations", runner.rank, self.table)

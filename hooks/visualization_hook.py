@@ -47,7 +47,9 @@ class VisualizationHook(Hook):
 
     Predictions are the ``argmax`` of the model's outputs (logits/scores ``N x K``) or the
     outputs themselves when they are integer labels. Images are ``N x C x H x W`` or
-    ``N x H x W``, upscaled by ``scale``. The seeds' NaiveVisualizationHook, working.
+    ``N x H x W``, upscaled by ``scale``. ``draw_gt=False`` / ``draw_pred=False`` leave out the
+    true / predicted label (MMEngine's names). The seeds' NaiveVisualizationHook (a subclass
+    with MMEngine's defaults) draws test batches.
     ``on_error='warn'``: a drawing problem never stops training. Ranks: rank 0 draws its own
     shard's first samples.
     """
@@ -58,7 +60,7 @@ class VisualizationHook(Hook):
     def __init__(self, interval: int = 1, max_images: int = 16, image_key: str = "inputs",
                  label_key: str = "labels", image_index: int = 0, label_index: int = 1,
                  scale: int = 4, out_dir: str = "vis", stages: Sequence[str] = ("val", "test"),
-                 ) -> None:
+                 draw_gt: bool = True, draw_pred: bool = True) -> None:
         if int(interval) < 1 or int(max_images) < 1 or int(scale) < 1:
             raise ArgumentError("", "interval, max_images and scale must be >= 1")
         unknown = set(stages) - {"val", "test"}
@@ -69,6 +71,7 @@ class VisualizationHook(Hook):
         self.image_key, self.label_key = image_key, label_key
         self.image_index, self.label_index = int(image_index), int(label_index)
         self.out_dir, self.stages = out_dir, tuple(stages)
+        self.draw_gt, self.draw_pred = bool(draw_gt), bool(draw_pred)
         self.written: list[Path] = []
         self._samples: list[tuple[torch.Tensor, int, Optional[int]]] = []
         self._active = False
@@ -132,7 +135,9 @@ class VisualizationHook(Hook):
         for n, (tile, (_, pred, label)) in enumerate(zip(tiles, self._samples)):
             x, y = (n % cols) * (w + 2), (n // cols) * (h + caption + 2)
             canvas.paste(Image.fromarray(tile), (x, y))
-            text = f"p:{pred}" + (f" t:{label}" if label is not None else "")
+            shown = ([f"p:{pred}"] if self.draw_pred else []) + \
+                ([f"t:{label}"] if self.draw_gt and label is not None else [])
+            text = " ".join(shown)
             color = (0, 140, 0) if label is None or label == pred else (200, 0, 0)
             pen.text((x + 1, y + h), text, fill=color)
         return np.asarray(canvas)
