@@ -11,14 +11,12 @@ A whole ``Runner.train()``::
         before_train_epoch
         for batch_idx, data_batch in dataloader:            # resumed epochs skip consumed batches
             before_train_iter(batch_idx, data_batch)
-            outputs = train_step(data_batch)                # forward(mode='loss'); step guards
-                                                            # (StepGuard hooks, agreed by all
-                                                            # ranks); backward; step
+            outputs = train_step(data_batch)                # forward(mode='loss'), step guards
+                                                            # (agreed by all ranks), backward, step
             after_train_iter(batch_idx, data_batch, outputs)
             iter += 1                                       # runner.train_state advances
-            act on requests                                 # agreed by all ranks every
-                                                            # train_cfg.agree_every iterations:
-                                                            # checkpoint, validation, stop, preempt
+            act on requests                                 # agreed by all ranks every agree_every
+                                                            # iters: checkpoint, val, stop, preempt
             if stop_training: break
         after_train_epoch                                   # periodic checkpoints are saved here
         epoch += 1
@@ -44,7 +42,9 @@ reports it to Ray). ``Runner.test()``: ``before_run -> load -> before_test -> be
 iters -> after_test_epoch(metrics) -> after_test -> after_run``; ``Runner.val()`` likewise. The
 IterBasedTrainLoop runs ``max_iters`` steps over an endless pass of the data (reshuffled at each
 wrap) between one ``before_train_epoch`` / ``after_train_epoch``. In an elastic run a data_batch is
-the rank's micro-batches of one global batch, and train_step one optimizer step over them.
+the rank's micro-batches of one global batch, and train_step one optimizer step over them. A
+model written MMEngine's way (its train_step/val_step/test_step, a data_preprocessor) is called
+as model_steps.py says.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from . import dist
 from .data import resume_sampler
 from .elastic import MicroBatches, train_global_batch
 from .errors import ConfigError
-from .optim import NO_CONTEXT
+from .model_steps import model_steps, predictor
 from .preemption import TrainingPreempted
 from .registry import LOOPS
 from .step import call_model, move_to, parse_losses
@@ -101,7 +101,7 @@ class _TrainLoopBase:
         self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
         # the hot path, looked up once: the mount points' callers and whether batches move
         self._callers = runner.mount_callers
-        self._to_device = runner.device.type != "cpu"
+        self._to_device, self._model_steps = runner.device.type != "cpu", None
         runner.requests.set_agree_every(agree_every)
 
     # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
@@ -137,6 +137,7 @@ class _TrainLoopBase:
         """``before_train``, a validation the resumed checkpoint still owed, the training, the
         requests still pending at its end, ``after_train`` (also when training raised)."""
         with self.runner.hook_bracket("before_train", "after_train"):
+            self._model_steps = model_steps(self.runner)  # an MMEngine-style model's, or None
             if self.state.val_pending:
                 self.state.val_pending = False
                 self._validate()
@@ -203,18 +204,16 @@ class _TrainLoopBase:
         runner = self.runner
         if type(data_batch) is MicroBatches:  # an elastic run's global batch (elastic.py)
             return train_global_batch(runner, data_batch, self._step_allowed)
+        if self._model_steps is not None:  # a data_preprocessor or the model's own train_step
+            return self._model_steps.train_step(data_batch, self._step_allowed)
         model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
         if self._to_device:
             data_batch = move_to(data_batch, runner.device)
         if optim_wrapper.plain_step and type(data_batch) is dict:  # the common case, no calls
             losses = model(**data_batch, mode="loss")
         else:
-            context = optim_wrapper.optim_context(model)
-            if context is NO_CONTEXT:
+            with optim_wrapper.optim_context(model):
                 losses = call_model(model, data_batch, "loss")
-            else:
-                with context:
-                    losses = call_model(model, data_batch, "loss")
         loss, log_vars = parse_losses(losses)
         guards = runner.step_guards
         if guards and not self._step_allowed(loss, guards):
@@ -361,7 +360,7 @@ class _EvalLoop:
             runner.call_hook(n["before_{}_epoch"])
             # taken after the before_* hooks: a model they swapped in (PrepareTTAHook) is the one
             # put in eval mode and called
-            model = runner.wrapped_model
+            model, self._predict = runner.wrapped_model, predictor(runner, self.stage)
             was_training = model.training
             model.eval()
             try:
@@ -379,7 +378,7 @@ class _EvalLoop:
         runner.call_hook(n["before_{}_iter"], batch_idx=batch_idx, data_batch=data_batch)
         if runner.device.type != "cpu":
             data_batch = move_to(data_batch, runner.device)
-        outputs = call_model(runner.wrapped_model, data_batch, "predict")
+        outputs = self._predict(data_batch)  # model_steps.predictor: val_step / test_step
         self.evaluator.process(data_batch, outputs)
         runner.call_hook(n["after_{}_iter"], batch_idx=batch_idx, data_batch=data_batch,
                          outputs=outputs)

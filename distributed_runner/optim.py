@@ -42,6 +42,9 @@ class OptimWrapper:
         self._max_counts = 0
         self._remainder = 0
         self.last_grad_norm: torch.Tensor | None = None
+        # set while a model's own train_step runs under DDP (model_steps.py): averages the
+        # gradients over the ranks before each step, which DDP cannot do for it
+        self.grad_sync: Any = None
         # the common case, one backward and one plain step per update and no context around the
         # forward pass, takes a short path (fewer Python calls per iteration); subclasses that
         # change backward/step/the context never do
@@ -122,6 +125,8 @@ class OptimWrapper:
             self.last_grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def step(self) -> None:
+        if self.grad_sync is not None:
+            self.grad_sync()
         if self.clip_grad is not None:
             self._clip()
         self.optimizer.step()
@@ -205,6 +210,8 @@ class AmpOptimWrapper(OptimWrapper):
     def step(self) -> None:
         if self.scaler is None:
             return super().step()
+        if self.grad_sync is not None:
+            self.grad_sync()
         if self.clip_grad is not None:
             self.scaler.unscale_(self.optimizer)
             self._clip()
