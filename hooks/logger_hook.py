@@ -49,7 +49,10 @@ class LoggerHook(Hook, SinkProvider):
     the files under ``work_dir/logs`` and in ``work_dir`` whose names end with ``out_suffix``
     (MMEngine's list plus ``.jsonl``), under ``out_dir/<basename(work_dir)>``, and
     ``keep_local=False`` then deletes the local ones; ``file_client_args`` is accepted with a
-    deprecation warning.
+    deprecation warning. ``log_metric_by_epoch=True`` (MMEngine's default) has metric backends
+    (TensorBoard, MLflow, wandb) chart an epoch-based run's validation metrics at step = epoch;
+    ``False`` puts them at the iteration count, on the training curves' axis. Files (JSON lines,
+    Parquet) record both, whatever it says.
 
     A sink that raises is reported once and skipped for that record; the others still write
     (:class:`~distributed_runner.sinks.SinkSet`; ``on_error='warn'`` covers this hook itself).
@@ -66,7 +69,8 @@ class LoggerHook(Hook, SinkProvider):
                  out_suffix: Union[str, Sequence[str]] = (".json", ".jsonl", ".log", ".py",
                                                           "yaml"),
                  keep_local: bool = True, backend_args: Optional[dict] = None,
-                 file_client_args: Optional[dict] = None) -> None:
+                 file_client_args: Optional[dict] = None,
+                 log_metric_by_epoch: bool = True) -> None:
         self.every = Interval.parse(interval, by_epoch=False, key="interval")
         if self.every.never:
             raise ArgumentError("interval", "must be >= 1")
@@ -79,6 +83,7 @@ class LoggerHook(Hook, SinkProvider):
         self.hook_time_warn_share = float(hook_time_warn_share)
         self.hook_time_warn_seconds = float(hook_time_warn_seconds)
         self.interval_exp_name = int(interval_exp_name)
+        self.log_metric_by_epoch = bool(log_metric_by_epoch)
         self.out_dir, self.keep_local, self.backend_args = out_dir, bool(keep_local), backend_args
         self.out_suffix = (out_suffix,) if isinstance(out_suffix, str) else tuple(out_suffix)
         check_storage_options("LoggerHook", out_dir, backend_args, file_client_args)
@@ -155,8 +160,10 @@ class LoggerHook(Hook, SinkProvider):
             if buf is not None and len(buf):
                 scalars[name] = buf.mean(len(runner.val_dataloader if mode == "val"
                                              else runner.test_dataloader))
+        by_epoch = self.log_metric_by_epoch and runner.by_epoch and mode == "val"
         runner.sinks.write(LogRecord(mode, runner.iter, runner.epoch, scalars,
-                                     {"by_epoch": runner.by_epoch}))
+                                     {"by_epoch": runner.by_epoch},
+                                     metric_step=runner.epoch if by_epoch else None))
 
     def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
         self._log_eval(runner, "val", metrics)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import ConfigError, closest
 from ..registry import LOG_SINKS, check_arguments
@@ -15,6 +15,11 @@ class LogRecord:
     ``step`` is the number of completed training iterations (the x-axis every sink shares);
     ``epoch`` counts from 1 for display; ``scalars`` are floats; ``info`` carries display-only
     values (``eta``, ``iter_in_epoch``, ``epoch_length``, ``max_iters``, ``by_epoch``).
+
+    ``metric_step`` is the step metric backends (TensorBoard, MLflow, wandb) chart the record
+    at when it is not ``step``: the epoch, for validation metrics of an epoch-based run with
+    LoggerHook's ``log_metric_by_epoch=True`` (MMEngine's default). Files (JSON lines, Parquet)
+    keep ``step`` and ``epoch`` both, so ``drun plot`` draws every curve on one axis.
     """
 
     mode: str
@@ -22,6 +27,12 @@ class LogRecord:
     epoch: int
     scalars: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+    metric_step: Optional[int] = None
+
+    @property
+    def chart_step(self) -> int:
+        """The step metric backends use: ``metric_step`` if set, else ``step``."""
+        return self.step if self.metric_step is None else self.metric_step
 
 
 class LogSink:

@@ -237,7 +237,7 @@ class MLflowSink(LogSink):
         if not getattr(self, "_run_opened", False):
             self._ensure_run()
         now = int(time.time() * 1000)
-        self._pending.extend((f"{record.mode}/{k}", float(v), now, record.step)
+        self._pending.extend((f"{record.mode}/{k}", float(v), now, record.chart_step)
                              for k, v in record.scalars.items())
         # hand over in chunks: one queue message per ~second, not one per step
         if len(self._pending) >= 1000 or time.monotonic() - self._handed > 1.0:

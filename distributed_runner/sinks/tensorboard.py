@@ -39,7 +39,7 @@ class TensorBoardSink(LogSink):
         if self._writer is None:
             return
         for name, value in record.scalars.items():
-            self._writer.add_scalar(f"{record.mode}/{name}", value, record.step)
+            self._writer.add_scalar(f"{record.mode}/{name}", value, record.chart_step)
         if record.mode == "val":
             self._last_val = {f"hparam/val/{k}": v for k, v in record.scalars.items()
                               if k not in ("time", "data_time")}

@@ -36,9 +36,20 @@ def test_tensorboard_events_read_back(tmp_path):
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/time", "val/accuracy"} <= tags
     assert [e.step for e in acc.Scalars("train/loss")] == [5, 10, 15, 20]
-    assert [e.step for e in acc.Scalars("val/accuracy")] == [10, 20]
+    # MMEngine's log_metric_by_epoch=True: validation metrics charted at their epoch
+    assert [e.step for e in acc.Scalars("val/accuracy")] == [1, 2]
     assert "config/text_summary" in acc.Tags()["tensors"]
     assert (tmp_path / "logs" / "tensorboard" / "hparams").is_dir()
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "scalars.jsonl").open()]
+    assert [(r["step"], r["epoch"]) for r in lines if r["mode"] == "val"] == [(10, 1), (20, 2)]
+
+    runner = make_runner(tmp_path / "by_iter", train_cfg=dict(by_epoch=True, max_epochs=2),
+                         default_hooks=dict(logger=dict(type="LoggerHook", interval=5,
+                                                        sinks=SINKS, log_metric_by_epoch=False)))
+    runner.train()
+    acc = EventAccumulator(str(tmp_path / "by_iter" / "logs" / "tensorboard"),
+                           size_guidance={"scalars": 0}).Reload()
+    assert [e.step for e in acc.Scalars("val/accuracy")] == [10, 20]
 
 
 def test_parquet_table_and_resume_keeps_one_row_per_step(tmp_path):
