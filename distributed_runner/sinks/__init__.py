@@ -1,7 +1,8 @@
 """Where LoggerHook's records go. A sink is built from ``LoggerHook(sinks=[...])`` by name.
 
 Built in: ``terminal`` (:class:`TerminalSink`), ``jsonl`` (:class:`JsonlSink`), ``tensorboard``
-(:class:`TensorBoardSink`), ``parquet`` (:class:`ParquetSink`), ``mlflow`` (:class:`MLflowSink`).
+(:class:`TensorBoardSink`), ``parquet`` (:class:`ParquetSink`), ``mlflow`` (:class:`MLflowSink`),
+``wandb`` (:class:`WandbSink`, with the optional ``wandb`` package).
 The Runner builds the sinks the config names (LoggerHook's ``sinks=``) once, as a
 :class:`SinkSet` that every hook reaches as ``runner.sinks``. A new sink subclasses
 :class:`LogSink`, registers with ``@LOG_SINKS.register_module()`` and is named in the config.
@@ -13,6 +14,8 @@ from .parquet import ParquetSink, read_scalars
 from .service import SinkSet
 from .tensorboard import TensorBoardSink
 from .terminal import TerminalSink
+from .wandb import WandbSink
 
 __all__ = ["LogRecord", "LogSink", "SinkSet", "build_sink", "validate_sink_spec", "JsonlSink",
-           "MLflowSink", "ParquetSink", "TensorBoardSink", "TerminalSink", "read_scalars"]
+           "MLflowSink", "ParquetSink", "TensorBoardSink", "TerminalSink", "WandbSink",
+           "read_scalars"]

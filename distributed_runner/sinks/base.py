@@ -58,7 +58,8 @@ class LogSink:
 
 
 _ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink",
-            "tensorboard": "TensorBoardSink", "parquet": "ParquetSink", "mlflow": "MLflowSink"}
+            "tensorboard": "TensorBoardSink", "parquet": "ParquetSink", "mlflow": "MLflowSink",
+            "wandb": "WandbSink"}
 
 
 def validate_sink_spec(spec: Any, key: str) -> None:
