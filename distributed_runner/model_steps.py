@@ -16,7 +16,8 @@ A plain model (DESIGN §5: ``forward(**batch, mode=...)``) takes none of these p
   an override; here it runs. Step guards (NonFiniteLossHook) need the loss before backward,
   which such a train_step does not hand out: the two together are a config error.
 * **An overridden ``val_step`` / ``test_step``** is called for each evaluation batch and its
-  result goes to the evaluator.
+  result goes to the evaluator — except under PrepareTTAHook, whose wrapper calls ``forward``
+  for each view (after the preprocessor), where MMEngine's calls ``test_step`` per view.
 """
 from __future__ import annotations
 
@@ -126,6 +127,18 @@ def average_gradients(optimizer: torch.optim.Optimizer) -> None:
             g.copy_(part.view_as(g))
 
 
+def _under_tta(model: Any) -> bool:
+    """Whether PrepareTTAHook's wrapper is among ``model``'s wrappers (its views call the
+    model's forward, so an own test_step would bypass them)."""
+    from .tta import TTAModel
+    while model is not None:
+        if isinstance(model, TTAModel):
+            return True
+        inner = getattr(model, "_orig_mod", None)
+        model = inner if inner is not None else getattr(model, "module", None)
+    return False
+
+
 def model_steps(runner: Any) -> ModelSteps | None:
     """The training step for the runner's model, or None for a plain model (the loop's own)."""
     module = get_ori_model(runner.wrapped_model)
@@ -145,7 +158,7 @@ def predictor(runner: Any, stage: str) -> Callable[[Any], Any]:
     the wrapped model's ``forward(mode='predict')``."""
     model = runner.wrapped_model
     module = get_ori_model(model)
-    if _overrides(module, f"{stage}_step"):
+    if _overrides(module, f"{stage}_step") and not _under_tta(model):
         return getattr(module, f"{stage}_step")
     pre = _preprocessor(module)
     if pre is not None:

@@ -75,6 +75,10 @@ class OwnStepMlp(MMEngineMlp):
         self.val_calls += 1
         return super().val_step(data)
 
+    def test_step(self, data):
+        self.test_calls = getattr(self, "test_calls", 0) + 1
+        return super().test_step(data)
+
 
 def run(work_dir, model, lr=0.1, **extra):
     runner = make_runner(work_dir, model=model, optim_wrapper=dict(
@@ -170,3 +174,20 @@ def test_under_ddp_an_own_train_step_has_its_gradients_averaged_over_ranks(tmp_p
         assert torch.equal(own0[key], own1[key]), key
         # and they train what the Runner's own DDP step trains at half the learning rate
         torch.testing.assert_close(own0[key], reference[key], rtol=1e-5, atol=1e-6)
+
+
+def test_under_test_time_augmentation_the_views_reach_the_model(tmp_path):
+    """PrepareTTAHook's wrapper calls forward once per view; an own test_step must not bypass
+    it (the preprocessor still runs first)."""
+    data = dict(dataset=dict(type="ToyDataset", n=20, seed=1), batch_size=4,
+                sampler=dict(type="DefaultSampler", shuffle=False))
+    runner = make_runner(tmp_path, model=dict(type="OwnStepMlp"), test_dataloader=data,
+                         test_evaluator=dict(type="Accuracy"), test_cfg=dict(),
+                         custom_hooks=[dict(type="PrepareTTAHook", tta_cfg=dict(
+                             type="TTAModel", transforms=["Identity", "Identity"]))])
+    calls = []
+    runner.model.net.register_forward_hook(lambda *args: calls.append(1))
+    runner.test()
+    assert len(calls) == 5 * 2  # 5 batches x 2 views, through the TTA wrapper
+    assert not hasattr(runner.model, "test_calls")
+    assert runner.model.data_preprocessor.calls == [False] * 5
