@@ -60,7 +60,7 @@ from .errors import ConfigError
 from .model_steps import model_steps, predictor
 from .preemption import TrainingPreempted
 from .registry import LOOPS
-from .step import call_model, move_to, parse_losses
+from .step import forward_and_update, move_to, parse_losses
 from .train_state import TrainState
 
 
@@ -206,25 +206,15 @@ class _TrainLoopBase:
             return train_global_batch(runner, data_batch, self._step_allowed)
         if self._model_steps is not None:  # a data_preprocessor or the model's own train_step
             return self._model_steps.train_step(data_batch, self._step_allowed)
-        model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
         if self._to_device:
             data_batch = move_to(data_batch, runner.device)
-        if optim_wrapper.plain_step and type(data_batch) is dict:  # the common case, no calls
-            losses = model(**data_batch, mode="loss")
-        else:
-            with optim_wrapper.optim_context(model):
-                losses = call_model(model, data_batch, "loss")
-        loss, log_vars = parse_losses(losses)
-        guards = runner.step_guards
-        if guards and not self._step_allowed(loss, guards):
-            optim_wrapper.skip_update()
-            log_vars["skipped_steps"] = 1.0
+        optim_wrapper = runner.optim_wrapper
+        if optim_wrapper.plain_step and type(data_batch) is dict and not runner.step_guards:
+            # the common case, written out: no context, no guards, no clipping (no grad norm)
+            loss, log_vars = parse_losses(runner.wrapped_model(**data_batch, mode="loss"))
+            optim_wrapper.update_params(loss)
             return log_vars
-        optim_wrapper.update_params(loss)
-        if optim_wrapper.last_grad_norm is not None:
-            log_vars["grad_norm"] = optim_wrapper.last_grad_norm
-            optim_wrapper.last_grad_norm = None
-        return log_vars
+        return forward_and_update(runner, data_batch, self._step_allowed)
 
     def _step_allowed(self, loss: torch.Tensor, guards: tuple) -> bool:
         """Every guard's verdict, combined over ranks (one all-reduce MIN when distributed)."""

@@ -29,7 +29,7 @@ import torch
 from . import dist
 from .errors import ConfigError
 from .model_setup import get_ori_model
-from .step import call_model, move_to, parse_losses
+from .step import call_model, forward_and_update, move_to, parse_losses
 
 
 def _overrides(module: Any, name: str) -> bool:
@@ -78,22 +78,16 @@ class ModelSteps:
             with self._gradients_averaged(model, optim_wrapper):
                 log_vars = self.module.train_step(data_batch, optim_wrapper=optim_wrapper)
             log_vars = _detached(log_vars)
-        else:
-            with optim_wrapper.optim_context(model):
-                data = self.preprocess(data_batch, True) if self.preprocess else data_batch
-                losses = call_model(model, data, "loss")
-            loss, log_vars = self.parse_losses(losses)
-            log_vars = _detached(log_vars)
-            guards = runner.step_guards
-            if guards and not step_allowed(loss, guards):
-                optim_wrapper.skip_update()
-                log_vars["skipped_steps"] = 1.0
-                return log_vars
-            optim_wrapper.update_params(loss)
-        if optim_wrapper.last_grad_norm is not None:
-            log_vars["grad_norm"] = optim_wrapper.last_grad_norm
-            optim_wrapper.last_grad_norm = None
-        return log_vars
+            if optim_wrapper.last_grad_norm is not None:
+                log_vars["grad_norm"] = optim_wrapper.last_grad_norm
+                optim_wrapper.last_grad_norm = None
+            return log_vars
+        return forward_and_update(runner, data_batch, step_allowed, self.preprocess,
+                                  self._parse)
+
+    def _parse(self, losses: Any) -> tuple[torch.Tensor, dict]:
+        loss, log_vars = self.parse_losses(losses)
+        return loss, _detached(log_vars)
 
     @contextlib.contextmanager
     def _gradients_averaged(self, model: Any, optim_wrapper: Any) -> Iterator[None]:

@@ -2,7 +2,7 @@
 the model with it, and turn the returned losses into the loss to optimize and the values to log."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -54,3 +54,27 @@ def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
     if n_losses == 1 and "loss" in log_vars:  # the common case: log_vars['loss'] is the total
         return total, log_vars
     return total, {"loss": total.detach(), **log_vars}
+
+
+def forward_and_update(runner: Any, data_batch: Any, step_allowed: Callable,
+                       preprocess: Callable | None = None,
+                       parse: Callable = parse_losses) -> dict:
+    """One training step the general way (the loop's short path covers the plain case): the
+    forward pass under the OptimWrapper's context (``preprocess``-ed first when the model has a
+    data_preprocessor), the losses parsed, the step guards' verdict (a rejected step is counted
+    and skipped), the update, and the clipped gradient norm handed to the logs."""
+    model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
+    with optim_wrapper.optim_context(model):
+        data = preprocess(data_batch, True) if preprocess is not None else data_batch
+        losses = call_model(model, data, "loss")
+    loss, log_vars = parse(losses)
+    guards = runner.step_guards
+    if guards and not step_allowed(loss, guards):
+        optim_wrapper.skip_update()
+        log_vars["skipped_steps"] = 1.0
+        return log_vars
+    optim_wrapper.update_params(loss)
+    if optim_wrapper.last_grad_norm is not None:
+        log_vars["grad_norm"] = optim_wrapper.last_grad_norm
+        optim_wrapper.last_grad_norm = None
+    return log_vars
