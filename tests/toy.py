@@ -2,9 +2,13 @@
 BatchNorm and Dropout (so resume must restore running stats and RNG to be exact)."""
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import os
 import socket
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +155,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, port: int, world_size: int = 2, hang_s: float = 240) -> Iterator[None]:
+    """Inside ``mp.spawn``'s worker: this process as ``rank`` of a local gloo group, one thread
+    (as a 1-CPU Ray worker). A rank that fails exits at once (mp.spawn then ends the others,
+    which would wait forever in a collective); a hang ends after ``hang_s`` with every thread's
+    stack printed."""
+    faulthandler.dump_traceback_later(hang_s, exit=True)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.set_num_threads(1)
+    try:
+        yield
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def make_runner(work_dir: Path | str, **overrides: Any):

@@ -2,10 +2,7 @@
 mode)``, and ``train_step(data, optim_wrapper)`` / ``val_step`` / ``test_step`` overrides are
 honoured — in one process and on 2 gloo processes with DDP, where an overridden train_step
 bypasses DDP's forward and the Runner averages its gradients."""
-import faulthandler
 import json
-import os
-import traceback
 
 import pytest
 import torch
@@ -16,7 +13,7 @@ from torch import nn
 from distributed_runner.errors import ConfigError
 from distributed_runner.model import BaseDataPreprocessor, BaseModel
 from distributed_runner.registry import MODELS
-from tests.toy import free_port, make_runner
+from tests.toy import free_port, gloo_rank, make_runner
 
 
 @MODELS.register_module(force=True)
@@ -140,11 +137,7 @@ def test_base_model_is_mmengines_contract():
 
 # -- 2 gloo processes, DDP ------------------------------------------------------------------------
 def _worker(rank: int, port: int, out: str) -> None:
-    faulthandler.dump_traceback_later(240, exit=True)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
+    with gloo_rank(rank, port):
         from distributed_runner import Runner
         from tests.toy import base_cfg
         for name, model, lr in (("half_lr", "MMEngineMlp", 0.05), ("own", "OwnStepMlp", 0.1)):
@@ -155,11 +148,6 @@ def _worker(rank: int, port: int, out: str) -> None:
             torch.save(net_params(runner), f"{out}/{name}_rank{rank}.pt")
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump({"wrapped": type(runner.wrapped_model).__name__}, f)
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 @pytest.mark.timeout(300)
