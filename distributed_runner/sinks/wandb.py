@@ -1,5 +1,5 @@
 """WandbSink: one Weights & Biases run per training run (the seeds name wandb among LoggerHook's
-backends). Optional: ``pip install 'distributed-runner[wandb]'``.
+backends). Optional: ``pip install wandb`` (the project's ``wandb`` extra).
 
 ``LoggerHook(sinks=['terminal', dict(type='wandb', project='digits')])``
 
@@ -47,8 +47,8 @@ class WandbSink(LogSink):
         try:  # checked here: a config naming it fails when the Runner is built, not mid-run
             importlib.import_module("wandb")
         except ImportError as e:
-            raise ArgumentError("", "the wandb sink needs the wandb package: pip install "
-                                    "'distributed-runner[wandb]'") from e
+            raise ArgumentError("", "the wandb sink needs the wandb package: pip install wandb "
+                                    "(or the project's extra: pip install -e '.[wandb]')") from e
         if mode not in (None, "online", "offline", "disabled"):
             raise ArgumentError("mode", f"{mode!r}: use 'online', 'offline' or 'disabled'")
         self.settings = {"project": project, "entity": entity, "name": name, "group": group,

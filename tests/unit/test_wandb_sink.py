@@ -109,6 +109,6 @@ def test_without_the_package_or_with_a_clashing_argument_it_is_one_line(tmp_path
         train(tmp_path, sink=dict(WANDB, mode="ofline"))
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"^default_hooks.logger.sinks\[1\]: the wandb sink "
-                                          r"needs the wandb package: pip install "
-                                          r"'distributed-runner\[wandb\]'$"):
+                                          r"needs the wandb package: pip install wandb \(or the "
+                                          r"project's extra: pip install -e '.\[wandb\]'\)$"):
         train(tmp_path)
