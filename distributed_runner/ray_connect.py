@@ -15,7 +15,8 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
   (``ray.init`` would wait minutes), and so is a ``storage_path`` that cannot be written.
 * **What the workers must see.** On a running cluster the workers were started by ``ray start``,
   not by this driver: an ``MLFLOW_TRACKING_URI`` exported in the driver's shell never reaches them.
-  The driver hands its ``MLFLOW_*`` variables to every training worker through Ray's object store
+  The driver hands its ``MLFLOW_*`` and ``WANDB_*`` variables (the tracking sinks' settings and
+  credentials) to every training worker through Ray's object store
   (an object reference in the trainer's config), not through the job's ``runtime_env``: Ray shows
   a job's runtime_env to anyone who can open its dashboard, and these may hold a token or a
   password.
@@ -30,7 +31,7 @@ from typing import Mapping
 from .errors import ConfigError
 
 WORK_ROOT_ENV = "DRUN_WORK_ROOT"
-FORWARDED_PREFIXES = ("MLFLOW_",)
+FORWARDED_PREFIXES = ("MLFLOW_", "WANDB_")
 
 
 def running_clusters() -> list[str]:
@@ -179,6 +180,6 @@ def announced_path(path: str, key: str) -> str:
 
 
 def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The driver's ``MLFLOW_*`` variables, which every training worker gets (see the module
-    docstring)."""
+    """The driver's ``MLFLOW_*`` and ``WANDB_*`` variables, which every training worker gets
+    (see the module docstring)."""
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}

@@ -85,11 +85,13 @@ def test_drun_inside_a_job_package_writes_where_it_says(tmp_path):
     assert (moved / "epoch_1.pth").is_file() and not (pkg / "work_dirs").exists()
 
 
-def test_workers_get_the_drivers_mlflow_settings_and_nothing_else():
+def test_workers_get_the_drivers_mlflow_and_wandb_settings_and_nothing_else():
     environ = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "MLFLOW_TRACKING_TOKEN": "t",
-               "MLFLOW_EXPERIMENT_NAME": "e", "HOME": "/root", "AWS_REGION": "x"}
+               "MLFLOW_EXPERIMENT_NAME": "e", "HOME": "/root", "AWS_REGION": "x",
+               "WANDB_API_KEY": "k", "WANDB_MODE": "offline", "WAND_B": "typo"}
     assert forwarded_env(environ) == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
-                                      "MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_EXPERIMENT_NAME": "e"}
+                                      "MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_EXPERIMENT_NAME": "e",
+                                      "WANDB_API_KEY": "k", "WANDB_MODE": "offline"}
 
 
 def test_git_commit_of_the_config_travels_with_it(tmp_path):
