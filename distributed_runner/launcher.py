@@ -14,7 +14,8 @@ Train ``TorchTrainer`` whose workers each build the Runner from the plain config
 * no ``address`` and no ``RAY_ADDRESS``: a local Ray is started in this process;
   ``address='auto'`` (or ``RAY_ADDRESS``) joins the one running cluster (``ray start --head``) and
   refuses when several run on the machine; the driver prints which cluster it joined, and forwards
-  its ``MLFLOW_*`` and ``WANDB_*`` environment to the workers (:mod:`distributed_runner.ray_connect`).
+  its ``MLFLOW_*`` and ``WANDB_*`` environment to the workers
+  (:mod:`distributed_runner.ray_connect`).
 * ``storage_path`` defaults to ``work_dir/ray_storage``; multi-node runs point it at shared storage
   (an NFS path or ``s3://``). ``name`` defaults to the work_dir's folder name, so rerunning the same
   config continues the run from its last reported checkpoint instead of starting over. Relative
@@ -243,7 +244,8 @@ class RayLauncher:
         datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
         # the config file and its git commit are the driver's: workers may not have the file
         source = self.cfg.source() if isinstance(self.cfg, Config) else None
-        # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job metadata
+        # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
+        # metadata
         env = ray.put(forwarded_env())
         return TorchTrainer(
             train_worker,
