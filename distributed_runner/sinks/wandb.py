@@ -16,6 +16,10 @@ backends). Optional: ``pip install wandb`` (the project's ``wandb`` extra).
   ``wandb.init`` takes, MMEngine's WandbVisBackend argument). ``dir`` defaults to ``work_dir``.
   The (redacted) config is the run's config. The run ends with exit code 0 when training
   finished, 1 when it failed or was preempted.
+* **Failure.** If ``wandb.init`` fails (online without ``wandb login`` / ``WANDB_API_KEY``, the
+  server unreachable), LoggerHook warns once and training goes on without this sink; it is not
+  retried at every record. On an interactive terminal without a login, wandb itself asks for
+  one: use ``mode='offline'`` or log in first.
 * **Cost.** The run starts at the first record (its id may come from the checkpoint the run
   resumes, which is loaded after the sinks open): ``wandb.init`` takes 1–3 s here, once, inside
   that step. After it, ``log`` hands the values to W&B's own background process.
@@ -72,6 +76,7 @@ class WandbSink(LogSink):
     def open(self, runner: Any) -> None:
         self.work_dir = Path(runner.work_dir)
         self._outcome, self._modes = "FINISHED", set()
+        self._start_error: Optional[str] = None
         self._runner_name = f"{self.work_dir.name}-{runner.timestamp}"
         self._config = redact(to_plain(runner.cfg))
         self._experiment = runner.experiment_name
@@ -95,7 +100,13 @@ class WandbSink(LogSink):
 
     def write(self, record: LogRecord) -> None:
         if self._run is None:
-            self._start()
+            if self._start_error is not None:  # one wandb.init a run (it may wait 90 s)
+                raise RuntimeError(self._start_error)
+            try:
+                self._start()
+            except Exception as e:
+                self._start_error = f"wandb.init failed: {type(e).__name__}: {e}"
+                raise
         mode = record.mode
         if mode not in self._modes:
             self._modes.add(mode)

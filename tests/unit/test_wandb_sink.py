@@ -112,3 +112,23 @@ def test_without_the_package_or_with_a_clashing_argument_it_is_one_line(tmp_path
                                           r"needs the wandb package: pip install wandb \(or the "
                                           r"project's extra: pip install -e '.\[wandb\]'\)$"):
         train(tmp_path)
+
+
+def test_an_online_run_without_a_login_warns_once_and_training_goes_on(tmp_path, monkeypatch,
+                                                                       caplog):
+    import wandb
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no stored key
+    calls = []
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda *a, **k: calls.append(1) or real_init(*a, **k))
+    runner = train(tmp_path, sink=dict(type="wandb", mode="online", project="toy"))
+    runner.train()  # no API key: wandb.init raises; the sink is skipped, training finishes
+    assert runner.iter == 30 and len(calls) == 1  # not retried at every record
+    warnings = [r.getMessage() for r in caplog.records if "sink WandbSink failed" in
+                r.getMessage()]
+    assert len(warnings) == 1 and "API key" in warnings[0]
+    jsonl = (tmp_path / "logs" / "scalars.jsonl").read_text().splitlines()
+    assert len(jsonl) == 6 + 3  # the other sink got every record
