@@ -19,8 +19,8 @@ the run the config describes, what the optimizer sees must not depend on the siz
   ``(seed, epoch)``, cut into consecutive global batches (the last one completed by wrapping
   around, or dropped with ``drop_last=True``); rank ``r`` takes every ``w``-th sample of each,
   starting at ``r``. At full size with ``accumulative_counts=1`` that is what ``DefaultSampler``
-  gives each rank, but for an epoch's last, shorter batch. A resumed run starts at the first global batch not yet
-  trained, whatever size wrote the checkpoint.
+  gives each rank, but for an epoch's last, shorter batch. A resumed run starts at the first
+  global batch not yet trained, whatever size wrote the checkpoint.
 
 What still depends on the size: the float summation order of the gradient (a resized run ends
 within about 1e-5, relative, of one that never resized, not bit-equal); batch statistics
@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 
 from .data import DefaultSampler, epoch_order
 from .errors import ConfigError
-from .step import call_model, move_to, parse_losses
+from .step import call_model, move_to, parse_losses, with_grad_norm
 
 
 def elastic_range(launcher: Any) -> tuple[int, int] | None:
@@ -255,8 +255,5 @@ def train_global_batch(runner: Any, micro_batches: MicroBatches,
             optim_wrapper.update_params(loss / count)
         else:
             optim_wrapper.backward(loss / count)
-    if optim_wrapper.last_grad_norm is not None:
-        logged["grad_norm"] = optim_wrapper.last_grad_norm
-        optim_wrapper.last_grad_norm = None
-    return logged
+    return with_grad_norm(optim_wrapper, logged)
 

@@ -3,7 +3,7 @@ sharded with FSDP2 (``strategy=``, :mod:`distributed_runner.sharding`), and with
 compiled."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -111,14 +111,22 @@ def is_model_wrapper(model: Any) -> bool:
     return isinstance(model, wrappers) or bool(getattr(model, "is_model_wrapper", False))
 
 
+def wrapper_layers(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``, then each module it wraps (``torch.compile``'s, DDP, FSDP1, a TTA wrapper...),
+    ending with the user's model."""
+    while True:
+        yield model
+        inner = _compiled_inner(model)
+        if inner is None and is_model_wrapper(model):
+            inner = model.module
+        if inner is None:
+            return
+        model = inner
+
+
 def get_ori_model(model: nn.Module) -> nn.Module:
     """The user's model inside any wrappers, compiled ones too (what downstream hooks call
     ``get_ori_model``)."""
-    while True:
-        inner = _compiled_inner(model)
-        if inner is not None:
-            model = inner
-        elif is_model_wrapper(model):
-            model = model.module
-        else:
-            return model
+    for model in wrapper_layers(model):
+        pass
+    return model

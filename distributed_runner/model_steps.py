@@ -28,8 +28,8 @@ import torch
 
 from . import dist
 from .errors import ConfigError
-from .model_setup import get_ori_model
-from .step import call_model, forward_and_update, move_to, parse_losses
+from .model_setup import get_ori_model, wrapper_layers
+from .step import call_model, forward_and_update, move_to, parse_losses, with_grad_norm
 
 
 def _overrides(module: Any, name: str) -> bool:
@@ -77,11 +77,7 @@ class ModelSteps:
         if self.own_train_step:
             with self._gradients_averaged(model, optim_wrapper):
                 log_vars = self.module.train_step(data_batch, optim_wrapper=optim_wrapper)
-            log_vars = _detached(log_vars)
-            if optim_wrapper.last_grad_norm is not None:
-                log_vars["grad_norm"] = optim_wrapper.last_grad_norm
-                optim_wrapper.last_grad_norm = None
-            return log_vars
+            return with_grad_norm(optim_wrapper, _detached(log_vars))
         return forward_and_update(runner, data_batch, step_allowed, self.preprocess,
                                   self._parse)
 
@@ -112,11 +108,8 @@ def average_gradients(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             if p.grad is not None:
                 groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
-    world = dist.get_world_size()
     for grads in groups.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= world
+        flat = dist.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
 
@@ -125,12 +118,7 @@ def _under_tta(model: Any) -> bool:
     """Whether PrepareTTAHook's wrapper is among ``model``'s wrappers (its views call the
     model's forward, so an own test_step would bypass them)."""
     from .tta import TTAModel
-    while model is not None:
-        if isinstance(model, TTAModel):
-            return True
-        inner = getattr(model, "_orig_mod", None)
-        model = inner if inner is not None else getattr(model, "module", None)
-    return False
+    return any(isinstance(layer, TTAModel) for layer in wrapper_layers(model))
 
 
 def model_steps(runner: Any) -> ModelSteps | None:

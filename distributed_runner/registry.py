@@ -22,7 +22,7 @@ import inspect
 import logging
 import sys
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import ArgumentError, ConfigError, did_you_mean
 from .log import LOGGER_NAME
@@ -81,15 +81,15 @@ class Registry:
     def _root(self) -> "Registry":
         return self if self.parent is None else self.parent._root()
 
+    def _subtree(self) -> Iterator["Registry"]:
+        """This registry and every registry under it, depth first."""
+        yield self
+        for child in self._children.values():
+            yield from child._subtree()
+
     def _in_scope(self, scope: str) -> "Registry | None":
         """The registry of ``scope`` in this registry's tree (depth first), or None."""
-        if self.scope == scope:
-            return self
-        for child in self._children.values():
-            found = child._in_scope(scope)
-            if found is not None:
-                return found
-        return None
+        return next((r for r in self._subtree() if r.scope == scope), None)
 
     def __repr__(self) -> str:
         return f"Registry({self.name!r}, {len(self._table)} entries)"
@@ -191,12 +191,9 @@ class Registry:
         while registry is not None:
             names |= registry._own_names()
             registry = registry.parent
-        stack = [self._root()]
-        while stack:
-            registry = stack.pop()
-            stack.extend(registry._children.values())
-            if registry.parent is not None:
-                names.update(f"{registry.scope}.{n}" for n in registry._table)
+        for scoped in self._root()._subtree():
+            if scoped.parent is not None:
+                names.update(f"{scoped.scope}.{n}" for n in scoped._table)
         return sorted(names)
 
     def resolve(self, type_: Any, key: str) -> Any:

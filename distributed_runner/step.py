@@ -74,6 +74,12 @@ def forward_and_update(runner: Any, data_batch: Any, step_allowed: Callable,
         log_vars["skipped_steps"] = 1.0
         return log_vars
     optim_wrapper.update_params(loss)
+    return with_grad_norm(optim_wrapper, log_vars)
+
+
+def with_grad_norm(optim_wrapper: Any, log_vars: dict) -> dict:
+    """``log_vars`` with the gradient norm the OptimWrapper's clipping measured in this step
+    (``grad_norm``), taken so that it is logged once."""
     if optim_wrapper.last_grad_norm is not None:
         log_vars["grad_norm"] = optim_wrapper.last_grad_norm
         optim_wrapper.last_grad_norm = None

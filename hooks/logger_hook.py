@@ -210,7 +210,6 @@ class LoggerHook(Hook, SinkProvider):
         if runner.rank == 0:
             runner.logger.info(format_hook_timings(runner.hook_timings()))
 
-
     def after_run(self, runner) -> None:
         """``out_dir``: the run's logs and config (names ending with ``out_suffix``) copied to
         ``out_dir/<basename(work_dir)>``, as MMEngine does; ``keep_local=False`` deletes the
