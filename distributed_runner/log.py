@@ -8,17 +8,28 @@ The training lines (one every few iterations) take :func:`log_info_line` instead
 formatted once and written directly, without a ``LogRecord`` and the logging module's per-handler
 formatting — in the user's path that machinery was most of what a logged iteration cost. Any
 other handler (a user's, pytest's) and any filter still get a real record the normal way.
+
+Those lines are flushed within a second, not one by one: a file, or a stdout that is not a
+terminal (``drun train > out.log``, ``ray job logs``), gets them from :class:`LineFlusher`'s
+thread at most once a second — a flush is a write to the OS, which costs a logged iteration more
+than formatting its line. A terminal gets each line at once, as does every other message, whose
+flush also takes the training lines before it. A process killed outright loses at most its last
+second of training lines; the end of a run, a checkpoint and ``logging.shutdown`` flush them all.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterable
 
 LOGGER_NAME = "distributed_runner"
 _MARK = "_distributed_runner_handler"
+_LAZY = "_distributed_runner_lazy_flush"  # training lines may wait for LineFlusher
+FLUSH_SECONDS = 1.0
 
 
 class _SecondsFormatter(logging.Formatter):
@@ -53,6 +64,7 @@ class _SecondsFormatter(logging.Formatter):
 def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") -> logging.Logger:
     """(Re)configure the project logger for this process; returns it."""
     logger = logging.getLogger(LOGGER_NAME)
+    LINE_FLUSHER.flush_now()  # the old handlers' lines, before they close
     for h in list(logger.handlers):
         if getattr(h, _MARK, False):
             logger.removeHandler(h)
@@ -63,12 +75,14 @@ def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") ->
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(fmt)
     setattr(stream, _MARK, True)
+    setattr(stream, _LAZY, not _is_terminal(sys.stdout))
     logger.addHandler(stream)
     if work_dir is not None and rank == 0:
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(work_dir / "logs" / "run.log")
         file_handler.setFormatter(fmt)
         setattr(file_handler, _MARK, True)
+        setattr(file_handler, _LAZY, True)
         logger.addHandler(file_handler)
     return logger
 
@@ -77,11 +91,77 @@ def is_file_handler(handler: logging.Handler) -> bool:
     return hasattr(handler, "baseFilename")
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class LineFlusher:
+    """Flushes handlers that were written to without a flush, at most once a second, from one
+    daemon thread started on first use (again in a forked child, after the parent flushed before
+    the fork). Waking it costs the writer a set lookup, and an ``Event.set`` at most once a
+    second."""
+
+    def __init__(self) -> None:
+        self._pending: set[logging.Handler] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def wrote(self, handler: logging.Handler) -> None:
+        """``handler`` was written to and not flushed: flush it within FLUSH_SECONDS."""
+        if handler in self._pending:
+            return
+        with self._lock:
+            self._pending.add(handler)
+        if self._pid != os.getpid():
+            self._start()
+        self._wake.set()
+
+    def flush_now(self) -> None:
+        """Flush every pending handler now (the end of a run, a checkpoint)."""
+        with self._lock:
+            handlers, self._pending = self._pending, set()
+        for handler in handlers:
+            try:
+                handler.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush into
+                pass
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="drun-log-flush", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        wake = self._wake
+        while True:
+            wake.wait()
+            time.sleep(FLUSH_SECONDS)  # the lines of this second share one flush
+            wake.clear()
+            self.flush_now()
+
+    def _after_fork_in_child(self) -> None:
+        self._lock, self._pending, self._pid = threading.Lock(), set(), 0
+
+
+LINE_FLUSHER = LineFlusher()
+# a forked child (a DataLoader worker) inherits the streams' buffers: flush them first, or a
+# child that logs would write the parent's pending lines a second time
+os.register_at_fork(before=LINE_FLUSHER.flush_now,
+                    after_in_child=LINE_FLUSHER._after_fork_in_child)
+
+
 def log_info_line(logger: logging.Logger, message: str,
-                  handlers: Iterable[logging.Handler] | None = None) -> None:
+                  handlers: Iterable[logging.Handler] | None = None,
+                  flush_now: bool = False) -> None:
     """``logger.info(message)`` for a line written every few iterations (module docstring);
     ``handlers``: only these of the logger's handlers (e.g. the files while a progress bar owns
-    the terminal)."""
+    the terminal); ``flush_now``: no waiting for LineFlusher (a line a person waits for)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     record = None
@@ -97,7 +177,10 @@ def log_info_line(logger: logging.Logger, message: str,
             try:
                 with handler.lock:
                     handler.stream.write(text)
+                if flush_now or not getattr(handler, _LAZY, False):
                     handler.flush()
+                else:
+                    LINE_FLUSHER.wrote(handler)
                 continue
             except Exception:  # noqa: BLE001 - reported as logging reports a failed emit
                 pass

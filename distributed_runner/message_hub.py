@@ -2,10 +2,10 @@
 
 Scalars may be recorded as 0-dim tensors, and recording one costs a list append: the tensor is
 kept as it is and turned into a float only when read, all the values a read needs in one
-conversion (``torch.stack(...).tolist()``), and the floats replace the tensors in the history.
-On a GPU that keeps the step free of a device sync per logged value; on a CPU it saves an
-``.item()`` per value per step (several microseconds each) — the logger pays one conversion per
-logging interval instead. A history holds at most ``history`` values, tensors or not.
+conversion (``torch.stack(...).tolist()``; on a CPU ``.item()`` each, which is cheaper there),
+and the floats replace the tensors in the history. On a GPU that keeps the step free of a device
+sync per logged value; on a CPU it saves a conversion per value per step — the logger pays for
+them once per logging interval instead. A history holds at most ``history`` values, tensors or not.
 """
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ DEFAULT_HISTORY = 1000
 def _as_floats(values: Iterable[Any]) -> list[float]:
     values = list(values)
     tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
-    if tensors:  # one conversion for all tensor values, not one .item() each
+    if tensors:
         picked = [values[i] for i in tensors]
         try:
-            converted = torch.stack(picked).tolist()
-        except RuntimeError:  # mixed dtypes or shapes: convert one by one
+            if all(t.is_cpu for t in picked):  # on a CPU, .item() each is cheaper than a stack
+                converted = [t.item() for t in picked]
+            else:  # one conversion (one device sync) for all of them, not one .item() each
+                converted = torch.stack(picked).tolist()
+        except RuntimeError:  # several elements, mixed dtypes or shapes: the mean of each
             converted = [t.detach().double().mean().item() for t in picked]
         for i, c in zip(tensors, converted):
             values[i] = c

@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import Any
 
-from ..log import is_file_handler, log_info_line
+from ..log import LINE_FLUSHER, is_file_handler, log_info_line
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
 
@@ -19,13 +19,43 @@ def format_value(key: str, value: float) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+# (scalar keys in record order) -> (keys in display order, one format string for their values):
+# a run's records have a handful of key sets, and one str.format of a prepared template costs
+# a fraction of formatting each value on its own (measured in benchmarks/hook_overhead.py)
+_TEMPLATES: dict[tuple, tuple[tuple[str, ...], str]] = {}
+_MAX_TEMPLATES = 64
+
+
+def _scalar_template(keys: tuple) -> tuple[tuple[str, ...], str]:
+    found = _TEMPLATES.get(keys)
+    if found is None:
+        order = tuple([k for k in _FIRST if k in keys] + [k for k in keys if k not in _FIRST])
+        specs = (".4e" if k == "lr" or k.startswith("lr_") else ".4f" for k in order)
+        template = "  ".join(f"{k.replace('{', '{{').replace('}', '}}')}: {{:{spec}}}"
+                             for k, spec in zip(order, specs))
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        found = _TEMPLATES[keys] = (order, template)
+    return found
+
+
+def format_scalars(scalars: dict[str, Any]) -> str:
+    """``lr: 1.0000e-02  time: 0.0031  ...  loss: 0.4100`` (the first keys in _FIRST's order)."""
+    order, template = _scalar_template(tuple(scalars))
+    values = [scalars[k] for k in order]
+    for value in values:
+        if type(value) is not float:  # ints, numpy scalars: each as format_value shows it
+            return "  ".join(f"{k}: {format_value(k, v)}" for k, v in zip(order, values))
+    return template.format(*values)
+
+
 def format_record(record: LogRecord) -> str:
-    """``Epoch(train) [2][ 10/45]  lr: 1.0000e-02  eta: 0:00:12  time: 0.0031 ... loss: 0.41``."""
+    """``Epoch(train) [2][ 10/45]  eta: 0:00:12  lr: 1.0000e-02  time: 0.0031 ... loss: 0.41``."""
     info = record.info
     if record.mode == "train":
         if info.get("by_epoch", True):
-            n = info.get("epoch_length", 0)
-            where = f"Epoch(train) [{record.epoch}][{info.get('iter_in_epoch', 0):>{len(str(n))}}/{n}]"
+            n, i = info.get("epoch_length", 0), info.get("iter_in_epoch", 0)
+            where = f"Epoch(train) [{record.epoch}][{i:>{len(str(n))}}/{n}]"
         else:
             m = info.get("max_iters", 0)
             where = f"Iter(train) [{record.step:>{len(str(m))}}/{m}]"
@@ -35,9 +65,8 @@ def format_record(record: LogRecord) -> str:
     parts = [where]
     if "eta" in info:
         parts.append(f"eta: {datetime.timedelta(seconds=int(info['eta']))}")
-    scalars = record.scalars
-    for key in [k for k in _FIRST if k in scalars] + [k for k in scalars if k not in _FIRST]:
-        parts.append(f"{key}: {format_value(key, scalars[key])}")
+    if record.scalars:
+        parts.append(format_scalars(record.scalars))
     if info.get("hooks"):
         parts.append("hooks(us/it): " + " ".join(f"{n} {us:.0f}" for n, us in info["hooks"]))
     return "  ".join(parts)
@@ -88,13 +117,18 @@ class TerminalSink(LogSink):
         on_bar = self._bar is not None and record.mode == "train"
         if logger.isEnabledFor(logging.INFO):  # while the bar owns the terminal: the files only
             log_info_line(logger, format_record(record), [
-                h for h in logger.handlers if is_file_handler(h)] if on_bar else None)
+                h for h in logger.handlers if is_file_handler(h)] if on_bar else None,
+                flush_now=record.mode != "train")
         if on_bar:
             self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
                                      for k, v in record.scalars.items()
                                      if k not in ("time", "data_time"))
 
+    def flush(self) -> None:
+        LINE_FLUSHER.flush_now()
+
     def close(self) -> None:
+        LINE_FLUSHER.flush_now()
         if self._bar is not None:
             self._bar.sync()  # the final position, whatever the last refresh showed
             self._bar.stop()
