@@ -90,9 +90,14 @@ class HistoryBuffer:
 
     def mean(self, window: int | None = None) -> float:
         """Mean of the last ``window`` values (weighted by their counts); all if None."""
-        if not self._values:
+        values = self._values
+        if not values:
             raise ValueError("empty history")
-        n = len(self._values) if window is None else min(window, len(self._values))
+        n = len(values) if window is None else min(window, len(values))
+        if self._counts is None and type(values[-1]) is float:  # usually floats only, then
+            total = sum(islice(reversed(values), n))  # a tensor or an int among them makes the
+            if type(total) is float:                 # sum something else: the general way
+                return total / n
         vals = self._last(n)
         if self._counts is None:
             return sum(vals) / n
