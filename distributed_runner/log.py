@@ -108,7 +108,6 @@ class LineFlusher:
         self._pending: set[logging.Handler] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
         self._pid = 0
 
     def wrote(self, handler: logging.Handler) -> None:
@@ -134,8 +133,7 @@ class LineFlusher:
     def _start(self) -> None:
         self._pid = os.getpid()
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="drun-log-flush", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="drun-log-flush", daemon=True).start()
 
     def _run(self) -> None:
         wake = self._wake

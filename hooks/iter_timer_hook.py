@@ -55,12 +55,9 @@ class IterTimerHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         now = perf_counter()
-        hub, it = runner.message_hub, runner.iter
-        hub.update_scalar("train/time", now - self._t)
+        runner.message_hub.update_scalar("train/time", now - self._t)
         self._t = now
-        # _record_eta, written out: this runs every step
-        hub.runtime_info["eta"] = (
-            (now - self._train_start) / (it + 1 - self._start_iter) * (self._max_iters - it - 1))
+        self._record_eta(runner, now)
 
     def _record_eta(self, runner, now: float) -> None:
         """Seconds left: time since this process started training per iteration done since,

@@ -31,10 +31,7 @@ class ParamSchedulerHook(Hook):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
-        schedulers = runner.param_schedulers
-        if type(schedulers) is not list:  # a dict of lists (several optimizers), or None
-            schedulers = self._schedulers(runner)
-        for scheduler in schedulers:  # every iteration: one call less in the common case
+        for scheduler in self._schedulers(runner):
             if not scheduler.by_epoch:
                 scheduler.step()
 

@@ -1,6 +1,7 @@
 """JsonlSink: every record as one JSON line in ``work_dir/logs/scalars.jsonl``."""
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -10,34 +11,27 @@ from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
 
 
-# (mode, scalar keys) -> the line with %-slots for step, epoch and the values: a run has a
-# handful of these, and filling one costs a fraction of json.dumps (the same text: json writes
-# a finite float as repr() does)
-_TEMPLATES: dict[tuple, str] = {}
-_MAX_TEMPLATES = 64
+@functools.lru_cache(maxsize=64)
+def _json_template(mode: str, keys: tuple) -> str:
+    """The line of a record with these scalar keys, with %-slots for step, epoch and the values:
+    a run has a handful of these, and filling one costs a fraction of json.dumps (the same text:
+    json writes a finite float as repr() does)."""
+    return "".join(['{"mode": ', json.dumps(mode).replace("%", "%%"), ', "step": %d, "epoch": %d']
+                   + [f", {json.dumps(k).replace('%', '%%')}: %r" for k in keys] + ["}\n"])
 
 
 def json_line(record: LogRecord) -> str:
     """``json.dumps({"mode": ..., "step": ..., "epoch": ..., **scalars}) + "\\n"``."""
     scalars = record.scalars
-    values = (record.step, record.epoch, *scalars.values())
-    plain = type(record.step) is int and type(record.epoch) is int
-    for value in values[2:]:
-        if type(value) is not float or value - value != 0.0:  # not a float, or nan/inf
-            plain = False
-            break
-    if not plain:
-        line = {"mode": record.mode, "step": record.step, "epoch": record.epoch, **scalars}
-        return json.dumps(line) + "\n"
-    key = (record.mode, tuple(scalars))
-    template = _TEMPLATES.get(key)
-    if template is None:
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        template = _TEMPLATES[key] = "".join(
-            ['{"mode": ', json.dumps(record.mode).replace("%", "%%"), ', "step": %d, "epoch": %d']
-            + [f", {json.dumps(k).replace('%', '%%')}: %r" for k in scalars] + ["}\n"])
-    return template % values
+    if type(record.step) is int and type(record.epoch) is int:
+        for value in scalars.values():
+            if type(value) is not float or value - value != 0.0:  # not a float, or nan/inf
+                break
+        else:
+            return _json_template(record.mode, tuple(scalars)) % (
+                record.step, record.epoch, *scalars.values())
+    line = {"mode": record.mode, "step": record.step, "epoch": record.epoch, **scalars}
+    return json.dumps(line) + "\n"
 
 
 @LOG_SINKS.register_module()

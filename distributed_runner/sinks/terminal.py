@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import sys
 from typing import Any
@@ -19,24 +20,15 @@ def format_value(key: str, value: float) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-# (scalar keys in record order) -> (keys in display order, one format string for their values):
-# a run's records have a handful of key sets, and one str.format of a prepared template costs
-# a fraction of formatting each value on its own (measured in benchmarks/hook_overhead.py)
-_TEMPLATES: dict[tuple, tuple[tuple[str, ...], str]] = {}
-_MAX_TEMPLATES = 64
-
-
+@functools.lru_cache(maxsize=64)
 def _scalar_template(keys: tuple) -> tuple[tuple[str, ...], str]:
-    found = _TEMPLATES.get(keys)
-    if found is None:
-        order = tuple([k for k in _FIRST if k in keys] + [k for k in keys if k not in _FIRST])
-        specs = (".4e" if k == "lr" or k.startswith("lr_") else ".4f" for k in order)
-        template = "  ".join(f"{k.replace('{', '{{').replace('}', '}}')}: {{:{spec}}}"
-                             for k, spec in zip(order, specs))
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        found = _TEMPLATES[keys] = (order, template)
-    return found
+    """``keys`` (in record order) in display order, and one format string for their values: a
+    run's records have a handful of key sets, and one str.format of a prepared template costs a
+    fraction of formatting each value on its own."""
+    order = tuple([k for k in _FIRST if k in keys] + [k for k in keys if k not in _FIRST])
+    specs = (".4e" if k == "lr" or k.startswith("lr_") else ".4f" for k in order)
+    return order, "  ".join(f"{k.replace('{', '{{').replace('}', '}}')}: {{:{spec}}}"
+                            for k, spec in zip(order, specs))
 
 
 def format_scalars(scalars: dict[str, Any]) -> str:
