@@ -7,6 +7,7 @@ does; checkpoints off), an MLP 32 -> 32 -> 1 with batch 16 —
 against a bare loop over a plain ``DataLoader(dataset, batch_size=16)`` of the same dataset, one
 thread. Each Runner epoch is preceded by a bare epoch in the same process (:class:`PairedEpochs`);
 the figure is the median of the pairs' differences in process CPU time. Target: <= 15 us/iter.
+Where it goes, part by part: ``benchmarks/overhead_parts.py``.
 
 **Pre-batched.** The same comparison with a tiny MLP (16 -> 32 -> 2) on ready-made batches (a
 DataLoader with ``batch_size=None``), so that collation is out of the picture; runs alternate
@@ -235,11 +236,12 @@ class PairedEpochsEnd(Hook):
         self.paired.end()
 
 
-def paired_user_run(epochs: int, work_dir: str, log_level: str = "INFO"
-                    ) -> list[tuple[float, float]]:
+def paired_user_run(epochs: int, work_dir: str, log_level: str = "INFO",
+                    default_hooks: dict | None = None) -> list[tuple[float, float]]:
     """One Runner run of ``epochs`` epochs, each preceded by a bare epoch; the pairs after the
     first (warm-up) epoch. At INFO the training lines go where ``drun train > out.log`` sends
-    them: stdout redirected to a file (and ``work_dir/logs/run.log``)."""
+    them: stdout redirected to a file (and ``work_dir/logs/run.log``). ``default_hooks``: the
+    config key (default: the defaults with checkpoints off; overhead_parts.py varies it)."""
     paired = PairedEpochs(BareUserLoop())
     with open(f"{work_dir}.stdout", "w") as out, contextlib.redirect_stdout(out):
         Runner(model=dict(type="BenchRegressor"), work_dir=work_dir,
@@ -247,7 +249,8 @@ def paired_user_run(epochs: int, work_dir: str, log_level: str = "INFO"
                                      sampler=dict(type="DefaultSampler", shuffle=False)),
                train_cfg=dict(by_epoch=True, max_epochs=epochs),
                optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
-               default_hooks=dict(checkpoint=None),  # the other five defaults, logger every 10
+               # the other five defaults, logger every 10
+               default_hooks=dict(checkpoint=None) if default_hooks is None else default_hooks,
                custom_hooks=[paired, PairedEpochsEnd(paired)],
                randomness=dict(seed=0), log_level=log_level).train()
     return paired.pairs[1:]

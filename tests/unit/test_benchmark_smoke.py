@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -15,6 +17,35 @@ def test_hook_overhead_benchmark_runs_the_users_path():
     assert lines[0].startswith("user path: per-sample dict dataset")
     assert len(lines) == 2 and lines[1].startswith("bare loop")
     assert "| Runner" in lines[1] and "median of pair differences" in lines[1]
+
+
+def test_overhead_parts_benchmark_adds_one_part_per_line():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead_parts.py"),
+                          "--rounds", "1", "--epochs", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("overhead parts: the user path") and "1 pairs each" in lines[0]
+    assert [line.split(" ")[0] for line in lines[1:]] == ["loop,"] + ["+"] * 4
+    assert all(" us/iter (quartiles " in line and "| part " in line for line in lines[1:])
+    assert lines[-1].startswith("+ the records written")
+
+
+def test_overhead_parts_empties_only_the_per_iteration_methods():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.overhead_parts import emptied
+    from hooks import IterTimerHook, ParamSchedulerHook
+    from hooks.hook import overrides
+
+    timer = emptied(IterTimerHook)
+    # still dispatched at both mount points, but doing nothing (the real ones read the runner)
+    assert overrides(timer, "before_train_iter") and overrides(timer, "after_train_iter")
+    timer.before_train_iter(None, 0)
+    timer.after_train_iter(None, 0)
+    with pytest.raises(AttributeError):
+        IterTimerHook().before_train_iter(None, 0)
+    assert type(timer).before_train is IterTimerHook.before_train
+    assert "before_train_iter" not in vars(type(emptied(ParamSchedulerHook)))
 
 
 def test_checkpoint_verify_benchmark_runs():
