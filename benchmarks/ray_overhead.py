@@ -198,6 +198,9 @@ def main() -> None:
     parser.add_argument("--agree-every", default="auto",
                         help="train_cfg.agree_every of the hooked run: 'auto' or an int")
     args = parser.parse_args()
+    if (args.epochs - 1) * args.pairs < 2:  # each run's first epoch is its warm-up
+        parser.error("--epochs and --pairs leave fewer than 2 timed epochs a side: "
+                     "(epochs - 1) * pairs must be >= 2")
     agree = args.agree_every if args.agree_every == "auto" else int(args.agree_every)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)

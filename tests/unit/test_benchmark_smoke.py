@@ -48,6 +48,35 @@ def test_overhead_parts_empties_only_the_per_iteration_methods():
     assert "before_train_iter" not in vars(type(emptied(ParamSchedulerHook)))
 
 
+def test_dispatch_cost_benchmark_runs():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dispatch_cost.py")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and all(" ns/call" in line for line in lines)
+    assert "50 hooks registered" in lines[1] and "ratio" in lines[1]
+
+
+def test_logging_overhead_benchmark_runs_with_the_mlflow_sink():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "logging_overhead.py"),
+                          "--epochs", "2", "--pairs", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("digits CNN, batch 32") and lines[1].startswith("logging off")
+    assert lines[2].startswith("MLflow sink, interval 1") and " metrics dropped" in lines[2]
+
+
+def test_agreement_overhead_benchmark_runs_on_two_processes():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "agreement_overhead.py"),
+                          "--rounds", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("2 gloo processes") and "'auto' chose every" in lines[-1]
+    assert sum("ratio to never" in line for line in lines) == 3
+
+
 def test_checkpoint_verify_benchmark_runs():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_verify.py"),
                           "--mb", "8", "--rounds", "2"],
