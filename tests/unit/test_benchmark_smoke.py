@@ -65,6 +65,7 @@ def test_logging_overhead_benchmark_runs_with_the_mlflow_sink():
     lines = out.stdout.splitlines()
     assert lines[0].startswith("digits CNN, batch 32") and lines[1].startswith("logging off")
     assert lines[2].startswith("MLflow sink, interval 1") and " metrics dropped" in lines[2]
+    assert lines[3].startswith("per pair of runs") and lines[3].count(".") == 2  # 1 pair, median
 
 
 def test_agreement_overhead_benchmark_runs_on_two_processes():
