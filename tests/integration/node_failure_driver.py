@@ -38,6 +38,16 @@ def kill_the_marked_node(cluster: Cluster, marker: Path, report: dict,
     report[key] = node_id
 
 
+def wait_until_not_alive(node_id: str | None, seconds: float = 60.0) -> float:
+    """Give the GCS time to mark a killed node dead: it learns it from missed health checks, and
+    the restarted run can finish first on a fast machine (then the node still read alive)."""
+    start = time.time()
+    while node_id and time.time() < start + seconds and any(
+            n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        time.sleep(0.5)
+    return round(time.time() - start, 1)
+
+
 def elastic_run(cluster: Cluster, out_dir: Path, report: dict) -> None:
     """On the two nodes left: an elastic (1, 2) group loses the node of rank 1 after iteration
     4 (restarts alone from iteration 3); alone, after iteration 7 (its checkpoint at 6 written),
@@ -91,6 +101,7 @@ def main(out: str, elastic: bool) -> None:
     start = time.time()
     status, _, result = fit(cfg)
     killer.join()
+    report["waited_for_node_death_s"] = wait_until_not_alive(report.get("killed_node"))
     report.update(died=status, seconds=round(time.time() - start, 1),
                   final_iter=result.metrics.get("iter") if result is not None else None,
                   alive=[n["NodeID"] for n in ray.nodes() if n["Alive"]])
