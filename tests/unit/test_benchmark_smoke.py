@@ -8,11 +8,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_hook_overhead_benchmark_runs_the_users_path():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hook_overhead.py"),
-                          "--only-user-path", "--user-rounds", "1", "--epochs", "2"],
+def run_benchmark(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``python benchmarks/<name>.py *args`` from the repository root; it must exit 0."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_hook_overhead_benchmark_runs_the_users_path():
+    out = run_benchmark("hook_overhead", "--only-user-path", "--user-rounds", "1", "--epochs", "2")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("user path: per-sample dict dataset")
     assert len(lines) == 2 and lines[1].startswith("bare loop")
@@ -20,10 +25,7 @@ def test_hook_overhead_benchmark_runs_the_users_path():
 
 
 def test_overhead_parts_benchmark_adds_one_part_per_line():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead_parts.py"),
-                          "--rounds", "1", "--epochs", "2"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("overhead_parts", "--rounds", "1", "--epochs", "2")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("overhead parts: the user path") and "1 pairs each" in lines[0]
     assert [line.split(" ")[0] for line in lines[1:]] == ["loop,"] + ["+"] * 4
@@ -49,19 +51,14 @@ def test_overhead_parts_empties_only_the_per_iteration_methods():
 
 
 def test_dispatch_cost_benchmark_runs():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dispatch_cost.py")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("dispatch_cost")
     lines = out.stdout.splitlines()
     assert len(lines) == 3 and all(" ns/call" in line for line in lines)
     assert "50 hooks registered" in lines[1] and "ratio" in lines[1]
 
 
 def test_logging_overhead_benchmark_runs_with_the_mlflow_sink():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "logging_overhead.py"),
-                          "--epochs", "2", "--pairs", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("logging_overhead", "--epochs", "2", "--pairs", "1")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("digits CNN, batch 32") and lines[1].startswith("logging off")
     assert lines[2].startswith("MLflow sink, interval 1") and " metrics dropped" in lines[2]
@@ -69,28 +66,20 @@ def test_logging_overhead_benchmark_runs_with_the_mlflow_sink():
 
 
 def test_agreement_overhead_benchmark_runs_on_two_processes():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "agreement_overhead.py"),
-                          "--rounds", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("agreement_overhead", "--rounds", "1")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("2 gloo processes") and "'auto' chose every" in lines[-1]
     assert sum("ratio to never" in line for line in lines) == 3
 
 
 def test_checkpoint_verify_benchmark_runs():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_verify.py"),
-                          "--mb", "8", "--rounds", "2"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("checkpoint_verify", "--mb", "8", "--rounds", "2")
     assert out.stdout.startswith("load and restore a 8 MB checkpoint (median of 2, interleaved)")
     assert "| ratio " in out.stdout
 
 
 def test_gpu_throughput_benchmark_runs_reduced_on_the_cpu():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"),
-                          "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("gpu_throughput", "--smoke")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("gpu throughput: ") and "default hooks" in lines[0]
     assert [line.split(" ")[0] for line in lines[1:]] == ["resnet50", "gpt2"]
@@ -99,10 +88,7 @@ def test_gpu_throughput_benchmark_runs_reduced_on_the_cpu():
 
 
 def test_checkpoint_stall_benchmark_runs():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_stall.py"),
-                          "--mb", "2", "--iters", "8", "--every", "4"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("checkpoint_stall", "--mb", "2", "--iters", "8", "--every", "4")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("checkpoint stall: ")
     assert [line.split()[0] for line in lines[1:]] == ["ddp", "fsdp"]
