@@ -3,6 +3,7 @@ history with each mode's step metric, the config, the exit code — one run acro
 resume, and the one-line errors."""
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,21 +38,34 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+def run_records(run_dir: Path, seconds: float = 30.0) -> list:
+    """The records of the run in ``run_dir`` once its exit record is there: ``run.finish()``
+    can return before W&B's service process has written the file (read at once, a resumed run's
+    file held no records yet, 1 time in ~10 here)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        (path,) = run_dir.glob("run-*.wandb")
+        records = wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) \
+                or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
 def history(run_dir: Path) -> list[dict]:
-    (path,) = run_dir.glob("run-*.wandb")
     return [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
              for item in r.history.item}
-            for r in wandb_records(path) if r.WhichOneof("record_type") == "history"]
+            for r in run_records(run_dir) if r.WhichOneof("record_type") == "history"]
 
 
 def exit_codes(run_dir: Path) -> list[int]:
-    (path,) = run_dir.glob("run-*.wandb")
-    return [r.exit.exit_code for r in wandb_records(path) if r.WhichOneof("record_type") == "exit"]
+    return [r.exit.exit_code for r in run_records(run_dir)
+            if r.WhichOneof("record_type") == "exit"]
 
 
 def run_id(run_dir: Path) -> str:
-    (path,) = run_dir.glob("run-*.wandb")
-    return next(r.run.run_id for r in wandb_records(path) if r.WhichOneof("record_type") == "run")
+    return next(r.run.run_id for r in run_records(run_dir)
+                if r.WhichOneof("record_type") == "run")
 
 
 def runs(work_dir: Path) -> list[Path]:
@@ -81,8 +95,7 @@ def test_an_offline_run_holds_every_record_at_its_steps_and_the_config(tmp_path,
         [r["accuracy"] for r in jsonl if r["mode"] == "val"]
     saved_id = json.loads((tmp_path / "wandb_run.json").read_text())["run_id"]
     assert run_id(run_dir) == saved_id and exit_codes(run_dir) == [0]
-    (path,) = run_dir.glob("run-*.wandb")
-    configs = [str(getattr(r, kind)) for r in wandb_records(path)
+    configs = [str(getattr(r, kind)) for r in run_records(run_dir)
                if (kind := r.WhichOneof("record_type")) in ("run", "config")]
     assert any('ToyModel' in c and 'optim_wrapper' in c for c in configs)
 
