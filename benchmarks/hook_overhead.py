@@ -296,22 +296,27 @@ def report(title: str, bare: "EpochClock", ours: "EpochClock") -> None:
                   f"us/iter | ratio {stat(o) / stat(b):.3f}")
 
 
+def spread(diffs: list[float]) -> tuple[float, float, float]:
+    """The median and the lower and upper quartiles of pair differences."""
+    d = sorted(diffs)
+    return statistics.median(d), d[len(d) // 4], d[(3 * len(d)) // 4]
+
+
 def user_path(rounds: int, epochs: int, log_level: str = "INFO") -> None:
     """The headline case (module docstring): per-pair differences of process CPU time."""
     pairs: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             pairs += paired_user_run(epochs, f"{tmp}/run{r}", log_level)
-    diffs = sorted(ours - bare for bare, ours in pairs)
+    median, q1, q3 = spread([ours - bare for bare, ours in pairs])
     bare = statistics.median(b for b, _ in pairs)
     ours = statistics.median(o for _, o in pairs)
-    q1, q3 = diffs[len(diffs) // 4], diffs[(3 * len(diffs)) // 4]
     print(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
           f"(checkpoint off, logger every 10 at {log_level}), MLP 32-32-1, batch {USER_BATCH}, "
           f"{USER_ITERS} iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), "
           f"process CPU time; target overhead <= 15 us/iter")
     print(f"bare loop {bare * 1e6:6.1f} us/iter | Runner {ours * 1e6:6.1f} us/iter | overhead: "
-          f"median of pair differences {statistics.median(diffs) * 1e6:5.1f} us/iter "
+          f"median of pair differences {median * 1e6:5.1f} us/iter "
           f"(quartiles {q1 * 1e6:.1f} .. {q3 * 1e6:.1f}) | ratio {ours / bare:.3f}")
 
 
