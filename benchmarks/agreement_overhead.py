@@ -30,6 +30,7 @@ SETTINGS = (1, "auto", 10**9)
 
 def _worker(rank: int, port: int, rounds: int, out: str) -> None:
     sys.path.insert(0, str(ROOT))
+    from benchmarks.ranks import leave_rank_process
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
@@ -68,7 +69,9 @@ def _worker(rank: int, port: int, rounds: int, out: str) -> None:
                 chosen.append(runner.requests.agree_n)
     if rank == 0:
         Path(out, "result.json").write_text(json.dumps({"per_iter": results, "auto": chosen}))
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    leave_rank_process()
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.ranks import leave_rank_process  # noqa: E402
 from distributed_runner.registry import DATASETS, MODELS  # noqa: E402
 from hooks import Hook  # noqa: E402
 
@@ -136,6 +137,7 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
         Path(out, "results.json").write_text(json.dumps(results))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    leave_rank_process()
 
 
 def stall(seconds: list[float], every: int) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from benchmarks.gpu_models import GPT, SyntheticTokens
+from benchmarks.ranks import leave_rank_process
 from distributed_runner.registry import DATASETS, MODELS
 from distributed_runner.sinks import LogSink
 from hooks import HOOKS, MOUNT_POINTS, Hook
@@ -174,6 +175,7 @@ def gloo_rank(rank: int, port: int, world_size: int = 2, hang_s: float = 240) ->
         os._exit(1)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    leave_rank_process()
 
 
 def make_runner(work_dir: Path | str, **overrides: Any):

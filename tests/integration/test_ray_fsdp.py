@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.ranks import leave_rank_process
 from tests.integration.test_ray_train import fit, ray_cfg
 from tests.toy import free_port
 
@@ -35,6 +36,7 @@ def _reference(rank: int, port: int, cfg: dict) -> None:
     Runner.from_cfg(cfg).train()
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    leave_rank_process()
 
 
 def train_reference(work_dir: Path, parts: dict) -> None:

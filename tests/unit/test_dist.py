@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.ranks import leave_rank_process
 from distributed_runner import dist
 
 
@@ -67,6 +68,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     finally:
         torch.distributed.barrier()  # neither rank tears gloo down while the other still uses it
         torch.distributed.destroy_process_group()
+    leave_rank_process()  # only when the body did not raise
 
 
 @pytest.mark.timeout(120)

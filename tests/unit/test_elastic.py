@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.ranks import leave_rank_process
 from distributed_runner import Runner
 from distributed_runner.cli import worker_count
 from distributed_runner.data import DefaultSampler
@@ -178,8 +179,9 @@ def _two_ranks(rank: int, port: int, runs: list, errors: str) -> None:
         with open(f"{errors}.rank{rank}", "w") as f:
             f.write(traceback.format_exc())
         os._exit(1)
-    finally:
-        torch.distributed.destroy_process_group()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    leave_rank_process()
 
 
 def on_two_ranks(tmp_path, *runs):

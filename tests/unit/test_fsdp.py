@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.ranks import leave_rank_process
 from distributed_runner.errors import ConfigError
 from distributed_runner.sharding import parse_strategy
 from hooks.ema_hook import EMAHook
@@ -104,6 +105,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         os._exit(1)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    leave_rank_process()
 
 
 def weights(path):

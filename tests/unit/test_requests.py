@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.ranks import leave_rank_process
 import distributed_runner.interval as interval_module
 import tests.hook_probes  # noqa: F401
 from distributed_runner import Runner
@@ -271,6 +272,7 @@ def _process_group(rank: int, port: int):
     finally:
         torch.distributed.barrier()  # neither rank tears gloo down while the other still uses it
         torch.distributed.destroy_process_group()
+    leave_rank_process()  # only when the body did not raise
 
 
 def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
