@@ -1,20 +1,33 @@
-"""Checkpoint files: atomic writes, safe loads, RNG capture.
+"""Checkpoint files: atomic writes, safe loads, the ``last_checkpoint`` pointer, RNG capture.
 
 A checkpoint is one dict of tensors and plain containers (so ``torch.load(weights_only=True)`` can
-read it without running pickled code)::
+read it without running pickled code). Its parts, as :data:`~.checkpoint_parts.PARTS` declares
+them (key, what it holds [when it is there]; a "per rank" part is ``{"ranks": [rank 0's,
+rank 1's, ...]}``; a test checks this text against the table)::
 
-    meta              epoch, iter, iter_in_epoch, seed, world_size, config (JSON text), versions
-    state_dict        the model's weights (unwrapped)
-    optimizer         the optimizer's state (absent when save_optimizer=False)
-    param_schedulers  one state per scheduler
-    scaler            the AMP GradScaler's state, or None
-    message_hub       runtime info and scalar histories
-    hooks             each stateful hook's state_dict(), keyed by its registered name
-    rng               per rank: python, numpy, torch (and cuda) generator states
-    sampler           per rank: epoch and batches consumed in it
-    accumulated_grads per rank: gradients of an unfinished accumulation window (only then)
-    rank_buffers      per rank: the model's buffers (BN statistics differ between syncs);
-                      only with several ranks
+    meta               epoch, iter, iter_in_epoch, val_pending, seed, world_size,
+                       experiment_name, time, config (JSON text), versions; the saver's
+                       additions: best, async_save, ema_in_state_dict [always]
+    state_dict         the model's weights (unwrapped) [unless sharded]
+    sharded            the shards' manifest: their folder, keys and files with sizes [sharded
+                       FSDP checkpoints; written by the checkpoint writer
+                       (sharded_checkpoint.start_shards)]
+    optimizer          the optimizer's state [with save_optimizer (in the shards if sharded)]
+    scaler             the AMP GradScaler's state, or None [when training]
+    param_schedulers   one state per scheduler [with save_param_scheduler]
+    message_hub        runtime info and scalar histories [always]
+    hooks              each stateful hook's state_dict(), keyed by its registered name [always]
+    sinks              the log sinks' state (the MLflow run id) [always]
+    sampler            per rank: epoch and batches consumed in it; restoring it resumes training
+                       at meta's position [always]
+    rank_buffers       per rank: the model's buffers (BN statistics differ between syncs) [with
+                       several ranks]
+    accumulated_grads  per rank: gradients of an unfinished accumulation window [saved inside
+                       one]
+    rng                per rank: python, numpy, torch (and cuda) generator states [always]
+    ema_state_dict     the training weights under 'module.' (state_dict then holds the average)
+                       or, if sharded, the average [with EMAHook; written by
+                       EMAHook.before_save_checkpoint, read by its after_load_checkpoint]
 
 Files are written to a temporary name in the same folder and renamed into place (and the folder
 synced), so a crash never leaves a half-written file under a final name. Beside each file, a
@@ -230,6 +243,15 @@ def _load_error_reason(exc: Exception) -> str:
     for advice in ("Please file an issue", "weights_only", "If you trust"):
         reason = reason.split(advice)[0]
     return reason.strip(" .;,")[:160] or type(exc).__name__
+
+
+def point_at(path: str | os.PathLike, *folders: str | os.PathLike) -> None:
+    """Move the ``last_checkpoint`` pointer in each of ``folders`` to ``path`` (rank 0, once the
+    checkpoint is committed). The one writer of the pointer, so that every saver (CheckpointHook,
+    a request saved without one) leaves it the same way: relative to its folder, so a work_dir
+    moved or copied keeps a pointer that resolves (:func:`read_pointer`)."""
+    for folder in dict.fromkeys(Path(f) for f in folders):
+        atomic_write_text(os.path.relpath(path, folder), folder / LAST_CHECKPOINT_POINTER)
 
 
 def read_pointer(folder: str | os.PathLike) -> Path | None:

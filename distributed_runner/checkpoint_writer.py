@@ -4,7 +4,8 @@ One save, on every rank::
 
     wait()                      the previous save commits first: one save in flight at a time
     flush the sinks (rank 0)    a run resumed from this checkpoint finds every record up to it
-    collect the state           every rank (RNG, sampler position ... are gathered: collectives)
+    collect the state           every rank, the parts checkpoint_parts.PARTS declares (RNG,
+                                sampler position ... are gathered: collectives)
     shards (sharded FSDP)       every rank hands its shards to torch.distributed.checkpoint
     before_save_checkpoint      hooks add to the checkpoint (EMA's average)
     write                       sync: now. async: the tensors are copied to host memory (the
@@ -30,14 +31,19 @@ import pickle
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import dist
 from .checkpoint import atomic_save
+from .checkpoint_parts import CheckpointSubject, SaveOptions
+from .checkpoint_state import collect_training_state
 from .sharded_checkpoint import SHARDED, after_manifest_written, finish_shards, start_shards, \
     writes_shards
+
+if TYPE_CHECKING:
+    from .runner_api import RunnerAPI
 
 
 def staged_copy(obj: Any, reuse: Any = None) -> Any:
@@ -79,7 +85,7 @@ class PendingSave:
 class CheckpointWriter:
     """The Runner's checkpoint writer (``runner.checkpoints``); see the module docstring."""
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: RunnerAPI) -> None:
         self._runner = runner
         self._pending: PendingSave | None = None
         self._thread: ThreadPoolExecutor | None = None
@@ -90,20 +96,20 @@ class CheckpointWriter:
     def save(self, path: Path, save_optimizer: bool = True, save_param_scheduler: bool = True,
              meta: dict | None = None, asynchronous: bool = False) -> Path:
         """Save the training state as ``path`` (call on every rank); see the module docstring."""
-        from .checkpoint_state import collect_training_state
-
         runner = self._runner
         self.wait()
         if runner.rank == 0:
             runner.sinks.flush()
-        sharded = writes_shards(runner)
+        subject = CheckpointSubject.of(runner)
+        sharded = writes_shards(subject.strategy, subject.model)
         meta = {**(meta or {}), **({"async_save": True} if asynchronous else {})}
-        ckpt = collect_training_state(runner, save_optimizer, save_param_scheduler, meta,
-                                      with_weights=not sharded)
+        ckpt = collect_training_state(subject, SaveOptions(save_optimizer, save_param_scheduler,
+                                                           meta, with_weights=not sharded))
         shards = None
         if sharded:
-            ckpt[SHARDED], shards = start_shards(runner, path, save_optimizer, asynchronous,
-                                                 *self._async_tools(asynchronous))
+            optimizer = subject.optimizer() if save_optimizer else None
+            ckpt[SHARDED], shards = start_shards(subject.model, optimizer, subject.rank, path,
+                                                 asynchronous, *self._async_tools(asynchronous))
         runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
         if not asynchronous:
             self._commit(path, ckpt, ckpt, file_written=False)
@@ -143,7 +149,7 @@ class CheckpointWriter:
     def _commit(self, path: Path, ckpt: dict, to_write: Any, file_written: bool) -> None:
         runner = self._runner
         if SHARDED in ckpt:
-            finish_shards(runner, path, ckpt[SHARDED])  # every rank's files, into the manifest
+            finish_shards(runner.rank, path, ckpt[SHARDED])  # every rank's files, into the manifest
             if to_write is not None and to_write is not ckpt:  # rank 0's staged manifest
                 to_write[SHARDED] = ckpt[SHARDED]
         if runner.rank == 0 and not file_written:

@@ -10,8 +10,9 @@
 * ``custom_imports = dict(imports=['my_pkg.my_hooks'])`` imports the user's modules so their
   ``@HOOKS.register_module()`` (etc.) decorators run. :func:`import_custom_modules` runs where a
   config is loaded or turned into objects, and nowhere else: :meth:`Config.fromfile` (as MMEngine
-  does), ``Runner.from_cfg`` (in a plain process and on every Ray worker, which never loaded the
-  file) and the Ray driver's ``validate_config``.
+  does) and :func:`~distributed_runner.config_prep.prepare_config`, which ``Runner.from_cfg`` (in
+  a plain process and on every Ray worker, which never loaded the file) and the Ray driver's
+  ``validate_config`` share.
 """
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ optimizers, which either raise from deep inside (a traceback instead of a line a
 or quietly coerce (``max_epochs='12'`` or ``12.5`` or ``True`` trained; ``val_interval=0`` never
 validated). Every key here is checked for its type *and* range, and a mistake is one
 :class:`~distributed_runner.errors.ConfigError` naming the key path, what it got and what it
-takes. It runs in :meth:`Runner.from_cfg` and on the Ray driver (``validate_config``), so a bad
-config never reaches a worker.
+takes. It runs in :func:`~distributed_runner.config_prep.prepare_config` — in
+:meth:`Runner.from_cfg` and on the Ray driver — so a bad config never reaches a worker. The
+shapes of ``default_hooks`` and ``custom_hooks`` are the hook builder's to check (every path goes
+through it, ``drun hooks`` and a Runner built in Python included).
 
 The user's own objects (models, datasets, metrics, hooks) check their own arguments; an
 exception their constructors raise is wrapped into one line by the registries.
@@ -28,7 +30,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _MISSING = object()
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A value as an error shows it: its repr, cut so the message stays one short line."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -45,13 +48,14 @@ def positive_int(cfg: dict, name: str, key: str, minimum: int = 1,
         return
     if not _is_int(value) or value < minimum:
         also = "".join(f" or {a!r}" for a in allowed)
-        raise ConfigError(f"{key}.{name}", f"got {_show(value)}; takes an int >= {minimum}{also}")
+        raise ConfigError(f"{key}.{name}",
+                          f"got {show_value(value)}; takes an int >= {minimum}{also}")
 
 
 def boolean(cfg: dict, name: str, key: str) -> None:
     value = cfg.get(name, _MISSING)
     if value is not _MISSING and not isinstance(value, bool):
-        raise ConfigError(f"{key}.{name}", f"got {_show(value)}; takes True or False")
+        raise ConfigError(f"{key}.{name}", f"got {show_value(value)}; takes True or False")
 
 
 def number(cfg: dict, name: str, key: str, minimum: float = 0.0, exclusive: bool = False) -> None:
@@ -63,7 +67,8 @@ def number(cfg: dict, name: str, key: str, minimum: float = 0.0, exclusive: bool
         and math.isfinite(value) and (value > minimum if exclusive else value >= minimum)
     if not ok:
         bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
-        raise ConfigError(f"{key}.{name}", f"got {_show(value)}; takes a finite number {bound}")
+        raise ConfigError(f"{key}.{name}",
+                          f"got {show_value(value)}; takes a finite number {bound}")
 
 
 def mapping(cfg: dict, name: str, optional: bool = True) -> dict | None:
@@ -71,7 +76,7 @@ def mapping(cfg: dict, name: str, optional: bool = True) -> dict | None:
     if value is None and optional:
         return None
     if not isinstance(value, dict):
-        raise ConfigError(name, f"got {_show(value)}; takes a dict")
+        raise ConfigError(name, f"got {show_value(value)}; takes a dict")
     return value
 
 
@@ -81,10 +86,10 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
     _check_top_level(cfg, tuple(runner_keys) + tuple(other_keys))
     work_dir = cfg.get("work_dir")
     if work_dir is not None and not isinstance(work_dir, (str, os.PathLike)):
-        raise ConfigError("work_dir", f"got {_show(work_dir)}; takes a path string")
+        raise ConfigError("work_dir", f"got {show_value(work_dir)}; takes a path string")
     level = cfg.get("log_level", "INFO")
     if not (isinstance(level, str) and level.upper() in LOG_LEVELS) and not _is_int(level):
-        raise ConfigError("log_level", f"got {_show(level)}; takes one of "
+        raise ConfigError("log_level", f"got {show_value(level)}; takes one of "
                                        f"{', '.join(LOG_LEVELS)}")
     _check_device(cfg.get("device"))
     if cfg.get("compile") is not None:
@@ -100,10 +105,7 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
         boolean(randomness, "diff_rank_seed", "randomness")
     train_cfg = mapping(cfg, "train_cfg")
     if train_cfg is not None:
-        boolean(train_cfg, "by_epoch", "train_cfg")
-        for name in ("max_epochs", "max_iters", "val_interval", "val_begin"):
-            positive_int(train_cfg, name, "train_cfg")
-        positive_int(train_cfg, "agree_every", "train_cfg", allowed=("auto",))
+        check_train_cfg(train_cfg)
     for stage in ("val_cfg", "test_cfg"):
         mapping(cfg, stage)
     for stage in ("train", "val", "test"):
@@ -113,11 +115,19 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
     optim = mapping(cfg, "optim_wrapper")
     if optim is not None:
         _check_optim(optim)
-    for name, kind in (("default_hooks", dict), ("custom_hooks", list)):
-        value = cfg.get(name)
-        if value is not None and not isinstance(value, kind):
-            shape = "dict" if kind is dict else "list"
-            raise ConfigError(name, f"got {_show(value)}; takes a {shape} of hook configs")
+
+
+def check_train_cfg(train_cfg: dict) -> None:
+    """The training loop's keys of ``train_cfg``: ``by_epoch``, the length (``max_epochs`` /
+    ``max_iters``), ``val_interval``, ``val_begin`` and ``agree_every``.
+
+    A function of its own so that the one rule also serves a training loop built without a config
+    (a Runner constructed in Python never passes :func:`check_config`).
+    """
+    boolean(train_cfg, "by_epoch", "train_cfg")
+    for name in ("max_epochs", "max_iters", "val_interval", "val_begin"):
+        positive_int(train_cfg, name, "train_cfg")
+    positive_int(train_cfg, "agree_every", "train_cfg", allowed=("auto",))
 
 
 # MMCV 1.x (MMDetection 2.x, iMIX) top-level keys the Runner would ignore -> what replaced them
@@ -181,12 +191,12 @@ def _check_device(device: Any) -> None:
     import torch
 
     if not isinstance(device, (str, torch.device)):
-        raise ConfigError("device", f"got {_show(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
+        raise ConfigError("device", f"got {show_value(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
                                     f"None (automatic)")
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ConfigError("device", f"got {_show(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
+        raise ConfigError("device", f"got {show_value(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
                                     f"None (automatic)") from None
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
@@ -207,7 +217,7 @@ def _check_loader(loader: dict, key: str) -> None:
     dataset = loader.get("dataset")
     if dataset is not None and not isinstance(dataset, dict) and not hasattr(dataset,
                                                                               "__getitem__"):
-        raise ConfigError(f"{key}.dataset", f"got {_show(dataset)}; takes dict(type=...) or a "
+        raise ConfigError(f"{key}.dataset", f"got {show_value(dataset)}; takes dict(type=...) or a "
                                             f"dataset object")
 
 
@@ -218,13 +228,13 @@ def _check_optim(optim: dict) -> None:
         number(optimizer, "weight_decay", "optim_wrapper.optimizer")
         number(optimizer, "momentum", "optim_wrapper.optimizer")
     elif optimizer is not None and not hasattr(optimizer, "step"):
-        raise ConfigError("optim_wrapper.optimizer", f"got {_show(optimizer)}; takes "
+        raise ConfigError("optim_wrapper.optimizer", f"got {show_value(optimizer)}; takes "
                                                      f"dict(type='SGD', lr=...) or an optimizer")
     positive_int(optim, "accumulative_counts", "optim_wrapper")
     clip = optim.get("clip_grad")
     if clip is not None:
         if not isinstance(clip, dict):
-            raise ConfigError("optim_wrapper.clip_grad", f"got {_show(clip)}; takes None or "
+            raise ConfigError("optim_wrapper.clip_grad", f"got {show_value(clip)}; takes None or "
                                                          f"dict(max_norm=1.0)")
         number(clip, "max_norm", "optim_wrapper.clip_grad", exclusive=True)
 

@@ -4,9 +4,11 @@ A hook calls ``runner.request_stop(reason)``, ``runner.request_checkpoint(reason
 ``runner.request_val(reason)`` on any rank, at any mount point. The training loop calls
 :meth:`ControlRequests.resolve` at its safe points — after training iterations (counters
 advanced) and after every validation — on every rank. In a distributed run that is one
-all-reduce (MAX) of four flags, so a request raised on one rank only is seen by all ranks at the
-same iteration and nobody waits for a collective the others never enter. Reasons travel only when
-a flag is set (rare), with an ``all_gather_object``.
+all-reduce (MAX) of five ints: one flag per kind of request (:data:`KINDS`: checkpoint, val, stop,
+preempt) and the agreement interval rank 0 proposes (``agree_every='auto'``, below; 0 when it
+proposes none). So a request raised on one rank only is seen by all ranks at the same iteration
+and nobody waits for a collective the others never enter. Reasons travel only when a flag is set
+(rare), with an ``all_gather_object``.
 
 How often ranks agree after iterations is ``train_cfg.agree_every``: an int, or ``'auto'`` (the
 default): every iteration for the first :data:`AUTO_PROBE` iterations while rank 0 times the
@@ -29,7 +31,6 @@ from typing import Any
 import torch
 
 from . import dist
-from .errors import ConfigError
 
 KINDS = ("checkpoint", "val", "stop", "preempt")
 AUTO_PROBE = 20  # iterations timed before 'auto' picks its interval
@@ -38,27 +39,30 @@ AUTO_MAX = 50  # ... but requests wait at most this many iterations
 
 
 class ControlRequests:
-    """Pending requests of this rank, and their cross-rank resolution."""
+    """The requests raised on this rank and not resolved yet, and their cross-rank resolution.
+
+    ``unresolved`` is this rank's own flag, read without a collective: whether it holds a request
+    the ranks have not agreed on yet (the loop, when it does not agree on a schedule, resolves
+    only then).
+    """
 
     def __init__(self) -> None:
-        self._pending: dict[str, list[str]] = {k: [] for k in KINDS}
-        self.pending = False  # whether this rank has an unresolved request (no collective)
+        # kind -> the reasons given on this rank since the last resolution
+        self._reasons: dict[str, list[str]] = {k: [] for k in KINDS}
+        self.unresolved = False  # whether this rank holds a request not resolved yet
         self.agreed_extra = 0
         self.set_agree_every("auto")
         self.log: list[tuple[int, str, tuple[str, ...]]] = []  # (iter, kind, reasons) acted on
 
     def request(self, kind: str, reason: str) -> None:
+        """Note a request of ``kind`` on this rank; the loop acts on it once the ranks agree."""
         if kind not in KINDS:
             raise ValueError(f"unknown request {kind!r}; one of {', '.join(KINDS)}")
-        self._pending[kind].append(str(reason))
-        self.pending = True
+        self._reasons[kind].append(str(reason))
+        self.unresolved = True
 
     # -- how often ranks agree after iterations (train_cfg.agree_every) -------------------------
     def set_agree_every(self, agree_every: int | str) -> None:
-        if agree_every != "auto" and (isinstance(agree_every, bool)
-                                      or not isinstance(agree_every, int) or agree_every < 1):
-            raise ConfigError("train_cfg.agree_every", "'auto' or an int >= 1 (iterations between "
-                              "the ranks' agreements on requests)")
         self.agree_every = agree_every
         self.agree_n = 1 if agree_every == "auto" else agree_every  # the interval in force
         self._probing = agree_every == "auto"  # timing the first iterations to choose N
@@ -101,19 +105,19 @@ class ControlRequests:
         largest value any rank sent is left in :attr:`agreed_extra`.
         """
         if not dist.is_distributed():
-            if not self.pending:
+            if not self.unresolved:
                 return {}
-            agreed = {k: tuple(v) for k, v in self._pending.items() if v}
+            agreed = {k: tuple(v) for k, v in self._reasons.items() if v}
             self.clear()
             return agreed
-        flags = torch.tensor([1 if self._pending[k] else 0 for k in KINDS] + [int(extra)],
+        flags = torch.tensor([1 if self._reasons[k] else 0 for k in KINDS] + [int(extra)],
                              dtype=torch.int32)
         flags = dist.all_reduce(flags, "max")
         self.agreed_extra = int(flags[-1])
         flags = flags[:-1]
         if not int(flags.sum()):
             return {}
-        mine = {k: list(v) for k, v in self._pending.items() if v}
+        mine = {k: list(v) for k, v in self._reasons.items() if v}
         self.clear()
         agreed: dict[str, list[str]] = {}
         for rank, theirs in enumerate(dist.all_gather_object(mine)):
@@ -125,9 +129,10 @@ class ControlRequests:
         return {k: tuple(agreed.get(k, ())) for k, flag in zip(KINDS, flags.tolist()) if flag}
 
     def clear(self) -> None:
-        for reasons in self._pending.values():
+        """Forget this rank's unresolved requests (they were resolved, or are dropped)."""
+        for reasons in self._reasons.values():
             reasons.clear()
-        self.pending = False
+        self.unresolved = False
 
     def record(self, iteration: int, kind: str, reasons: tuple[str, ...],
                logger: logging.Logger | Any) -> None:

@@ -1,52 +1,68 @@
 """Hook dispatch: who runs at which mount point, decided once at registration.
 
-For every mount point the dispatcher keeps the ordered tuple of ``(bound method, slot)`` of the
-hooks that override it, and a generated caller (:mod:`distributed_runner.call_plan`) that calls
-exactly those hooks: no ``getattr``/``hasattr`` per call and no cost for hooks that do not
-implement it (50 registered hooks of which 2 implement a mount point cost what 2 cost). The
-callers are rebuilt whenever the tables change; the loops hold ``callers`` and call them directly.
+For every mount point the dispatcher keeps the ordered tuple of :class:`Slot` s — one per hook
+that implements it, holding the method to call and what calling it cost — and a caller generated
+from that table (:func:`compile_caller`) that calls exactly those hooks: no ``getattr`` per call
+and no cost for hooks that do not implement it (50 registered hooks of which 2 implement a mount
+point cost what 2 cost). :meth:`HookDispatcher.call_reference` is the same caller written as a
+plain loop; the generated one must behave exactly like it (tests/unit/test_dispatch_reference.py
+checks that). The callers are rebuilt whenever the tables change; the loops hold ``callers`` and
+call them directly. What one call of a mount point runs is all in this file; the reports (plan,
+timings) are in :mod:`distributed_runner.hook_report`.
 
-This module is the one place that calls hooks, so three cross-cutting policies live here:
+The dispatcher is the one place that calls hooks' *mount points*, so three policies live here:
 
 * **Order.** Priority value ascending, then registration order; ``before=['checkpoint']`` /
-  ``after=['ema']`` (registered names) refine the order *inside* one priority. A constraint that
-  contradicts the priorities, names an unknown hook or closes a cycle is a one-line error.
+  ``after=['ema']`` (registered names) refine the order *inside* one priority
+  (:mod:`distributed_runner.hook_order`). A constraint that contradicts the priorities, names an
+  unknown hook or closes a cycle is a one-line error.
 * **Timing, always on, sampled.** Every mount point call is counted. The first
   :data:`TIME_FIRST` calls of each mount point, and after that about one in
   :data:`TIME_EVERY` (a fixed pseudo-random pattern, so a hook that is slow every 10th iteration is
-  not aliased), add each hook's wall time to its (hook, mount point) slot — one
-  ``perf_counter_ns`` read per hook. A slot's time is its timed total scaled by calls / timed
-  calls: an estimate, exact for mount points called at most TIME_FIRST times. Untimed calls cost
-  the hook calls and nothing else — at several calls per iteration, a clock read per hook call
-  was a measurable part of the loop's own cost. Times are inclusive: a checkpoint hook's time
-  includes the ``before_save_checkpoint`` hooks it triggers.
+  not aliased), add each hook's wall time to its slot — one ``perf_counter_ns`` read per hook. A
+  slot's time is its timed total scaled by calls / timed calls: an estimate, exact for mount points
+  called at most TIME_FIRST times. Untimed calls cost the hook calls and nothing else. Times are
+  inclusive: a checkpoint hook's time includes the ``before_save_checkpoint`` hooks it triggers.
 * **Error policy.** ``on_error`` per hook (config key, else the class attribute, else ``'raise'``):
   ``'raise'`` re-raises with a note naming the hook and mount point; ``'warn'`` logs the first
   failure of each (hook, mount point) with its traceback, counts the rest and goes on;
   ``'disable'`` logs once and removes the hook from every table on this rank. ``disable`` is
-  local to the rank that failed: do not use it for a hook that runs collectives.
+  local to the rank that failed: do not use it for a hook that runs collectives. The hooks after a
+  failed one are still called.
+
+Hooks are also called *outside* the dispatcher, neither timed nor under ``on_error`` (a failure
+propagates): the step guards of :mod:`hooks.extension_points` (by the loop's step: their verdicts,
+combined over ranks, decide the step, so none may be skipped on one rank), ``save_on_request``
+(by ``Runner.save_requested_checkpoint``, on every rank: a requested or preemption checkpoint is
+written or fails loudly) and ``state_dict``/``load_state_dict`` (by the checkpoint code, through
+``Runner.stateful_hooks()``: a checkpoint without a hook's state would resume wrongly).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import random
-import re
 import weakref
-from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from hooks.extension_points import EXTENSION_POINTS, CheckpointSaver, SinkProvider, StepGuard
-from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS, Hook, imix_style_mounts, overrides
-from hooks.priority import get_priority, priority_name
+from hooks.hook import MOUNT_POINTS, Hook, check_mount_point_names, imix_style_mounts, overrides
+from hooks.priority import get_priority
 
-from .call_plan import Callers, compile_caller
-from .errors import ArgumentError, CheckpointWriteError, ConfigError, did_you_mean
-from .hook_order import names_of, order_entries
+from . import hook_report
+from .errors import ArgumentError, CheckpointWriteError, ConfigError
+from .hook_order import HookEntry, names_of, order_entries
+from .hook_report import HookTiming
 from .log import LOGGER_NAME
 
-_LOOKS_LIKE_MOUNT_POINT = re.compile(r"^(before|after)_")
+if TYPE_CHECKING:
+    from .runner_api import RunnerAPI
+
+__all__ = ["HookDispatcher", "HookEntry", "HookTiming", "Slot", "compile_caller"]
+
 TIME_FIRST = 16
 TIME_EVERY = 16
 _PATTERN_BITS = 12  # a pattern of 4096 calls, about 1 in TIME_EVERY set
@@ -58,85 +74,122 @@ ERROR_POLICIES = ("raise", "warn", "disable")
 _log = logging.getLogger(LOGGER_NAME)
 
 
-@dataclass
-class HookEntry:
-    """A registered hook: its name in the config, resolved priority, registration index and
-    dispatch policies."""
+class Slot:
+    """One hook at one mount point: the method its caller calls, and what calling it cost.
 
-    name: str
-    hook: Hook
-    priority: int
-    index: int
-    on_error: str = "raise"
-    before: tuple[str, ...] = ()
-    after: tuple[str, ...] = ()
-    key: str = ""
-    disabled: bool = False
-    errors: dict[str, int] = field(default_factory=dict)  # mount point -> failures
-    imix_mounts: frozenset[str] = frozenset()  # mount points written iMIX's way, no arguments
+    ``ns``/``timed``: nanoseconds and count of the timed calls; ``call_base``/``call_end``: the
+    mount point's call count when the slot entered its table and when it left it (its hook
+    disabled), so its calls are ``(call_end or the current count) - call_base`` without a counter
+    per hook call. A slot outlives a rebuild of the tables: its counts keep adding up.
+    """
+
+    __slots__ = ("entry", "mount", "method", "ns", "timed", "call_base", "call_end")
+
+    def __init__(self, entry: HookEntry, mount: str, method: Callable[..., None],
+                 call_base: int) -> None:
+        self.entry, self.mount, self.method = entry, mount, method
+        self.ns = self.timed = 0
+        self.call_base: int = call_base
+        self.call_end: Optional[int] = None
 
 
-@dataclass
-class HookTiming:
-    """Cumulative wall time of one hook at one mount point."""
+# -- the callers ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def mount_arguments(mount: str) -> tuple[str, ...]:
+    """The keyword arguments of mount point ``mount`` after ``runner`` (``Hook``'s signature):
+    hooks are called with all of them, as MMEngine's Runner does; one left out is None."""
+    return tuple(inspect.signature(getattr(Hook, mount)).parameters)[2:]
 
-    name: str
-    mount: str
-    seconds: float
-    calls: int
-    errors: int
+
+class Callers(dict):
+    """Mount point -> caller, each made at its first use after the tables last changed: cleared
+    in place on every change (a registration, a disabled hook), so registering N hooks does not
+    generate N x 23 functions and whoever holds it (the loops) gets the current callers."""
+
+    def __init__(self, make: Callable[[str], Callable[..., None]]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, mount: str) -> Callable[..., None]:
+        caller = self[mount] = self._make(mount)
+        return caller
+
+
+def compile_caller(mount: str, table: tuple[Slot, ...], env: dict[str, Any]
+                   ) -> Callable[..., None]:
+    """The generated caller of ``mount`` for ``table``; what it does is
+    :meth:`HookDispatcher.call_reference`, unrolled. For ``after_train_iter`` and two hooks::
+
+        def after_train_iter(batch_idx=None, data_batch=None, outputs=None):
+            n = counts['after_train_iter'] = counts['after_train_iter'] + 1
+            runner = runner_ref()
+            if timed[n & mask]:                  # the sampled, timed path
+                return call_timed(runner, table, {...})
+            at = 0
+            try:
+                h0(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+                at = 1
+                h1(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+            except Exception as exc:
+                failed(at, exc, runner, {...})   # the hook's policy, then the hooks after it
+
+    A loop over the table would cost, per hook, the loop step and unpacking the keyword dict
+    again — about as much as the default hooks' own work at ``before/after_train_iter``.
+    ``env``: ``counts`` (mount point -> calls), ``runner_ref``, ``timed`` and ``mask``,
+    ``call_timed(runner, table, kwargs)``, ``failed_at(table)`` -> ``failed(i, exc, runner,
+    kwargs)``."""
+    names = mount_arguments(mount)
+    params = ", ".join(f"{n}=None" for n in names)
+    passed = ", ".join(["runner"] + [f"{n}={n}" for n in names])
+    as_dict = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
+    lines = [f"def {mount}({params}):",
+             f"    n = counts[{mount!r}] = counts[{mount!r}] + 1"]
+    if table:
+        lines += ["    runner = runner_ref()",
+                  "    if timed[n & mask]:",
+                  f"        return call_timed(runner, table, {as_dict})",
+                  "    at = 0", "    try:"]
+        for i in range(len(table)):
+            if i:
+                lines.append(f"        at = {i}")
+            lines.append(f"        h{i}({passed})")
+        lines += ["    except Exception as exc:", f"        failed(at, exc, runner, {as_dict})"]
+    namespace: dict[str, Any] = {f"h{i}": slot.method for i, slot in enumerate(table)}
+    namespace.update(env, table=table, failed=env["failed_at"](table))
+    exec(compile("\n".join(lines), f"<hook dispatch: {mount}>", "exec"), namespace)  # noqa: S102
+    return namespace[mount]
 
 
 def _without_arguments(method: Callable[[], None]) -> Callable[..., None]:
     """An iMIX-style mount point (``def after_train_iter(self)``) as the dispatcher calls it."""
-    def call(runner: Any, **kwargs: Any) -> None:
+    def call(runner: RunnerAPI, **kwargs: Any) -> None:
         method()
     call.__qualname__ = getattr(method, "__qualname__", "imix_mount_point")
     return call
 
 
-def check_mount_point_names(hook: Hook, key: str) -> None:
-    """Reject a method whose name looks like a mount point but is not one.
-
-    ``after_train_iteration`` would otherwise be silently never called — the classic hook bug.
-    """
-    for cls in type(hook).__mro__:
-        if cls is Hook or cls is object:
-            continue
-        for attr, value in vars(cls).items():
-            if (callable(value) and _LOOKS_LIKE_MOUNT_POINT.match(attr)
-                    and attr not in MOUNT_POINTS):
-                raise ConfigError(key, f"{type(hook).__name__}.{attr} is not a mount point"
-                                       f"{did_you_mean(attr, MOUNT_POINTS)}; rename it, or "
-                                       f"prefix it with '_' if it is a helper")
-
-
 class HookDispatcher:
-    """Ordered hooks and per-mount-point call tables for one runner."""
+    """Ordered hooks and per-mount-point call tables for one runner.
 
-    def __init__(self, runner: Any) -> None:
+    ``generated=False`` makes every caller :meth:`call_reference` (the plain loop) instead of the
+    generated function: slower, the same behaviour; for tests and for debugging dispatch itself.
+    """
+
+    def __init__(self, runner: RunnerAPI, generated: bool = True) -> None:
         # Hooks are called with the runner itself (as MMEngine does: attribute access through a
         # proxy costs on every use); the dispatcher holds it weakly, so a runner and its
         # dispatcher do not keep each other alive.
         self._runner_ref = weakref.ref(runner)
         self._entries: list[HookEntry] = []
-        self._tables: dict[str, tuple[tuple[Callable, int], ...]] = {m: () for m in MOUNT_POINTS}
-        # per (entry, mount point) slot: cumulative nanoseconds and call counts
-        self._slots: list[tuple[HookEntry, str]] = []
-        self._slot_of: dict[tuple[int, str], int] = {}
-        self._ns: list[int] = []
-        self._timed: list[int] = []  # per slot: how many of its calls were timed
+        self._tables: dict[str, tuple[Slot, ...]] = {m: () for m in MOUNT_POINTS}
+        self._slots: list[Slot] = []  # every slot ever made, in creation order
+        self._slot_of: dict[tuple[int, str], Slot] = {}  # (id(entry), mount point) -> slot
         self._mount_calls: dict[str, int] = {m: 0 for m in MOUNT_POINTS}
-        # mount point -> its generated caller (call_plan.py), made at first use after each
-        # change of the tables; the loops call these directly
-        self.callers = Callers(self._compile)
+        # mount point -> its caller, made when first used after a change; the loops call these
+        self.callers = Callers(self._compile if generated else self._reference)
         self._env = {"counts": self._mount_calls, "runner_ref": self._runner_ref,
                      "timed": _TIMED, "mask": _PATTERN_MASK, "call_timed": self._call_timed,
                      "failed_at": self._failed_at}
-        # per slot: the mount point's call count when the slot entered its table, and when it
-        # left it (disabled); calls = (end or current) - start
-        self._call_base: list[int] = []
-        self._call_end: list[int | None] = []
         # the declared extension points (hooks.extension_points), recomputed with the tables
         self.step_guards: tuple[StepGuard, ...] = ()
         self._extensions: dict[str, tuple[HookEntry, ...]] = {}
@@ -173,29 +226,26 @@ class HookDispatcher:
         """Validate every ordering constraint now that all hooks are registered."""
         self._rebuild(strict=True)
 
+    def _slot(self, entry: HookEntry, mount: str) -> Slot:
+        """The slot of ``entry`` at ``mount``, made on first use (its calls count from then), its
+        method looked up again at every rebuild of the tables."""
+        method = getattr(entry.hook, mount)
+        if mount in entry.imix_mounts:
+            method = _without_arguments(method)
+        slot = self._slot_of.get((id(entry), mount))
+        if slot is None:
+            slot = self._slot_of[(id(entry), mount)] = Slot(entry, mount, method,
+                                                            self._mount_calls[mount])
+            self._slots.append(slot)
+        slot.method = method
+        return slot
+
     def _rebuild(self, strict: bool = True, strict_for: HookEntry | None = None) -> None:
         self._entries = order_entries(self._entries, strict, strict_for)
-        tables = {}
-        for mount in MOUNT_POINTS:
-            row = []
-            for e in self._entries:
-                if e.disabled or not overrides(e.hook, mount):
-                    continue
-                slot = self._slot_of.get((id(e), mount))
-                if slot is None:
-                    slot = self._slot_of[(id(e), mount)] = len(self._slots)
-                    self._slots.append((e, mount))
-                    self._ns.append(0)
-                    self._timed.append(0)
-                    self._call_base.append(self._mount_calls[mount])
-                    self._call_end.append(None)
-                method = getattr(e.hook, mount)
-                row.append((_without_arguments(method) if mount in e.imix_mounts else method,
-                            slot))
-            tables[mount] = tuple(row)
-        self._tables = tables
-        self.callers.clear()  # in place: whoever holds it (the loops) gets the new callers
         live = [e for e in self._entries if not e.disabled]
+        self._tables = {mount: tuple(self._slot(e, mount) for e in live
+                                     if overrides(e.hook, mount)) for mount in MOUNT_POINTS}
+        self.callers.clear()  # in place: whoever holds it (the loops) gets the new callers
         self._extensions = {point: tuple(e for e in live if isinstance(e.hook, cls))
                             for point, cls in EXTENSION_POINTS.items()}
         self.step_guards = tuple(e.hook for e in self._extensions["step guard"])
@@ -204,39 +254,66 @@ class HookDispatcher:
     def _compile(self, mount: str) -> Callable[..., None]:
         return compile_caller(mount, self._tables[mount], self._env)
 
+    def _reference(self, mount: str) -> Callable[..., None]:
+        return functools.partial(self.call_reference, mount)
+
     def call(self, mount: str, **kwargs: Any) -> None:
         """Run ``mount`` on every hook that implements it, in order — the hot path: one counter
         per call; a clock read per hook only on the timed calls (module docstring)."""
         self.callers[mount](**kwargs)
 
-    def _failed_at(self, table: tuple) -> Callable:
-        """For a compiled mount point: the policy of the hook at ``i``, then the hooks after it
-        (each still under its own policy), as the plain loop would."""
-        def failed(i: int, exc: Exception, runner: Any, kwargs: dict) -> None:
-            self._failed(table[i][1], exc)
-            for fn, slot in table[i + 1:]:
+    def call_reference(self, mount: str, **kwargs: Any) -> None:
+        """What a generated caller does (:func:`compile_caller`), as a plain loop: count the call;
+        on a sampled call time each hook; call each hook with every argument of the mount
+        point's signature (None when not given); apply a failed hook's policy and go on with the
+        hooks after it."""
+        names = mount_arguments(mount)
+        unexpected = sorted(set(kwargs) - set(names))
+        if unexpected:
+            raise TypeError(f"{mount}() got an unexpected keyword argument {unexpected[0]!r}")
+        n = self._mount_calls[mount] = self._mount_calls[mount] + 1
+        table = self._tables[mount]
+        if not table:
+            return
+        runner = self._runner_ref()
+        arguments = {name: kwargs.get(name) for name in names}
+        if _TIMED[n & _PATTERN_MASK]:
+            self._call_timed(runner, table, arguments)
+            return
+        for slot in table:
+            try:
+                slot.method(runner, **arguments)
+            except Exception as exc:  # noqa: BLE001 - the hook's policy decides
+                self._failed(slot, exc)
+
+    def _failed_at(self, table: tuple[Slot, ...]) -> Callable[..., None]:
+        """For a generated caller: the policy of the hook at ``i``, then the hooks after it
+        (each still under its own policy), as :meth:`call_reference` does."""
+        def failed(i: int, exc: Exception, runner: RunnerAPI, kwargs: dict) -> None:
+            self._failed(table[i], exc)
+            for slot in table[i + 1:]:
                 try:
-                    fn(runner, **kwargs)
+                    slot.method(runner, **kwargs)
                 except Exception as later:  # noqa: BLE001 - the hook's policy decides
                     self._failed(slot, later)
         return failed
 
-    def _call_timed(self, runner: Any, table: tuple, kwargs: dict) -> None:
+    def _call_timed(self, runner: RunnerAPI, table: tuple[Slot, ...], kwargs: dict) -> None:
         """One clock read per hook: each hook's time runs from the previous hook's end."""
-        ns, timed = self._ns, self._timed
         clock = start = perf_counter_ns()
-        for fn, slot in table:
+        for slot in table:
             try:
-                fn(runner, **kwargs)
+                slot.method(runner, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the hook's policy decides
                 self._failed(slot, exc)
             clock = perf_counter_ns()
-            ns[slot] += clock - start
-            timed[slot] += 1
+            slot.ns += clock - start
+            slot.timed += 1
             start = clock
 
-    def _failed(self, slot: int, exc: Exception) -> None:
-        entry, mount = self._slots[slot]
+    def _failed(self, slot: Slot, exc: Exception) -> None:
+        """Apply the error policy of ``slot``'s hook to ``exc`` (module docstring)."""
+        entry, mount = slot.entry, slot.mount
         entry.errors[mount] = entry.errors.get(mount, 0) + 1
         where = f"hook {entry.name!r} ({type(entry.hook).__name__}) at {mount}"
         if isinstance(exc, ArgumentError):  # a bad argument found late: name its real config path
@@ -250,9 +327,9 @@ class HookDispatcher:
             _log.warning("%s failed and is disabled for the rest of this run (on_error="
                          "'disable'): %s: %s", where, type(exc).__name__, exc, exc_info=exc)
             entry.disabled = True
-            for i, (e, m) in enumerate(self._slots):
-                if e is entry:
-                    self._call_end[i] = self._mount_calls[m]
+            for other in self._slots:
+                if other.entry is entry:
+                    other.call_end = self._mount_calls[other.mount]
             self._rebuild()
         elif entry.errors[mount] == 1:
             _log.warning("%s failed (on_error='warn'; later failures there are only counted): "
@@ -276,21 +353,18 @@ class HookDispatcher:
             raise
         self.call(after)
 
-    # -- introspection -------------------------------------------------------------------------
+    # -- what the Runner asks --------------------------------------------------------------------
     @property
     def entries(self) -> list[HookEntry]:
         return list(self._entries)
 
     def hook_named(self, name: str) -> Hook | None:
-        for e in self._entries:
-            if e.name == name:
-                return e.hook
-        return None
+        return next((e.hook for e in self._entries if e.name == name), None)
 
     def checkpoint_saver(self) -> CheckpointSaver | None:
         """The first :class:`~hooks.extension_points.CheckpointSaver` in call order, or None."""
         savers = self._extensions.get("checkpoint on request", ())
-        return savers[0].hook if savers else None
+        return savers[0].hook if savers else None  # type: ignore[return-value]
 
     def sink_specs(self) -> list[tuple[str, Any]]:
         """``(config key of the sink, spec)`` for every sink the
@@ -301,68 +375,20 @@ class HookDispatcher:
             out += [(f"{e.key}.sinks[{i}]", spec) for i, spec in enumerate(hook.sink_specs)]
         return out
 
+    # -- reports (distributed_runner.hook_report) -------------------------------------------------
     def timings(self) -> list[HookTiming]:
         """Cumulative time per (hook, mount point) that was called, slowest first."""
-        out = []
-        for i, (e, mount) in enumerate(self._slots):
-            calls = self._calls(i)
-            if calls or e.errors:
-                out.append(HookTiming(e.name, mount, self._seconds(i, calls), calls,
-                                      e.errors.get(mount, 0)))
-        return sorted(out, key=lambda t: -t.seconds)
-
-    def _calls(self, slot: int) -> int:
-        end = self._call_end[slot]
-        mount = self._slots[slot][1]
-        return (self._mount_calls[mount] if end is None else end) - self._call_base[slot]
-
-    def _seconds(self, slot: int, calls: int) -> float:
-        """The slot's timed nanoseconds scaled to all its calls (an estimate when sampled)."""
-        timed = self._timed[slot]
-        return self._ns[slot] / 1e9 * (calls / timed if timed else 0.0)
+        return hook_report.timings(self._slots, self._mount_calls)
 
     def seconds_by_hook(self) -> dict[str, float]:
         """Cumulative time per hook over all its mount points (estimated; module docstring)."""
-        total: dict[str, float] = {}
-        for i, (e, _) in enumerate(self._slots):
-            total[e.name] = total.get(e.name, 0.0) + self._seconds(i, self._calls(i))
-        return total
+        return hook_report.seconds_by_hook(self._slots, self._mount_calls)
 
     def plan(self) -> dict[str, list[tuple[str, int]]]:
         """Mount point -> [(hook name, priority)] in call order, only non-empty mount points."""
-        plan: dict[str, list[tuple[str, int]]] = {}
-        for mount in MOUNT_POINTS:
-            calls = self._tables[mount]
-            if calls:
-                plan[mount] = [(self._slots[slot][0].name, self._slots[slot][0].priority)
-                               for _, slot in calls]
-        return plan
+        return hook_report.plan(self._tables)
 
     def plan_text(self) -> str:
         """The hook plan as the runner logs it and ``drun hooks`` prints it."""
-        width = max((len(e.name) for e in self._entries), default=4)
-        lines = ["Hooks (in call order):"]
-        for e in self._entries:
-            extra = [f"on_error={e.on_error}"] if e.on_error != "raise" else []
-            extra += [f"after={','.join(e.after)}"] if e.after else []
-            extra += [f"before={','.join(e.before)}"] if e.before else []
-            extra += ["DISABLED"] if e.disabled else []
-            lines.append(f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
-                         f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip())
-        lines.append("Mount points:")
-        for mount, calls in self.plan().items():
-            added = "  [added to MMEngine's]" if mount in ADDED_MOUNT_POINTS else ""
-            lines.append(f"  {mount:<22} " + " -> ".join(f"{n} ({p})" for n, p in calls) + added)
-        points = [(point, entries) for point, entries in self._extensions.items() if entries]
-        if points:
-            lines.append("Extension points:")
-        for point, entries in points:
-            if point == "log sinks":
-                names = [spec if isinstance(spec, str) else
-                         spec.get("type", "?") if isinstance(spec, dict) else type(spec).__name__
-                         for _, spec in self.sink_specs()]
-                text = f"{', '.join(e.name for e in entries)}: {', '.join(map(str, names))}"
-            else:
-                text = " -> ".join(e.name for e in entries)
-            lines.append(f"  {point:<22} {text}")
-        return "\n".join(lines)
+        return hook_report.plan_text(self._entries, self._tables, self._extensions,
+                                     self.sink_specs())

@@ -11,10 +11,11 @@ the run the config describes, what the optimizer sees must not depend on the siz
   micro-batches of ``m <= batch_size`` samples (``m x c x w = G``): the configured batch size
   is the most a rank ever holds at once. Every size in ``min..max`` must divide ``G`` (checked
   on the driver before any worker starts).
-* **One iteration is one optimizer step over one global batch**, at every size: the loop runs
-  the rank's micro-batches (DDP all-reduces once, after the last), scales each loss by ``1/c``
-  and steps. So ``max_iters``, epoch lengths, ``param_scheduler`` positions, logging,
-  validation and checkpoint intervals and the learning rate are the same at every size.
+* **One iteration is one optimizer step over one global batch**, at every size: the step
+  (step.py's ElasticStep) runs the rank's micro-batches (DDP all-reduces once, after the
+  last), scales each loss by ``1/c`` and steps. So ``max_iters``, epoch lengths,
+  ``param_scheduler`` positions, logging, validation and checkpoint intervals and the learning
+  rate are the same at every size.
 * **The sample order is fixed**: an epoch is the permutation ``DefaultSampler`` draws from
   ``(seed, epoch)``, cut into consecutive global batches (the last one completed by wrapping
   around, or dropped with ``drop_last=True``); rank ``r`` takes every ``w``-th sample of each,
@@ -33,14 +34,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import torch
 from torch.utils.data import DataLoader
 
 from .data import DefaultSampler, epoch_order
 from .errors import ConfigError
-from .step import call_model, move_to, parse_losses, with_grad_norm
 
 
 def elastic_range(launcher: Any) -> tuple[int, int] | None:
@@ -160,7 +159,7 @@ class GlobalBatchSampler:
 
 
 class MicroBatches(list):
-    """One rank's share of one global batch: the loop trains it as one step."""
+    """One rank's share of one global batch: step.py's ElasticStep trains it as one step."""
 
 
 class GlobalBatchLoader:
@@ -208,7 +207,7 @@ def regroup(loader: Any, plan: GlobalBatchPlan) -> GlobalBatchLoader:
 def elastic_training(loader: Any, optim_wrapper: Any, launcher: Any, world_size: int,
                      rank: int) -> tuple[Any, Any, GlobalBatchPlan | None]:
     """The train loader and optim_wrapper config as an elastic run uses them (re-cut into
-    global batches; accumulation done by the loop inside each step), and the plan; unchanged
+    global batches; accumulation done by the step, step.py's ElasticStep), and the plan; unchanged
     and None when the launcher is not elastic."""
     sizes = elastic_range(launcher)
     if sizes is None:
@@ -228,32 +227,3 @@ def elastic_training(loader: Any, optim_wrapper: Any, launcher: Any, world_size:
         optim_wrapper = {**optim_wrapper, "accumulative_counts": 1}
     plan = GlobalBatchPlan.build(global_batch, batch_size, world_size, rank)
     return regroup(loader, plan), optim_wrapper, plan
-
-
-def train_global_batch(runner: Any, micro_batches: MicroBatches,
-                       step_allowed: Callable[[torch.Tensor, tuple], bool]) -> dict:
-    """One optimizer step over this rank's micro-batches: each loss scaled by ``1/c``; DDP's
-    all-reduce only after the last; step guards judge every micro-batch (the ranks agree, and
-    every rank has as many); a rejected one drops the whole step."""
-    model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
-    count, to_device = len(micro_batches), runner.device.type != "cpu"
-    logged: dict[str, Any] = {}
-    for i, data in enumerate(micro_batches):
-        last = i == count - 1
-        if to_device:
-            data = move_to(data, runner.device)
-        with optim_wrapper.micro_batch_context(model, sync=last):
-            losses = call_model(model, data, "loss")
-        loss, log_vars = parse_losses(losses)
-        for key, value in log_vars.items():  # the logged values: means over the micro-batches
-            logged[key] = logged.get(key, 0) + value / count
-        if runner.step_guards and not step_allowed(loss, runner.step_guards):
-            optim_wrapper.skip_update()
-            logged["skipped_steps"] = 1.0
-            return logged
-        if last:
-            optim_wrapper.update_params(loss / count)
-        else:
-            optim_wrapper.backward(loss / count)
-    return with_grad_norm(optim_wrapper, logged)
-

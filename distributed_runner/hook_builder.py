@@ -28,6 +28,7 @@ from typing import Any
 from hooks.hook import Hook
 from hooks.priority import imix_level
 
+from .config_check import show_value
 from .errors import ConfigError
 from .registry import HOOKS, accepts
 
@@ -58,12 +59,23 @@ def launcher_type(launcher: Any) -> str:
     return str(launcher)
 
 
+def custom_hook_list(custom_hooks: Any) -> list:
+    """``custom_hooks`` as a list (``[]`` for None), else the one error for its shape.
+
+    Checked here and nowhere else because every way to hooks comes through this module:
+    ``Runner.from_cfg``, a Runner built in Python, the Ray driver and each worker, ``drun hooks``.
+    """
+    if custom_hooks is None:
+        return []
+    if not isinstance(custom_hooks, (list, tuple)):
+        raise ConfigError("custom_hooks", f"got {show_value(custom_hooks)}; takes a list of hook "
+                                          f"configs, e.g. [dict(type='EMAHook')]")
+    return list(custom_hooks)
+
+
 def with_launcher_hooks(custom_hooks: list | None, launcher: Any) -> list:
     """``custom_hooks`` followed by the hooks ``launcher`` adds (:data:`LAUNCHER_HOOKS`)."""
-    if custom_hooks is not None and not isinstance(custom_hooks, (list, tuple)):
-        raise ConfigError("custom_hooks", "must be a list of hook configs, e.g. "
-                                          "[dict(type='EMAHook')]")
-    return [*(custom_hooks or []), *LAUNCHER_HOOKS.get(launcher_type(launcher), [])]
+    return [*custom_hook_list(custom_hooks), *LAUNCHER_HOOKS.get(launcher_type(launcher), [])]
 
 
 def default_name(hook_type: Any) -> str:
@@ -76,13 +88,16 @@ def default_name(hook_type: Any) -> str:
 
 
 def merge_default_hooks(user: dict | None) -> dict[str, Any]:
-    """Apply the user's ``default_hooks`` to the built-in set (rules in the module docstring)."""
+    """Apply the user's ``default_hooks`` to the built-in set (rules in the module docstring).
+
+    The only check that ``default_hooks`` is a dict, for the reason :func:`custom_hook_list` gives.
+    """
     merged: dict[str, Any] = copy.deepcopy(DEFAULT_HOOKS)
     if user is None:
         return merged
     if not isinstance(user, dict):
-        raise ConfigError("default_hooks", "must be a dict of name -> hook config (or None to "
-                                           "remove a default)")
+        raise ConfigError("default_hooks", f"got {show_value(user)}; takes a dict of name -> "
+                                           f"hook config (None removes a default)")
     for name, spec in user.items():
         if spec is None:
             merged.pop(name, None)
@@ -118,7 +133,8 @@ def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
         reserved["priority"] = imix_level(args.pop("level"), f"{key}.level")
     hook = HOOKS.build(args, key)
     if not isinstance(hook, Hook):
-        raise ConfigError(f"{key}.type", f"{type(hook).__name__} is not a Hook: subclass hooks.Hook")
+        raise ConfigError(f"{key}.type", f"{type(hook).__name__} is not a Hook: subclass "
+                                         f"hooks.Hook")
     return hook, reserved
 
 
@@ -131,13 +147,8 @@ def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
         hook, reserved = build_hook(spec, key)
         reserved.pop("name", None)  # a default hook's name is its key
         out.append((name, hook, reserved, key))
-    if custom_hooks is None:
-        return out
-    if not isinstance(custom_hooks, (list, tuple)):
-        raise ConfigError("custom_hooks", "must be a list of hook configs, e.g. "
-                                          "[dict(type='EMAHook')]")
     taken = {name for name, *_ in out}
-    for i, spec in enumerate(custom_hooks):
+    for i, spec in enumerate(custom_hook_list(custom_hooks)):
         key = f"custom_hooks[{i}]"
         hook, reserved = build_hook(spec, key)
         name = reserved.get("name") or default_name(spec.get("type") if isinstance(spec, dict)

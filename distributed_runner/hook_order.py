@@ -1,23 +1,46 @@
-"""Hook order: priority, then registration, refined by ``before``/``after`` constraints.
+"""Registered hooks (:class:`HookEntry`) and their order: priority, then registration, refined
+by ``before``/``after`` constraints.
 
 ``before=['checkpoint']`` / ``after=['ema']`` (registered names) order hooks *inside* one priority
 (a stable topological sort). A constraint that contradicts the priorities, names an unknown hook
 or closes a cycle is a one-line error naming the config key.
+
+:class:`HookEntry` lives here, below the dispatcher, because ordering is the first thing done with
+it: the dispatcher (:mod:`distributed_runner.dispatch`) and the report
+(:mod:`distributed_runner.hook_report`) import it from here, and this module imports neither.
 """
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
+from hooks.hook import Hook
 from hooks.priority import priority_name
 
 from .errors import ConfigError, did_you_mean
 
-if TYPE_CHECKING:
-    from .dispatch import HookEntry
+
+@dataclass
+class HookEntry:
+    """A registered hook: its name in the config, resolved priority, registration index, ordering
+    constraints and dispatch policies (``on_error``; ``disabled`` once that policy removed it)."""
+
+    name: str
+    hook: Hook
+    priority: int
+    index: int
+    on_error: str = "raise"
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    key: str = ""
+    disabled: bool = False
+    errors: dict[str, int] = field(default_factory=dict)  # mount point -> failures
+    imix_mounts: frozenset[str] = frozenset()  # mount points written iMIX's way, no arguments
 
 
 def names_of(value: Any, key: str) -> tuple[str, ...]:
+    """A ``before``/``after`` value (a name or a list of names) as a tuple of names."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -77,6 +100,7 @@ def order_entries(entries: Sequence[HookEntry], strict: bool = True,
 
 
 def _find_cycle(succ: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``succ`` (every node in it has a successor in it), for the error message."""
     start = next(iter(succ))
     path, seen = [start], {start: 0}
     while True:

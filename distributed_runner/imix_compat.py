@@ -159,9 +159,10 @@ IMIX_TABLE = "see the README's iMIX table ('MMEngine and iMIX users')"
 
 def translate_imix_hooks(cfg: dict) -> list[str]:
     """Replace iMIX hook entries of ``cfg['custom_hooks']`` by their equivalents (in place);
-    returns one note per entry replaced."""
+    returns one note per entry replaced. Any other shape is left for the hook builder to refuse
+    (:func:`~distributed_runner.hook_builder.custom_hook_list`)."""
     hooks = cfg.get("custom_hooks")
-    if not isinstance(hooks, list):
+    if not isinstance(hooks, (list, tuple)):
         return []
     from .registry import HOOKS
     kept, notes, added = [], [], []

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import re
 from time import monotonic as _clock
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import dist
 from .counting import every_nth
 from .errors import ArgumentError
+
+if TYPE_CHECKING:
+    from .runner_api import RunnerAPI
 
 _SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _UNITS = {"it": ("iter", 1), "iter": ("iter", 1), "iters": ("iter", 1),
@@ -66,7 +69,7 @@ class Interval:
     def never(self) -> bool:
         return self.kind == "never"
 
-    def due_after_iter(self, runner: Any, start: int = 0) -> bool:
+    def due_after_iter(self, runner: RunnerAPI, start: int = 0) -> bool:
         """At ``after_train_iter``: an iteration interval or a wall-time interval is due."""
         if self.kind == "iter":
             return every_nth(runner.iter + 1 - start, self.every)
@@ -74,7 +77,7 @@ class Interval:
             return self.time_due()
         return False
 
-    def due_after_epoch(self, runner: Any, start: int = 0) -> bool:
+    def due_after_epoch(self, runner: RunnerAPI, start: int = 0) -> bool:
         """At ``after_train_epoch``: an epoch interval is due."""
         return self.kind == "epoch" and every_nth(runner.epoch + 1 - start, self.every)
 

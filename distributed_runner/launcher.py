@@ -31,7 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import Config, import_custom_modules, to_plain
+from . import registry
+from .config import Config, to_plain
+from .config_prep import prepare_config
 from .elastic import check_elastic_config
 from .errors import ConfigError, did_you_mean
 from .ray_connect import (announced_path, check_storage, forwarded_env, probe_address,
@@ -59,11 +61,11 @@ def normalize_launcher(spec: Any) -> dict | None:
     if spec.get("type", "ray") != "ray":
         raise ConfigError("launcher.type", f"unknown launcher {spec['type']!r}: use 'none' or "
                                            f"'ray'")
+    options = ", ".join(k for k in RAY_DEFAULTS if k != "type")
     for key in spec:
         if key not in RAY_DEFAULTS:
             raise ConfigError(f"launcher.{key}", f"unknown option{did_you_mean(key, RAY_DEFAULTS)};"
-                                                 f" the ray launcher takes "
-                                                 f"{', '.join(k for k in RAY_DEFAULTS if k != 'type')}")
+                                                 f" the ray launcher takes {options}")
     out = {**RAY_DEFAULTS, **spec}
     out["num_workers"] = _worker_count(out["num_workers"])
     if not isinstance(out["elastic_resize_monitor_interval_s"], (int, float)) \
@@ -95,54 +97,54 @@ def _worker_count(value: Any) -> int | tuple[int, int]:
 
 
 def validate_config(cfg: dict) -> None:
-    """Check, without building the model or the data, that the config's parts resolve.
+    """Check on the Ray driver, before any worker starts, that the config will build — without
+    building the model or the data.
 
-    Hooks are cheap and built for real (their priorities and arguments checked); models, datasets,
-    optimizers, schedulers and metrics are only resolved and their arguments matched against the
-    constructors' signatures.
+    The config is prepared as each worker's ``Runner.from_cfg`` prepares it
+    (:func:`~distributed_runner.config_prep.prepare_config`), on a copy: the workers get it as
+    given and log the iMIX notes themselves; the device is theirs to check. Then what is the
+    driver's own: the hooks planned (built and checked; their sinks checked, not built), the sizes
+    of an elastic group, and models, datasets, metrics, optimizers and schedulers resolved, their
+    arguments matched against the constructors' signatures.
     """
-    from . import registry
     from .hook_builder import plan_hooks
-    from .imix_compat import translate_imix_hooks
 
-    import_custom_modules(cfg.get("custom_imports"))  # the driver's side of Runner.from_cfg
-    registry.set_default_scope(cfg.get("default_scope"))
-    cfg = dict(cfg)
-    translate_imix_hooks(cfg)  # as each worker's Runner.from_cfg will (and log it there)
-    for key in ("work_dir", "model"):
-        if cfg.get(key) is None:
-            raise ConfigError(key, f"missing: set {key} in the config")
-    from .config_check import check_config
-    from .runner import OTHER_CONFIG_KEYS, RUNNER_KEYS
-    check_config({k: v for k, v in cfg.items() if k != "device"}, RUNNER_KEYS,
-                 OTHER_CONFIG_KEYS)  # the device is the workers' (the driver may have no GPU)
-    plan_hooks(cfg)  # hooks built and checked, sinks' names and arguments checked, none built
+    cfg, _ = prepare_config(dict(cfg), check_device=False)
+    plan_hooks(cfg)
     check_elastic_config(cfg)  # every size of an elastic group splits the global batch evenly
-
-    def check(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
-        if isinstance(spec, dict):
-            if "type" not in spec:
-                raise ConfigError(key, "missing 'type'")
-            cls = reg.resolve(spec["type"], key)
-            check_arguments(cls, {k: v for k, v in spec.items() if k != "type"}, key,
-                            supplied=supplied)
-
-    check(registry.MODELS, cfg["model"], "model")
+    _check_spec(registry.MODELS, cfg["model"], "model")
     for stage in ("train", "val", "test"):
         loader = cfg.get(f"{stage}_dataloader")
         if isinstance(loader, dict) and loader.get("type") != "RayDataLoader":
-            check(registry.DATASETS, loader.get("dataset"), f"{stage}_dataloader.dataset")
+            _check_spec(registry.DATASETS, loader.get("dataset"), f"{stage}_dataloader.dataset")
         evaluator = cfg.get(f"{stage}_evaluator")
-        for i, metric in enumerate(evaluator if isinstance(evaluator, list) else [evaluator]):
-            check(registry.METRICS, metric, f"{stage}_evaluator" + (f"[{i}]" if
-                                                                    isinstance(evaluator, list)
-                                                                    else ""))
+        if isinstance(evaluator, list):
+            for i, metric in enumerate(evaluator):
+                _check_spec(registry.METRICS, metric, f"{stage}_evaluator[{i}]")
+        else:
+            _check_spec(registry.METRICS, evaluator, f"{stage}_evaluator")
+    _check_optim_parts(cfg)
+
+
+def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
+    """A ``dict(type=...)`` resolves in ``reg`` and its arguments fit the constructor (anything
+    else, e.g. an object already built, is left to the worker)."""
+    if isinstance(spec, dict):
+        if "type" not in spec:
+            raise ConfigError(key, "missing 'type'")
+        cls = reg.resolve(spec["type"], key)
+        check_arguments(cls, {k: v for k, v in spec.items() if k != "type"}, key,
+                        supplied=supplied)
+
+
+def _check_optim_parts(cfg: dict) -> None:
+    """The optimizer, the paramwise options and the schedulers, resolved without a model."""
     optim = cfg.get("optim_wrapper")
     if isinstance(optim, dict):
-        check(registry.OPTIMIZERS, optim.get("optimizer"), "optim_wrapper.optimizer",
-              supplied=("params",))
+        _check_spec(registry.OPTIMIZERS, optim.get("optimizer"), "optim_wrapper.optimizer",
+                    supplied=("params",))
         if "paramwise_cfg" in optim or "constructor" in optim:
-            from .optim_constructor import constructor_for
+            from .optim import constructor_for
             constructor_for(optim)  # checks its options without a model
     schedulers = cfg.get("param_scheduler")
     for i, sched in enumerate(schedulers if isinstance(schedulers, list) else [schedulers]):

@@ -6,14 +6,16 @@ A whole ``Runner.train()``::
     before_run
     (resume / load_from: after_load_checkpoint(checkpoint), then the state is restored from it)
     before_train
+    step = choose_step(runner)                              # once (model_steps.py): one of
+                                                            # step.py's plain, guarded, own
+                                                            # train_step or elastic steps
     [validation, if the checkpoint resumed from was saved before a validation that was due]
     for epoch in range(start_epoch, max_epochs):            # EpochBasedTrainLoop
         before_train_epoch
         for batch_idx, data_batch in dataloader:            # resumed epochs skip consumed batches
             before_train_iter(batch_idx, data_batch)
-            outputs = train_step(data_batch)                # forward(mode='loss'), step guards
-                                                            # (agreed by all ranks), backward, step
-            after_train_iter(batch_idx, data_batch, outputs)
+            outputs = step(data_batch)                      # the values to log
+            after_train_iter(batch_idx, data_batch, outputs)  # the iteration counts as done
             iter += 1                                       # runner.train_state advances
             act on requests                                 # agreed by all ranks every agree_every
                                                             # iters: checkpoint, val, stop, preempt
@@ -24,62 +26,64 @@ A whole ``Runner.train()``::
             before_val; before_val_epoch                    # then the model is put in eval mode
             for batch_idx, data_batch in val_dataloader:
                 before_val_iter(batch_idx, data_batch)
-                outputs = predict_step(data_batch); evaluator.process(data_batch, outputs)
+                outputs = predict(data_batch); evaluator.process(data_batch, outputs)
                 after_val_iter(batch_idx, data_batch, outputs)
             metrics = evaluator.evaluate()                  # gathered from all ranks
             after_val_epoch(metrics)                        # save-best, early stopping
-            after_val
+            after_val                                       # the model is back in train mode
             act on requests                                 # early stopping's stop lands here
         if stop_training: break
     act on requests still pending                           # raised after the last agreement
     after_train                                             # also when training raised
+    an async_save still being written commits               # not when training raised
     after_run                                               # also when training raised
     close the sinks                                         # also when training raised
 
-Saving a checkpoint (``Runner.save_checkpoint``): ``before_save_checkpoint(checkpoint)`` -> sinks
-flushed, rank 0 writes -> ``after_save_checkpoint(path, checkpoint)`` on every rank (RayReportHook
-reports it to Ray). ``Runner.test()``: ``before_run -> load -> before_test -> before_test_epoch ->
-iters -> after_test_epoch(metrics) -> after_test -> after_run``; ``Runner.val()`` likewise. The
-IterBasedTrainLoop runs ``max_iters`` steps over an endless pass of the data (reshuffled at each
-wrap) between one ``before_train_epoch`` / ``after_train_epoch``. In an elastic run a data_batch is
-the rank's micro-batches of one global batch, and train_step one optimizer step over them. A
-model written MMEngine's way (its train_step/val_step/test_step, a data_preprocessor) is called
-as model_steps.py says.
+A step guard's rollback (NonFiniteLossHook) raises out of the step: every rank restores the newest
+checkpoint (``Runner.rollback``) and training goes on from its position, an epoch-based loop with
+``before_train_epoch`` again. ``predict`` is the model's val_step / test_step, else its
+preprocessor then ``forward(mode='predict')`` (model_steps.predictor).
+
+Saving a checkpoint (``Runner.save_checkpoint``, checkpoint_writer.py), on every rank: the save
+still in flight commits first -> sinks flushed (rank 0) -> the state collected ->
+``before_save_checkpoint(checkpoint)`` -> rank 0 writes (``async_save``: a background thread) ->
+``after_save_checkpoint(path, checkpoint)`` on every rank (with ``async_save`` at the commit, once
+every rank's write is done; RayReportHook reports it to Ray). ``Runner.test()``: ``before_run ->
+load -> before_test -> before_test_epoch -> iters -> after_test_epoch(metrics) -> after_test ->
+after_run``; ``Runner.val()`` likewise. The IterBasedTrainLoop runs ``max_iters`` steps over an
+endless pass of the data (reshuffled at each wrap) between one ``before_train_epoch`` /
+``after_train_epoch``, validating after the iterations it is due at. In an elastic run a
+data_batch is the rank's micro-batches of one global batch, and the step one optimizer step over
+them.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
 from . import dist
+from .config_check import check_train_cfg
 from .data import resume_sampler
-from .elastic import MicroBatches, train_global_batch
-from .errors import ConfigError
-from .model_steps import model_steps, predictor
+from .model_steps import choose_step, predictor
 from .preemption import TrainingPreempted
 from .registry import LOOPS
-from .step import forward_and_update, move_to, parse_losses
+from .step import RollbackRequested, move_to
 from .train_state import TrainState
 
-
-class RollbackRequested(Exception):
-    """Raised inside the step when a step guard asks for a rollback; the loop restores."""
-
-    def __init__(self, guard: Any, reason: str) -> None:
-        super().__init__(reason)
-        self.guard, self.reason = guard, reason
+if TYPE_CHECKING:
+    from .runner_api import RunnerAPI
 
 
 class _TrainLoopBase:
     """What both training loops share: the constructor, the run preamble and ending, one
-    iteration, requests and step guards. Their position is a :class:`TrainState`
+    iteration and requests. Their position is a :class:`TrainState`
     (``self.state``, also ``runner.train_state``)."""
 
     by_epoch = True
 
-    def __init__(self, runner: Any, dataloader: DataLoader, max_epochs: int | None = None,
+    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, max_epochs: int | None = None,
                  max_iters: int | None = None, val_begin: int = 1, val_interval: int = 1,
                  agree_every: int | str = "auto") -> None:
         self.runner = runner
@@ -87,21 +91,20 @@ class _TrainLoopBase:
         self.val_begin = int(val_begin)
         self.val_interval = int(val_interval)
         self.stop_training = False  # MMEngine's flag: set it to end training after this step
+        length = {"max_epochs": max_epochs} if self.by_epoch else {"max_iters": max_iters}
+        check_train_cfg({**length, "agree_every": agree_every})  # also for a Runner built in Python
         if self.by_epoch:
-            if int(max_epochs) < 1:
-                raise ConfigError("train_cfg.max_epochs", "must be >= 1")
-            max_epochs, max_iters = int(max_epochs), int(max_epochs) * len(dataloader)
+            max_iters = max_epochs * len(dataloader)
         else:
-            if int(max_iters) < 1:
-                raise ConfigError("train_cfg.max_iters", "must be >= 1")
-            max_epochs, max_iters = 1, int(max_iters)
+            max_epochs = 1
         self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters,
                                 by_epoch=self.by_epoch)
         self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
-        self._agree = dist.is_distributed()  # ranks must agree on requests and step guards
-        # the hot path, looked up once: the mount points' callers and whether batches move
+        self._agree = dist.is_distributed()  # ranks must agree on requests
+        # the hot path, looked up once: the mount points' callers, and the step (when training
+        # starts: a bound method, which costs less to call than the strategy object)
         self._callers = runner.mount_callers
-        self._to_device, self._model_steps = runner.device.type != "cpu", None
+        self.step: Callable[[Any], dict] | None = None
         runner.requests.set_agree_every(agree_every)
 
     # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
@@ -137,14 +140,14 @@ class _TrainLoopBase:
         """``before_train``, a validation the resumed checkpoint still owed, the training, the
         requests still pending at its end, ``after_train`` (also when training raised)."""
         with self.runner.hook_bracket("before_train", "after_train"):
-            self._model_steps = model_steps(self.runner)  # an MMEngine-style model's, or None
-            if self.state.val_pending:
-                self.state.val_pending = False
+            self.step = choose_step(self.runner).__call__
+            if self.state.val_owed:
+                self.state.val_owed = False
                 self._validate()
             self.run_training()
             # requests raised after the last agreement point (agree_every > 1), or at the last
             # after_train_epoch, are acted on once more before training ends
-            if self._agree or self.runner.requests.pending:
+            if self._agree or self.runner.requests.unresolved:
                 self.act_on_requests()
 
     def run_training(self) -> None:
@@ -153,17 +156,19 @@ class _TrainLoopBase:
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
         runner, state, callers = self.runner, self.state, self._callers
         callers["before_train_iter"](batch_idx=batch_idx, data_batch=data_batch)
-        outputs = self.train_step(data_batch)
-        # TrainState.finishing('iter') / iteration_done(), written out: this runs every step
-        state.pending, state.val_after_pending = "iter", val_due
+        outputs = self.step(data_batch)
+        # the iteration's end, written out here only (it runs every iteration): while
+        # after_train_iter runs the iteration counts as done (TrainState.position), then the
+        # next one is in progress
+        state.finishing_step, state.val_due_after = "iter", val_due
         callers["after_train_iter"](batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        state.pending, state.val_after_pending = None, False
+        state.finishing_step, state.val_due_after = None, False
         state.iter += 1
         state.batch_in_epoch += 1
         if self._agree:
             if runner.requests.due(state.iter):
                 self.act_on_requests(after_iter=True)
-        elif runner.requests.pending:
+        elif runner.requests.unresolved:
             self.act_on_requests()
 
     def act_on_requests(self, allow_val: bool = True, after_iter: bool = False) -> None:
@@ -199,38 +204,6 @@ class _TrainLoopBase:
         self.runner.rollback(request.reason)
         request.guard.on_rollback(self.runner)
 
-    # -- one step ------------------------------------------------------------------------------
-    def train_step(self, data_batch: Any) -> dict:
-        runner = self.runner
-        if type(data_batch) is MicroBatches:  # an elastic run's global batch (elastic.py)
-            return train_global_batch(runner, data_batch, self._step_allowed)
-        if self._model_steps is not None:  # a data_preprocessor or the model's own train_step
-            return self._model_steps.train_step(data_batch, self._step_allowed)
-        if self._to_device:
-            data_batch = move_to(data_batch, runner.device)
-        optim_wrapper = runner.optim_wrapper
-        if optim_wrapper.plain_step and type(data_batch) is dict and not runner.step_guards:
-            # the common case, written out: no context, no guards, no clipping (no grad norm)
-            loss, log_vars = parse_losses(runner.wrapped_model(**data_batch, mode="loss"))
-            optim_wrapper.update_params(loss)
-            return log_vars
-        return forward_and_update(runner, data_batch, self._step_allowed)
-
-    def _step_allowed(self, loss: torch.Tensor, guards: tuple) -> bool:
-        """Every guard's verdict, combined over ranks (one all-reduce MIN when distributed)."""
-        verdicts = [bool(guard.check_loss(loss)) for guard in guards]
-        if self._agree:
-            verdicts = [bool(v) for v in dist.all_reduce(
-                torch.tensor(verdicts, dtype=torch.int32), "min").tolist()]
-        for guard, ok in zip(guards, verdicts):
-            if not ok:
-                action = guard.reject_step(self.runner, loss)
-                if action == "rollback":
-                    raise RollbackRequested(guard, f"{type(guard).__name__} at iteration "
-                                                   f"{self.state.iter + 1}")
-                return False
-        return True
-
     def _batches(self) -> Iterator[tuple[int, Any]]:
         """This data pass's remaining batches with their in-pass index."""
         it, skip, self._skip_by_iterating = iter(self.dataloader), self._skip_by_iterating, 0
@@ -245,8 +218,9 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = True
 
-    def __init__(self, runner: Any, dataloader: DataLoader, max_epochs: int, val_begin: int = 1,
-                 val_interval: int = 1, agree_every: int | str = "auto") -> None:
+    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, max_epochs: int,
+                 val_begin: int = 1, val_interval: int = 1,
+                 agree_every: int | str = "auto") -> None:
         super().__init__(runner, dataloader, max_epochs=max_epochs, val_begin=val_begin,
                          val_interval=val_interval, agree_every=agree_every)
 
@@ -303,8 +277,9 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, runner: Any, dataloader: DataLoader, max_iters: int, val_begin: int = 1,
-                 val_interval: int = 1000, agree_every: int | str = "auto") -> None:
+    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, max_iters: int,
+                 val_begin: int = 1, val_interval: int = 1000,
+                 agree_every: int | str = "auto") -> None:
         super().__init__(runner, dataloader, max_iters=max_iters, val_begin=val_begin,
                          val_interval=val_interval, agree_every=agree_every)
 
@@ -336,7 +311,7 @@ class _EvalLoop:
 
     stage = ""
 
-    def __init__(self, runner: Any, dataloader: DataLoader, evaluator: Any) -> None:
+    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, evaluator: Any) -> None:
         self.runner = runner
         self.dataloader = dataloader
         self.evaluator = evaluator

@@ -5,7 +5,7 @@ perhaps its own ``train_step(data, optim_wrapper)`` / ``val_step`` / ``test_step
 after ``from mmengine.model import BaseModel`` becomes ``from distributed_runner.model import
 BaseModel``. How the loops call such a model is :mod:`distributed_runner.model_steps`.
 
-A plain ``nn.Module`` with ``forward(..., mode)`` needs none of this (DESIGN §5).
+A plain ``nn.Module`` with ``forward(..., mode)`` needs none of this (step.py: how it is called).
 """
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""How the loops call a model written MMEngine's way: its own ``train_step(data, optim_wrapper)``,
-``val_step(data)``, ``test_step(data)`` and ``data_preprocessor`` are honoured.
+"""Which steps the loops run for this run's model: :func:`choose_step` for training (one of
+step.py's strategies, chosen once per run) and :func:`predictor` for evaluation.
 
-A plain model (DESIGN §5: ``forward(**batch, mode=...)``) takes none of these paths: the loops ask
-:func:`model_steps` once per run and keep their short path when it answers None.
+A plain model (``forward(**batch, mode=...)``, batches passed as step.py says) with a plain
+OptimWrapper and no step guards trains with the plain step, the cheapest; step guards, clipping,
+accumulation, AMP or a subclassed OptimWrapper take the general (guarded) step. A model written
+MMEngine's way is honoured:
 
 * **A ``data_preprocessor``** (a callable attribute, MMEngine's ``BaseDataPreprocessor`` or
   ours) gets each batch first, with ``training`` True in training steps and False in evaluation;
@@ -10,7 +12,7 @@ A plain model (DESIGN §5: ``forward(**batch, mode=...)``) takes none of these p
   model's ``parse_losses`` if it has one.
 * **An overridden ``train_step``** is called with the batch (moved to the device) and the
   OptimWrapper, and its returned dict is the iteration's ``outputs``. Under DDP the model calls
-  its own module, not the DDP wrapper, so DDP cannot synchronise the gradients: the Runner
+  its own module, not the DDP wrapper, so DDP cannot synchronise the gradients: the OptimWrapper
   averages them over the ranks before every optimizer step instead (one all-reduce per step,
   after backward, not overlapped with it). MMEngine's ``MMDistributedDataParallel`` ignores such
   an override; here it runs. Step guards (NonFiniteLossHook) need the loss before backward,
@@ -18,24 +20,30 @@ A plain model (DESIGN §5: ``forward(**batch, mode=...)``) takes none of these p
 * **An overridden ``val_step`` / ``test_step``** is called for each evaluation batch and its
   result goes to the evaluator — except under PrepareTTAHook, whose wrapper calls ``forward``
   for each view (after the preprocessor), where MMEngine's calls ``test_step`` per view.
+
+An elastic run (``launcher.num_workers=(min, max)``) trains with the elastic step, which calls
+``forward`` itself for each micro-batch: a data_preprocessor or an own train_step is refused.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from . import dist
 from .errors import ConfigError
+from .model import BaseModel
 from .model_setup import get_ori_model, wrapper_layers
-from .step import call_model, forward_and_update, move_to, parse_losses, with_grad_norm
+from .step import ElasticStep, GuardedStep, OwnTrainStep, PlainStep, StepStrategy, call_model, \
+    detaching, parse_losses
+
+if TYPE_CHECKING:
+    from .runner_api import RunnerAPI
 
 
 def _overrides(module: Any, name: str) -> bool:
     """Whether ``module``'s class defines step ``name`` itself (BaseModel's default does what
     the Runner does, through the wrapper, so it does not count)."""
-    from .model import BaseModel
     method = getattr(type(module), name, None)
     return callable(method) and method is not getattr(BaseModel, name, None)
 
@@ -45,73 +53,36 @@ def _preprocessor(module: Any) -> Callable | None:
     return pre if callable(pre) else None
 
 
-def _detached(log_vars: Any) -> dict:
-    if not isinstance(log_vars, dict):
-        raise TypeError(f"train_step must return a dict of values to log, got "
-                        f"{type(log_vars).__name__}")
-    return {k: v.detach() if torch.is_tensor(v) else v for k, v in log_vars.items()}
-
-
-class ModelSteps:
-    """The training step of a model with a data_preprocessor or its own train_step."""
-
-    def __init__(self, runner: Any, module: Any) -> None:
-        self.runner, self.module = runner, module
-        self.preprocess = _preprocessor(module)
-        self.own_train_step = _overrides(module, "train_step")
-        parse = getattr(module, "parse_losses", None)
-        self.parse_losses = parse if callable(parse) else parse_losses
+def choose_step(runner: RunnerAPI) -> StepStrategy:
+    """The training step of this run (step.py), chosen once when training starts, after
+    ``before_train``; see the module docstring for which one."""
+    module = get_ori_model(runner.wrapped_model)
+    preprocess, own_train_step = _preprocessor(module), _overrides(module, "train_step")
+    if getattr(runner, "elastic_plan", None) is not None:
+        if preprocess is not None or own_train_step:
+            raise ConfigError("launcher.num_workers", f"an elastic range splits each global "
+                              f"batch into micro-batches and calls forward itself, so "
+                              f"{type(module).__name__}'s data_preprocessor / train_step would "
+                              f"not run: use a fixed number of workers")
+        return ElasticStep(runner)
+    if own_train_step:
         guards = runner.step_guards
-        if self.own_train_step and guards:
+        if guards:
             names = ", ".join(type(g).__name__ for g in guards)
             raise ConfigError("custom_hooks", f"{names} checks the loss between forward and "
                               f"backward, but {type(module).__name__}.train_step does both in "
                               f"one call: remove the hook, or let the Runner run the step "
                               f"(drop the train_step override)")
-
-    def train_step(self, data_batch: Any, step_allowed: Callable) -> dict:
-        runner = self.runner
-        model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
-        if runner.device.type != "cpu":
-            data_batch = move_to(data_batch, runner.device)
-        if self.own_train_step:
-            with self._gradients_averaged(model, optim_wrapper):
-                log_vars = self.module.train_step(data_batch, optim_wrapper=optim_wrapper)
-            return with_grad_norm(optim_wrapper, _detached(log_vars))
-        return forward_and_update(runner, data_batch, step_allowed, self.preprocess,
-                                  self._parse)
-
-    def _parse(self, losses: Any) -> tuple[torch.Tensor, dict]:
-        loss, log_vars = self.parse_losses(losses)
-        return loss, _detached(log_vars)
-
-    @contextlib.contextmanager
-    def _gradients_averaged(self, model: Any, optim_wrapper: Any) -> Iterator[None]:
-        """Under DDP, the OptimWrapper averages the gradients over ranks before it steps."""
-        from torch.nn.parallel import DistributedDataParallel
-        if not (isinstance(model, DistributedDataParallel) and dist.is_distributed()):
-            yield
-            return
-        plain, optim_wrapper.plain_step = optim_wrapper.plain_step, False
-        optim_wrapper.grad_sync = lambda: average_gradients(optim_wrapper.optimizer)
-        try:
-            yield
-        finally:
-            optim_wrapper.plain_step, optim_wrapper.grad_sync = plain, None
-
-
-def average_gradients(optimizer: torch.optim.Optimizer) -> None:
-    """Every gradient of ``optimizer``'s parameters replaced by its mean over the ranks: one
-    all-reduce per dtype and device, over the gradients flattened together."""
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
-    for grads in groups.values():
-        flat = dist.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
-        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(part.view_as(g))
+        average = isinstance(runner.wrapped_model, DistributedDataParallel) \
+            and dist.is_distributed()
+        return OwnTrainStep(runner, module, average)
+    if preprocess is not None:
+        parse = getattr(module, "parse_losses", None)
+        return GuardedStep(runner, preprocess, detaching(parse if callable(parse)
+                                                         else parse_losses))
+    if runner.step_guards or not runner.optim_wrapper.is_plain():
+        return GuardedStep(runner)
+    return PlainStep(runner)
 
 
 def _under_tta(model: Any) -> bool:
@@ -121,20 +92,7 @@ def _under_tta(model: Any) -> bool:
     return any(isinstance(layer, TTAModel) for layer in wrapper_layers(model))
 
 
-def model_steps(runner: Any) -> ModelSteps | None:
-    """The training step for the runner's model, or None for a plain model (the loop's own)."""
-    module = get_ori_model(runner.wrapped_model)
-    if _preprocessor(module) is None and not _overrides(module, "train_step"):
-        return None
-    if getattr(runner, "elastic_plan", None) is not None:
-        raise ConfigError("launcher.num_workers", f"an elastic range splits each global batch "
-                          f"into micro-batches and calls forward itself, so "
-                          f"{type(module).__name__}'s data_preprocessor / train_step would not "
-                          f"run: use a fixed number of workers")
-    return ModelSteps(runner, module)
-
-
-def predictor(runner: Any, stage: str) -> Callable[[Any], Any]:
+def predictor(runner: RunnerAPI, stage: str) -> Callable[[Any], Any]:
     """What an evaluation loop calls with each batch, already on the device (``stage``: 'val' or
     'test'): the model's own ``val_step`` / ``test_step``, else its preprocessor (if any) then
     the wrapped model's ``forward(mode='predict')``."""

@@ -8,6 +8,10 @@ Gradient accumulation scales each loss by ``1/accumulative_counts`` and steps ev
 ``accumulative_counts`` updates. When the run's iteration count is not a multiple of it, the last,
 shorter window is scaled by its own length so its gradient is still a mean. Inside DDP the
 non-stepping backward passes run under ``no_sync()`` so gradients are all-reduced once per step.
+
+The training loop does not always call :meth:`OptimWrapper.update_params`: when
+:meth:`OptimWrapper.is_plain` (one update per step, no clipping, nothing overridden) it steps the
+optimizer itself (``distributed_runner/step.py``, the plain step), which is the same update.
 """
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from . import dist
+from .config_check import positive_int
 from .errors import ConfigError
-from .registry import OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
+from .registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
 from .sharding import like_param, local_tensor
 
-NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing; the loop skips it
+NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -30,8 +36,8 @@ class OptimWrapper:
 
     def __init__(self, optimizer: torch.optim.Optimizer, accumulative_counts: int = 1,
                  clip_grad: dict | None = None) -> None:
-        if int(accumulative_counts) < 1:
-            raise ConfigError("optim_wrapper.accumulative_counts", "must be >= 1")
+        positive_int({"accumulative_counts": accumulative_counts}, "accumulative_counts",
+                     "optim_wrapper")  # the config's rule, also for a wrapper built in Python
         self.optimizer = optimizer
         self.accumulative_counts = int(accumulative_counts)
         self.clip_grad = dict(clip_grad) if clip_grad else None
@@ -42,17 +48,19 @@ class OptimWrapper:
         self._max_counts = 0
         self._remainder = 0
         self.last_grad_norm: torch.Tensor | None = None
-        # set while a model's own train_step runs under DDP (model_steps.py): averages the
-        # gradients over the ranks before each step, which DDP cannot do for it
-        self.grad_sync: Any = None
-        # the common case, one backward and one plain step per update and no context around the
-        # forward pass, takes a short path (fewer Python calls per iteration); subclasses that
-        # change backward/step/the context never do
-        self.plain_step = (self.accumulative_counts == 1 and self.clip_grad is None
-                       and type(self).backward is OptimWrapper.backward
-                       and type(self).step is OptimWrapper.step
-                       and type(self).zero_grad is OptimWrapper.zero_grad
-                       and type(self).optim_context is OptimWrapper.optim_context)
+        self._averaging = False  # inside averaging_gradients(): each step averages over ranks
+
+    def is_plain(self) -> bool:
+        """Whether an update is exactly ``loss.backward(); optimizer.step();
+        optimizer.zero_grad(set_to_none=True)`` with no context around the forward pass: one
+        update per step, no clipping, no averaging, and none of the methods an update goes
+        through overridden. The training step asks once per run; when True it calls the torch
+        optimizer itself (step.py's plain step), the cheapest iteration. (The update counter is
+        then not advanced: with one update per step no decision reads it.)"""
+        cls = type(self)
+        return (self.accumulative_counts == 1 and self.clip_grad is None and not self._averaging
+                and all(getattr(cls, name) is getattr(OptimWrapper, name) for name in
+                        ("update_params", "backward", "step", "zero_grad", "optim_context")))
 
     # -- accumulation bookkeeping ----------------------------------------------------------------
     def initialize_count_status(self, done: int, max_counts: int) -> None:
@@ -88,19 +96,38 @@ class OptimWrapper:
 
     @contextlib.contextmanager
     def micro_batch_context(self, model: nn.Module, sync: bool) -> Iterator[None]:
-        """The forward context of one micro-batch of an elastic global batch (elastic.py): DDP
-        skips its all-reduce unless ``sync`` (the last), plus :meth:`optim_context`'s."""
+        """The forward context of one micro-batch of an elastic global batch (step.py's
+        ElasticStep): DDP skips its all-reduce unless ``sync`` (the last), plus
+        :meth:`optim_context`'s."""
         skip = not sync and hasattr(model, "no_sync")
         with model.no_sync() if skip else NO_CONTEXT, self.optim_context(model):
             yield
 
+    @contextlib.contextmanager
+    def averaging_gradients(self) -> Iterator[None]:
+        """Inside it, every optimizer step first replaces each gradient by its mean over the
+        ranks. For a model whose own ``train_step`` calls its module, not the DDP wrapper: DDP
+        then cannot all-reduce the gradients, so this does (one all-reduce per dtype and device
+        per step, after backward, not overlapped with it)."""
+        before, self._averaging = self._averaging, True
+        try:
+            yield
+        finally:
+            self._averaging = before
+
+    def _average_gradients(self) -> None:
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+        for grads in groups.values():  # flattened together: one all-reduce for all of them
+            flat = dist.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
+
     def update_params(self, loss: torch.Tensor) -> None:
-        if self.plain_step:
-            loss.backward()
-            self._inner_count += 1
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            return
+        """Backward (the loss scaled for accumulation), and at a window's end the step."""
         factor = self._loss_factor()
         self.backward(loss / factor if factor != 1 else loss)
         self._inner_count += 1
@@ -125,8 +152,8 @@ class OptimWrapper:
             self.last_grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def step(self) -> None:
-        if self.grad_sync is not None:
-            self.grad_sync()
+        if self._averaging:
+            self._average_gradients()
         if self.clip_grad is not None:
             self._clip()
         self.optimizer.step()
@@ -210,8 +237,8 @@ class AmpOptimWrapper(OptimWrapper):
     def step(self) -> None:
         if self.scaler is None:
             return super().step()
-        if self.grad_sync is not None:
-            self.grad_sync()
+        if self._averaging:
+            self._average_gradients()
         if self.clip_grad is not None:
             self.scaler.unscale_(self.optimizer)
             self._clip()
@@ -230,7 +257,7 @@ def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper",
                         params: Any = None) -> OptimWrapper:
     """An OptimWrapper from ``dict(type=..., optimizer=dict(type='SGD', lr=...), ...)``, over
     ``params`` (default: all of the model's); ``paramwise_cfg`` or ``constructor`` hand the
-    spec to an optimizer constructor (:mod:`distributed_runner.optim_constructor`)."""
+    spec to an optimizer constructor (:func:`constructor_for`)."""
     if isinstance(spec, OptimWrapper):
         return spec
     if isinstance(spec, torch.optim.Optimizer):
@@ -238,8 +265,7 @@ def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper",
     if not isinstance(spec, dict):
         raise ConfigError(key, "expected dict(optimizer=dict(type='SGD', lr=0.01), ...)")
     if "paramwise_cfg" in spec or "constructor" in spec:
-        from .optim_constructor import build_with_constructor
-        return build_with_constructor(spec, model, key)
+        return constructor_for(spec, key)(model)
     args = dict(spec)
     wrapper_cls = OPTIM_WRAPPERS.resolve(args.pop("type", "OptimWrapper"), key)
     opt_spec = args.pop("optimizer", None)
@@ -256,3 +282,20 @@ def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper",
         optimizer = opt_cls(model.parameters() if params is None else params, **opt_args)
     check_arguments(wrapper_cls, args, key, supplied=["optimizer"])
     return wrapper_cls(optimizer=optimizer, **args)
+
+
+def constructor_for(spec: dict, key: str = "optim_wrapper") -> Any:
+    """The optimizer constructor ``spec`` names (``constructor='Name'``, MMEngine's key; default
+    ``DefaultOptimWrapperConstructor``), built with the rest of ``spec`` and its
+    ``paramwise_cfg``, which checks them without a model.
+
+    Found in OPTIM_WRAPPER_CONSTRUCTORS, whose first look-up imports the built-in constructors
+    (``optim_constructor``): so this module never imports that one, which imports this one."""
+    args = dict(spec)
+    name = args.pop("constructor", "DefaultOptimWrapperConstructor")
+    paramwise = args.pop("paramwise_cfg", None)
+    try:
+        cls = OPTIM_WRAPPER_CONSTRUCTORS.resolve(name, f"{key}.constructor")
+    except ConfigError as e:  # MMEngine's key is a plain name: report it, not '.type'
+        raise ConfigError(f"{key}.constructor", e.message) from None
+    return cls(args, paramwise)

@@ -26,6 +26,10 @@ ignored. ``constructor='Name'`` picks another registered constructor: a subclass
 ``add_params(params, module, prefix, is_dcn_module)`` (as downstream projects' layer-decay
 constructors do) keeps the same attributes (``base_lr``, ``base_wd``, ``paramwise_cfg``,
 ``optimizer_cfg``, ``optim_wrapper_cfg``).
+
+Imports go one way: this module imports :mod:`distributed_runner.optim`, never the reverse.
+``optim.build_optim_wrapper`` finds a constructor through the OPTIM_WRAPPER_CONSTRUCTORS registry
+(:func:`~distributed_runner.optim.constructor_for`), whose first look-up imports this module.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 
 from .errors import ConfigError, did_you_mean
 from .log import current_logger
+from .model_setup import is_model_wrapper
+from .optim import OptimWrapper, build_optim_wrapper
 from .registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 PARAMWISE_OPTIONS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult",
@@ -161,9 +167,7 @@ class DefaultOptimWrapperConstructor:
         elif param.ndim == 1 and not is_dcn_module and "flat_decay_mult" in cfg:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
-    def __call__(self, model: nn.Module) -> Any:
-        from .model_setup import is_model_wrapper
-        from .optim import build_optim_wrapper
+    def __call__(self, model: nn.Module) -> OptimWrapper:
         model = model.module if is_model_wrapper(model) else model
         params: Any = model.parameters()
         if self.paramwise_cfg:
@@ -187,21 +191,3 @@ def _check_shared(groups: list[dict], model: nn.Module) -> None:
                                                              f"(tied weights): set "
                                                              f"bypass_duplicate=True")
             seen.add(id(param))
-
-
-def constructor_for(spec: dict, key: str = "optim_wrapper") -> Any:
-    """The constructor ``spec`` names (``constructor='Name'``, MMEngine's key), built with the
-    rest of ``spec`` and its ``paramwise_cfg`` — which checks them, without a model."""
-    args = dict(spec)
-    name = args.pop("constructor", "DefaultOptimWrapperConstructor")
-    paramwise = args.pop("paramwise_cfg", None)
-    try:
-        cls = OPTIM_WRAPPER_CONSTRUCTORS.resolve(name, f"{key}.constructor")
-    except ConfigError as e:  # MMEngine's key is a plain name: report it, not '.type'
-        raise ConfigError(f"{key}.constructor", e.message) from None
-    return cls(args, paramwise)
-
-
-def build_with_constructor(spec: dict, model: nn.Module, key: str = "optim_wrapper") -> Any:
-    """``spec`` with ``paramwise_cfg``/``constructor``: the constructor's OptimWrapper."""
-    return constructor_for(spec, key)(model)

@@ -1,7 +1,8 @@
 """What runs inside each Ray Train worker: build the Runner from the plain config (with the
 launcher's RayReportHook, which reports every checkpoint to Ray), resume from Ray's checkpoint if
 there is one — or from a newer one already persisted under the run's storage, which Ray's
-controller had not registered when a worker died — and train.
+controller had not registered when a worker died (:func:`~.resume_choice.choose_restart`
+decides) — and train.
 
 Ray Train has already started the process group (gloo on CPU, NCCL on GPU) when this runs, so the
 Runner sees the rank and world size through :mod:`distributed_runner.dist` like under torchrun and
@@ -13,13 +14,9 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
-from . import dist
-from .checkpoint import CheckpointDamaged, load_file
 from .config import Config, to_config_dict
 from .hook_builder import with_launcher_hooks
-from .resume_choice import ranked_checkpoints
+from .resume_choice import choose_restart
 
 RESTORE_DIR = "ray_restore"
 
@@ -41,46 +38,12 @@ def restore_from_ray(work_dir: str, rank: int) -> str | None:
     return str(files[0])
 
 
-def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
-    """The newest checkpoint reported under ``storage/name`` that is newer than iteration
-    ``than_iter`` and verifies, or None. Ray hands a restarted group the checkpoint its
-    controller registered last; a worker killed right after a report can leave a newer one
-    persisted there that the controller never learned of. Local (or mounted) storage only."""
-    folder = Path(storage) / name
-    if "://" in storage or not folder.is_dir():
-        return None
-    for iteration, path in ranked_checkpoints(folder.glob("*/*.pth")):
-        if iteration <= than_iter:  # unreadable files rank at -1: never chosen
-            break
-        try:
-            load_file(path, "resume")  # verified against the checksum reported with it
-            return path
-        except CheckpointDamaged:
-            continue  # a torn upload
-    return None
-
-
 def choose_restart_checkpoint(cfg: dict, rank: int) -> tuple[str | None, str | None]:
     """The checkpoint a (re)started worker group resumes from, the same on every rank, and why
-    when it is not Ray's: Ray's, or a newer one already persisted under the run's storage (rank 0
-    looks; every rank must be able to read it, else Ray's is kept)."""
+    when it is not Ray's: Ray's, copied here, or what :func:`~.resume_choice.choose_restart`
+    prefers to it."""
     restored = restore_from_ray(cfg["work_dir"], rank)
-    launcher = cfg.get("launcher") or {}
-    newer = None
-    if rank == 0 and launcher.get("storage_path") and launcher.get("name"):
-        ranked = ranked_checkpoints([Path(restored)]) if restored else []
-        ray_iter = ranked[0][0] if ranked else -1
-        found = newest_persisted(launcher["storage_path"], launcher["name"], ray_iter)
-        newer = str(found) if found is not None else None
-    newer = dist.broadcast_object(newer)
-    if newer is not None:
-        readable = torch.tensor([1 if Path(newer).is_file() else 0])
-        if int(dist.all_reduce(readable, "min").item()) == 1:
-            handed = Path(restored).name if restored else "no checkpoint"
-            return newer, (f"Ray handed back {handed}; resuming from {newer} instead: it is "
-                           f"newer and verifies (its report had not reached Ray's controller "
-                           f"when a worker died)")
-    return restored, None
+    return choose_restart(restored, cfg.get("launcher") or {}, rank)
 
 
 def train_worker(config: dict) -> None:

@@ -1,6 +1,12 @@
-"""Which checkpoint ``resume=True`` (``drun train --resume``) continues from.
+"""Which checkpoint a run starts from: the one module that decides it.
 
-The rule, so that resuming never loses work and never trusts a damaged file:
+* :func:`choose_start`: the Runner's start — ``resume=PATH``, ``resume=True``, ``load_from``;
+* :func:`newest_everywhere`: what a rollback (NonFiniteLossHook policy='rollback') restores;
+* :func:`choose_restart`: what a Ray worker group (re)started by Ray Train resumes from;
+* :func:`is_training_checkpoint`: what counts as a training checkpoint (not weights only).
+
+``resume=True`` (``drun train --resume``), so that resuming never loses work and never trusts a
+damaged file:
 
 1. the checkpoint ``work_dir/last_checkpoint`` names, if it loads and verifies;
 2. else the newest training checkpoint in ``work_dir`` that does (newest by the iteration in its
@@ -11,23 +17,35 @@ The rule, so that resuming never loses work and never trusts a damaged file:
 4. no checkpoint at all: start fresh (the first run of ``--resume`` scripts).
 
 An explicit ``resume=PATH`` is not second-guessed: that file, verified, or a one-line error.
+A rollback takes the same rule's choice (rank 0 reads, every rank gets it). A Ray restart takes
+Ray's checkpoint, or a newer one already persisted under the run's storage that verifies.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import torch
 
+from . import dist
 from .checkpoint import LAST_CHECKPOINT_POINTER, CheckpointDamaged, load_file, read_pointer
 from .errors import ConfigError
 from .sharded_checkpoint import SHARDED
 
 
-def _is_training_checkpoint(ckpt: Any) -> bool:
+def is_training_checkpoint(ckpt: Any) -> bool:
+    """A training state (its ``meta`` and weights, in the file or its shards), not weights only."""
     return isinstance(ckpt, dict) and "meta" in ckpt and ("state_dict" in ckpt
                                                            or SHARDED in ckpt)
+
+
+def require_training_checkpoint(ckpt: dict, path: str | Path) -> None:
+    """A one-line ConfigError naming ``resume`` when ``ckpt`` is not a training checkpoint."""
+    for key in ("meta", "state_dict"):
+        if key not in ckpt and not (key == "state_dict" and SHARDED in ckpt):
+            raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
+                                        f"training checkpoint; use load_from= for weights")
 
 
 def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:
@@ -42,7 +60,7 @@ def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:
         except Exception:  # noqa: BLE001 - unreadable: a candidate that will be reported
             ranked.append((-1, path.stat().st_mtime, path))
             continue
-        if _is_training_checkpoint(ckpt):
+        if is_training_checkpoint(ckpt):
             ranked.append((int(ckpt["meta"].get("iter", -1)), path.stat().st_mtime, path))
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
     return [(iteration, path) for iteration, _, path in ranked]
@@ -82,7 +100,7 @@ def choose_checkpoint(folder: str | Path, logger: logging.Logger,
         except CheckpointDamaged as e:
             skipped.append(f"{path.name}: {str(e).split(': ', 1)[-1]}")
             continue
-        if not _is_training_checkpoint(ckpt):
+        if not is_training_checkpoint(ckpt):
             skipped.append(f"{path.name}: weights only, no training state")
             continue
         if skipped:
@@ -97,3 +115,84 @@ def choose_checkpoint(folder: str | Path, logger: logging.Logger,
     if note:
         logger.warning("resume: %s and %s holds no checkpoint: starting fresh", note, folder)
     return None, None
+
+
+class StartChoice(NamedTuple):
+    """How a Runner starts: ``purpose`` 'resume' (the whole training state), 'load_from'
+    (weights) or None (fresh); ``checkpoint`` is the file already read and verified, if it was."""
+
+    purpose: str | None
+    path: str | Path | None
+    checkpoint: dict | None
+
+
+def choose_start(load_from: Any, resume: Any, work_dir: Path,
+                 logger: logging.Logger) -> StartChoice:
+    """``resume='path'`` (that file, no second-guessing), else ``resume=True`` (the newest
+    checkpoint of ``work_dir`` that verifies; none yet: start fresh), else ``load_from``."""
+    if isinstance(resume, (str, Path)):
+        return StartChoice("resume", resume, None)
+    if resume:
+        path, ckpt = choose_checkpoint(work_dir, logger)
+        if path is not None:
+            return StartChoice("resume", path, ckpt)
+        logger.info("resume=True but %s has no checkpoint yet: starting fresh", work_dir)
+    if load_from:
+        return StartChoice("load_from", load_from, None)
+    return StartChoice(None, None, None)
+
+
+def newest_everywhere(work_dir: Path, logger: logging.Logger, rank: int,
+                      reason: str) -> tuple[dict, str]:
+    """What a rollback restores: :func:`choose_checkpoint`'s choice and its path on every rank
+    (rank 0 reads the file and broadcasts it, so ranks on other machines need not see
+    ``work_dir``). Call on every rank."""
+    path, ckpt = choose_checkpoint(work_dir, logger, "rollback") if rank == 0 else (None, None)
+    path = dist.broadcast_object(str(path or "") if rank == 0 else None)
+    if not path:
+        raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
+                                 f"save earlier (default_hooks.checkpoint.interval) or use "
+                                 f"policy='skip'")
+    return dist.broadcast_object(ckpt), path
+
+
+def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
+    """The newest checkpoint reported under ``storage/name`` that is newer than iteration
+    ``than_iter`` and verifies, or None. Ray hands a restarted group the checkpoint its
+    controller registered last; a worker killed right after a report can leave a newer one
+    persisted there that the controller never learned of. Local (or mounted) storage only."""
+    folder = Path(storage) / name
+    if "://" in storage or not folder.is_dir():
+        return None
+    for iteration, path in ranked_checkpoints(folder.glob("*/*.pth")):
+        if iteration <= than_iter:  # unreadable files rank at -1: never chosen
+            break
+        try:
+            load_file(path, "resume")  # verified against the checksum reported with it
+            return path
+        except CheckpointDamaged:
+            continue  # a torn upload
+    return None
+
+
+def choose_restart(restored: str | None, launcher: dict,
+                   rank: int) -> tuple[str | None, str | None]:
+    """The checkpoint a (re)started Ray worker group resumes from, the same on every rank, and
+    why when it is not ``restored`` (Ray's): a newer one already persisted under the run's
+    storage (``launcher.storage_path``/``name``; rank 0 looks, and every rank must be able to
+    read it, else Ray's is kept). Call on every rank."""
+    newer = None
+    if rank == 0 and launcher.get("storage_path") and launcher.get("name"):
+        ranked = ranked_checkpoints([Path(restored)]) if restored else []
+        ray_iter = ranked[0][0] if ranked else -1
+        found = newest_persisted(launcher["storage_path"], launcher["name"], ray_iter)
+        newer = str(found) if found is not None else None
+    newer = dist.broadcast_object(newer)
+    if newer is not None:
+        readable = torch.tensor([1 if Path(newer).is_file() else 0])
+        if int(dist.all_reduce(readable, "min").item()) == 1:
+            handed = Path(restored).name if restored else "no checkpoint"
+            return newer, (f"Ray handed back {handed}; resuming from {newer} instead: it is "
+                           f"newer and verifies (its report had not reached Ray's controller "
+                           f"when a worker died)")
+    return restored, None

@@ -28,17 +28,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__, dist
-from .checkpoint import LAST_CHECKPOINT_POINTER, atomic_write_text, load_file, read_pointer
-from .config import Config, import_custom_modules, to_config_dict
-from .config_check import all_or_none, check_config
+from . import dist
+from .checkpoint import load_file, point_at, read_pointer
+from .config import Config
+from .config_check import all_or_none
+from .config_prep import RUNNER_KEYS, prepare_config
 from .control import ControlRequests
 from .data import build_dataloader, seeded_dataloader
 from .elastic import elastic_training
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
-from .imix_compat import translate_imix_hooks
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
@@ -47,25 +47,16 @@ from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
 from .redact import redact
 from .randomness import set_random_seed
-from .registry import LOOPS, check_arguments, set_default_scope
+from .registry import LOOPS, check_arguments
 from .schedulers import build_param_schedulers
-from .sharded_checkpoint import SHARDED
 from .sharding import parse_strategy
-from .checkpoint_state import load_model_weights, load_or_resume, newest_checkpoint_everywhere, \
-    restore_training_state
+from .checkpoint_parts import CheckpointSubject
+from .checkpoint_state import load_model_weights, restore_training_state
+from .resume_choice import choose_start, newest_everywhere, require_training_checkpoint
 from .checkpoint_writer import CheckpointWriter
 from .sinks import SinkSet
 from .train_state import TrainState
-
-RUNNER_KEYS = (
-    "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
-    "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
-    "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
-    "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg", "preemption",
-    "compile", "strategy",
-)
-# top-level config keys the Runner does not take but other parts of the project read
-OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope")
+from .version import __version__
 
 
 class Runner:
@@ -132,19 +123,12 @@ class Runner:
     # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_cfg(cls, cfg: dict) -> "Runner":
-        """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker)."""
-        cfg = cfg if isinstance(cfg, Config) else Config(to_config_dict(dict(cfg)))
-        import_custom_modules(cfg.get("custom_imports"))
-        set_default_scope(cfg.get("default_scope"))  # MMEngine's key: scoped names first
-        if cfg.get("work_dir") is None:
-            raise ConfigError("work_dir", "missing: set work_dir='work_dirs/NAME' in the config or "
-                                          "pass --work-dir")
-        if cfg.get("model") is None:
-            raise ConfigError("model", "missing: set model=dict(type=...)")
-        notes = translate_imix_hooks(cfg)  # iMIX's hook names -> what does the same here
-        check_config(cfg, RUNNER_KEYS, OTHER_CONFIG_KEYS)  # types and ranges, typo'd keys
-        args = {k: cfg[k] for k in RUNNER_KEYS if k in cfg and k != "cfg"}
-        runner = cls(**args, cfg=cfg)
+        """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker).
+
+        The config is prepared by the same function the Ray driver checks it with
+        (:func:`prepare_config`): a worker applies no rule the driver did not, the device aside."""
+        cfg, notes = prepare_config(cfg)  # iMIX notes: logged once the Runner's logger exists
+        runner = cls(**{k: cfg[k] for k in RUNNER_KEYS if k in cfg}, cfg=cfg)
         for note in notes:
             runner.logger.info(note)
         if runner.rank == 0:
@@ -297,14 +281,14 @@ class Runner:
             return saver.save_on_request(self, reason)
         path = self.save_checkpoint(self.work_dir, f"iter_{self.iter}.pth")
         if self.rank == 0:
-            atomic_write_text(path.name, self.work_dir / LAST_CHECKPOINT_POINTER)
+            point_at(path, self.work_dir)
         return path
 
     def rollback(self, reason: str) -> Path:
         """Restore the newest checkpoint on every rank (rank 0 reads it and sends it, so ranks on
         other machines need not see ``work_dir``). Used by NonFiniteLossHook(policy='rollback')."""
         self.checkpoints.wait()  # the newest checkpoint may still be being written
-        ckpt, path = newest_checkpoint_everywhere(self, reason)
+        ckpt, path = newest_everywhere(self.work_dir, self.logger, self.rank, reason)
         self.logger.warning("rolling back to %s: %s", path, reason)
         self._restore(ckpt, path)
         self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
@@ -347,14 +331,19 @@ class Runner:
     def _load_or_resume(self) -> None:
         if not self._has_loaded:
             self._has_loaded = True
-            load_or_resume(self, self._load_from, self._resume)  # checkpoint_state.py
+            how, path, ckpt = choose_start(self._load_from, self._resume, self.work_dir,
+                                           self.logger)  # resume_choice.py decides
+            if how == "resume":
+                self.resume(path, ckpt)
+            elif how == "load_from":
+                self.load_checkpoint(path)
 
     def load_checkpoint(self, path: str | Path, strict: bool = True,
                         map_location: Any = "cpu") -> dict:
         """Load model weights only (``load_from``); returns the checkpoint dict."""
         ckpt = load_file(path, "load_from", map_location)
         self._after_load(ckpt, "load_from")
-        load_model_weights(self, ckpt, path, "load_from", strict=strict)
+        load_model_weights(CheckpointSubject.of(self), ckpt, path, "load_from", strict=strict)
         self.logger.info("loaded weights from %s", path)
         return ckpt
 
@@ -362,10 +351,7 @@ class Runner:
         """Restore the full training state of ``path`` (``checkpoint``: the file, already read
         and verified) and continue exactly where it stopped."""
         ckpt = load_file(path, "resume") if checkpoint is None else checkpoint
-        for key in ("meta", "state_dict"):
-            if key not in ckpt and not (key == "state_dict" and SHARDED in ckpt):
-                raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
-                                            f"training checkpoint; use load_from= for weights")
+        require_training_checkpoint(ckpt, path)
         self._restore(ckpt, path)
         meta = ckpt["meta"]
         self.logger.info("resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"),
@@ -374,7 +360,7 @@ class Runner:
 
     def _restore(self, ckpt: dict, path: str | Path) -> None:
         self._after_load(ckpt, "resume")
-        restore_training_state(self, ckpt, path)
+        restore_training_state(CheckpointSubject.of(self), ckpt, path)
 
     def _after_load(self, ckpt: dict, purpose: str) -> None:
         """``after_load_checkpoint`` before anything is taken from ``ckpt`` (MMEngine's order:
@@ -389,8 +375,9 @@ class Runner:
     def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
                         save_param_scheduler: bool = True, meta: dict | None = None,
                         asynchronous: bool = False) -> Path:
-        """Assemble the checkpoint (DESIGN §4) on every rank; rank 0 writes it atomically (with
-        sharded FSDP checkpoints every rank writes its shards); ``asynchronous`` writes in the
-        background. Call it on every rank; see :mod:`distributed_runner.checkpoint_writer`."""
+        """Assemble the checkpoint (the parts :data:`~.checkpoint_parts.PARTS` declares) on
+        every rank; rank 0 writes it atomically (with sharded FSDP checkpoints every rank writes
+        its shards); ``asynchronous`` writes in the background. Call it on every rank; see
+        :mod:`distributed_runner.checkpoint_writer`."""
         return self.checkpoints.save(Path(out_dir) / filename, save_optimizer,
                                      save_param_scheduler, meta, asynchronous)

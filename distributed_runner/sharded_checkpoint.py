@@ -5,8 +5,8 @@ default) every rank writes its own shards of the model and optimizer through
 One checkpoint is still one name for everything that handles checkpoints (CheckpointHook's
 interval, max_keep_ckpts and save_best, ``last_checkpoint``, resume, Ray)::
 
-    iter_8.pth                 the manifest: meta, schedulers, hub, hooks, RNG, sampler, ...,
-    iter_8.pth.crc32           and ``sharded`` = {dir, keys, files: {name: bytes}}
+    iter_8.pth                 the manifest: every part but the weights and optimizer state
+    iter_8.pth.crc32           (checkpoint_parts.PARTS), and ``sharded`` = {dir, keys, files}
     iter_8.<token>.dcp/        DCP's files: .metadata and each rank's __<rank>_<n>.distcp
 
 Why the manifest is written last, by rank 0, after DCP has finished on every rank: its existence
@@ -22,17 +22,21 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import dist
 from .sharding import is_sharded
 
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+
 SHARDED = "sharded"
 
 
-def writes_shards(runner: Any) -> bool:
-    """Whether ``runner``'s checkpoints are sharded (an FSDP model with checkpoint='sharded')."""
-    return runner.strategy.get("checkpoint") == "sharded" and is_sharded(runner.model)
+def writes_shards(strategy: Any, model: nn.Module) -> bool:
+    """Whether checkpoints are sharded: an FSDP ``model`` with ``strategy`` checkpoint='sharded'."""
+    return strategy.get("checkpoint") == "sharded" and is_sharded(model)
 
 
 def shard_folders(path: Path) -> list[Path]:
@@ -40,9 +44,11 @@ def shard_folders(path: Path) -> list[Path]:
     return sorted(Path(path).parent.glob(f"{Path(path).stem}.*.dcp"))
 
 
-def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bool = False,
-                 group: Any = None, stager: Any = None) -> tuple[dict, Any]:
-    """Every rank writes its shards of the model (and optimizer) next to ``path``, now or (with
+def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path: Path,
+                 asynchronous: bool = False, group: Any = None,
+                 stager: Any = None) -> tuple[dict, Any]:
+    """Every rank writes its shards of the model (and of ``optimizer``, unless None) next to
+    ``path``, now or (with
     ``asynchronous``) in DCP's background thread after copying them to host memory. Returns the
     manifest's ``sharded`` entry (its file list is filled by :func:`finish_shards`) and DCP's
     future (None when written already)."""
@@ -51,12 +57,11 @@ def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bo
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
         get_optimizer_state_dict
 
-    token = dist.broadcast_object(f"{time.time_ns():x}" if runner.rank == 0 else None)
+    token = dist.broadcast_object(f"{time.time_ns():x}" if rank == 0 else None)
     folder = path.parent / f"{path.stem}.{token}.dcp"
-    state: dict[str, Any] = {"model": get_model_state_dict(runner.model)}
-    if save_optimizer and runner.optim_wrapper is not None:
-        state["optimizer"] = get_optimizer_state_dict(runner.model,
-                                                      runner.optim_wrapper.optimizer)
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     entry = {"dir": folder.name, "keys": list(state), "files": {}}
     if asynchronous:  # the same shards every time: the global plan is kept, not re-agreed
         planner = DefaultSavePlanner(enable_plan_caching=True)
@@ -66,12 +71,12 @@ def start_shards(runner: Any, path: Path, save_optimizer: bool, asynchronous: bo
     return entry, None
 
 
-def finish_shards(runner: Any, path: Path, entry: dict) -> None:
+def finish_shards(rank: int, path: Path, entry: dict) -> None:
     """Once written: every rank's files with their sizes into ``entry`` (each rank lists its own:
     on several machines each sees only those). A collective."""
     folder = Path(path).parent / entry["dir"]
     mine = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
-            if is_ranks_file(f.name, runner.rank)}
+            if is_ranks_file(f.name, rank)}
     entry["files"] = {k: v for part in dist.all_gather_object(mine) for k, v in part.items()}
 
 
@@ -120,25 +125,24 @@ def missing_shards(path: Path, ckpt: dict) -> str | None:
     return None
 
 
-def load_shards(runner: Any, ckpt: dict, path: Path, with_optimizer: bool) -> None:
-    """Read the shards into the model (and optimizer), resharded to this run's ranks; every rank
-    calls it."""
+def load_shards(model: nn.Module, optimizer: Optimizer | None, ckpt: dict, path: Path) -> None:
+    """Read the shards into ``model`` (and ``optimizer`` unless None, if they hold its state),
+    resharded to this run's ranks; every rank calls it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
         get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
 
     entry = ckpt[SHARDED]
-    state: dict[str, Any] = {"model": get_model_state_dict(runner.model)}
-    optimizer = runner.optim_wrapper.optimizer if runner.optim_wrapper is not None else None
-    use_optimizer = with_optimizer and optimizer is not None and "optimizer" in entry["keys"]
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    use_optimizer = optimizer is not None and "optimizer" in entry["keys"]
     if use_optimizer:
-        state["optimizer"] = get_optimizer_state_dict(runner.model, optimizer)
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     with warnings.catch_warnings():  # one process: DCP says it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(Path(path).parent / entry["dir"]))
-    set_model_state_dict(runner.model, state["model"])
+    set_model_state_dict(model, state["model"])
     if use_optimizer:
-        set_optimizer_state_dict(runner.model, optimizer, state["optimizer"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def full_weights(path: Path, ckpt: dict) -> dict:

@@ -7,8 +7,8 @@ with :meth:`TrainState.restore`, hooks read it through the Runner (``runner.epoc
 
 Counters follow MMEngine: inside a hook ``epoch`` and ``iter`` count the epoch / iteration in
 progress from 0 and advance *after* ``after_train_epoch`` / ``after_train_iter``. While those two
-mount points run, ``pending`` says which step is finishing, so a checkpoint saved there records it
-as done (resume continues after it, never repeats it).
+mount points run, ``finishing_step`` says which step is finishing, so a checkpoint saved there
+records it as done (resume continues after it, never repeats it).
 
 ``data_epoch`` is the pass over the training data the sampler is in: the same as ``epoch`` in an
 epoch-based run; in an iteration-based run (``epoch`` stays 0) it counts the wraps of the endless
@@ -31,22 +31,24 @@ class TrainState:
     iter: int = 0
     data_epoch: int = 0
     batch_in_epoch: int = 0  # completed batches of the current data pass
-    pending: Optional[str] = None  # 'iter' / 'epoch' while its after_* mount point runs
-    val_after_pending: bool = False  # a validation is due once the pending step completes
-    val_pending: bool = False  # restored: the checkpoint was saved before a due validation
+    finishing_step: Optional[str] = None  # 'iter' / 'epoch' while its after_* mount point runs
+    val_due_after: bool = False  # a validation is due once the finishing step completes
+    # restored from a checkpoint saved before a validation that was due (its meta 'val_pending'):
+    # the resumed run validates first
+    val_owed: bool = False
 
     # -- advancing (the loops) ---------------------------------------------------------------
+    # An iteration's end (finishing('iter', val_due), after_train_iter, then iter and
+    # batch_in_epoch advance) is written out in loops.run_iter only, not as a method here: it
+    # runs every iteration, where a call costs, and the loop is where one reads an iteration.
     def finishing(self, step: str, val_due: bool = False) -> None:
-        """The ``after_train_{step}`` mount point starts: the step counts as done from now on."""
-        self.pending, self.val_after_pending = step, val_due
-
-    def iteration_done(self) -> None:
-        self.pending, self.val_after_pending = None, False
-        self.iter += 1
-        self.batch_in_epoch += 1
+        """The ``after_train_{step}`` mount point starts: the step counts as done from now on
+        (``val_due``: a validation follows it)."""
+        self.finishing_step, self.val_due_after = step, val_due
 
     def epoch_done(self) -> None:
-        self.pending, self.val_after_pending = None, False
+        """``after_train_epoch`` returned: the next epoch (and data pass) is in progress."""
+        self.finishing_step, self.val_due_after = None, False
         if self.by_epoch:
             self.epoch += 1
             self.data_epoch += 1
@@ -61,13 +63,12 @@ class TrainState:
     def position(self) -> dict:
         """What has been completed, as a checkpoint's ``meta`` records it (exact at any mount
         point): ``epoch`` (the data pass), ``iter``, ``iter_in_epoch``, ``val_pending``."""
-        if self.pending == "iter":
+        if self.finishing_step == "iter":
             return {"epoch": self.data_epoch, "iter": self.iter + 1,
-                    "iter_in_epoch": self.batch_in_epoch + 1,
-                    "val_pending": self.val_after_pending}
-        if self.pending == "epoch":
+                    "iter_in_epoch": self.batch_in_epoch + 1, "val_pending": self.val_due_after}
+        if self.finishing_step == "epoch":
             return {"epoch": self.data_epoch + 1 if self.by_epoch else self.data_epoch,
-                    "iter": self.iter, "iter_in_epoch": 0, "val_pending": self.val_after_pending}
+                    "iter": self.iter, "iter_in_epoch": 0, "val_pending": self.val_due_after}
         return {"epoch": self.data_epoch, "iter": self.iter, "iter_in_epoch": self.batch_in_epoch,
                 "val_pending": False}
 
@@ -77,8 +78,8 @@ class TrainState:
         self.epoch = self.data_epoch if self.by_epoch else 0
         self.iter = int(position["iter"])
         self.batch_in_epoch = int(position.get("iter_in_epoch", 0))
-        self.val_pending = bool(position.get("val_pending", False))
-        self.pending, self.val_after_pending = None, False
+        self.val_owed = bool(position.get("val_pending", False))
+        self.finishing_step, self.val_due_after = None, False
 
     @property
     def finished(self) -> bool:

@@ -1,11 +1,15 @@
 """AutogradAnomalyDetectHook (iMIX): find the operation that produced a NaN in backward."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 import torch
 
 from distributed_runner.registry import HOOKS
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -23,14 +27,14 @@ class AutogradAnomalyDetectHook(Hook):
         self.check_nan = bool(check_nan)
         self._previous: tuple[bool, bool] | None = None
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         if not self.mode:
             return
         self._previous = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
         torch.autograd.set_detect_anomaly(True, check_nan=self.check_nan)
         runner.logger.warning("autograd anomaly detection is on: training runs slower")
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: RunnerAPI) -> None:
         if self._previous is not None:
             torch.autograd.set_detect_anomaly(self._previous[0], check_nan=self._previous[1])
             self._previous = None

@@ -1,7 +1,7 @@
 """CheckInvalidLossHook: the seeds' example, shipped — fail fast when the loss is inf or NaN."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
@@ -10,6 +10,9 @@ from distributed_runner.interval import Interval
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -28,10 +31,10 @@ class CheckInvalidLossHook(Hook):
         self.every = Interval.parse(interval, by_epoch=False,
                                     key="interval")
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         self.every.start_clock()
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         if not self.every.due_after_iter(runner):
             return

@@ -6,10 +6,11 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-from distributed_runner.checkpoint import LAST_CHECKPOINT_POINTER, atomic_save, \
-    atomic_write_text, checksum_path, load_file, remove_checkpoint, remove_stale_temporaries
+from distributed_runner.checkpoint import atomic_save, checksum_path, load_file, point_at, \
+    remove_checkpoint, remove_stale_temporaries
+from distributed_runner.checkpoint_parts import PUBLISHABLE_KEYS
 from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
@@ -23,14 +24,49 @@ from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
 
-CHECKPOINT_KEYS = ("meta", "state_dict", "optimizer", "param_schedulers", "scaler",
-                   "message_hub", "hooks", "sinks", "rng", "sampler", "ema_state_dict")
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
+
+# the keys published_keys may name: the checkpoint's parts (checkpoint_parts.PARTS) that a file
+# of its own can hold
+CHECKPOINT_KEYS = PUBLISHABLE_KEYS
 
 
 def _as_list(value: Union[str, Sequence[str], None]) -> list:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
+
+
+def _check_numbers(interval: Union[int, str], max_keep_ckpts: int, save_begin: int,
+                   save_topk: int, by_epoch: bool, async_save: bool) -> None:
+    """Refuse, one line naming the argument, what would otherwise misbehave silently later (a
+    float interval, save_topk=0, by_epoch='no')."""
+    if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
+            interval != int(interval) or interval == 0 or interval < -1):
+        raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
+                                        f"periodic checkpoints) or a spec like '500it', "
+                                        f"'2ep', '30min'")
+    for name, value, low in (("max_keep_ckpts", max_keep_ckpts, -1),
+                             ("save_begin", save_begin, 0), ("save_topk", save_topk, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
+    for name, flag in (("by_epoch", by_epoch), ("async_save", async_save)):
+        if not isinstance(flag, bool):
+            raise ArgumentError(name, f"got {flag!r}; takes True or False")
+
+
+def _published_keys(keys: Union[str, Sequence[str], None]) -> list:
+    """``published_keys`` checked against the checkpoint's parts (a typo would publish a file
+    without them); the weights must be among them."""
+    keys = _as_list(keys)
+    for k in keys:
+        if k not in CHECKPOINT_KEYS:
+            raise ArgumentError("published_keys", f"unknown checkpoint key {k!r}; "
+                                                  f"choose from {', '.join(CHECKPOINT_KEYS)}")
+    if keys and "state_dict" not in keys:
+        raise ArgumentError("published_keys", "must include 'state_dict' (the weights)")
+    return keys
 
 
 @HOOKS.register_module()
@@ -53,7 +89,8 @@ class CheckpointHook(Hook, CheckpointSaver):
       ``less_keys`` by substring; the best is ``best_{key}_epoch_{N}.pth`` and replaces the
       previous best. ``save_topk=K`` keeps the K best checkpoints of each key instead of one.
     * ``published_keys``: after training, the last and best checkpoints are also written with only
-      these keys as ``{name}-{sha256[:8]}.pth``.
+      these keys as ``{name}-{sha256[:8]}.pth``: any part :mod:`distributed_runner.checkpoint_parts`
+      declares, but ``sharded``.
     * ``out_dir``: as MMEngine, checkpoints go to ``out_dir/<basename(work_dir)>`` (default:
       ``work_dir`` itself). A URI (``s3://``, ``gs://``, ``hdfs://``) gets a copy of each
       committed checkpoint, uploaded in the background, while the files stay in ``work_dir``
@@ -87,19 +124,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                  save_begin: int = 0, save_topk: int = 1, async_save: bool = False,
                  backend_args: Optional[dict] = None, file_client_args: Optional[dict] = None,
                  create_symlink: Optional[bool] = None) -> None:
-        if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
-                interval != int(interval) or interval == 0 or interval < -1):
-            raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
-                                            f"periodic checkpoints) or a spec like '500it', "
-                                            f"'2ep', '30min'")
-        for name, value, low in (("max_keep_ckpts", max_keep_ckpts, -1), ("save_begin",
-                                                                         save_begin, 0),
-                                 ("save_topk", save_topk, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
-        for name, flag in (("by_epoch", by_epoch), ("async_save", async_save)):
-            if not isinstance(flag, bool):
-                raise ArgumentError(name, f"got {flag!r}; takes True or False")
+        _check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
         self.async_save = async_save
         # what a save's commit does (rank 0), by file name: move the pointer, remove old files
         self._on_commit: dict[str, tuple[bool, list[str]]] = {}
@@ -127,28 +152,8 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
         self.less_keys = list(less_keys) if less_keys is not None else LESS_KEYS
         self.save_best = _as_list(save_best)
-        if "auto" in self.save_best and len(self.save_best) > 1:
-            raise ArgumentError("save_best", "'auto' cannot be combined with other keys")
-        rules = _as_list(rule)
-        if len(rules) == 1 and len(self.save_best) > 1:
-            rules = rules * len(self.save_best)
-        if rules and len(rules) != len(self.save_best):
-            raise ArgumentError("rule", f"give one rule or one per save_best key "
-                                             f"({len(self.save_best)})")
-        for r in rules:
-            if r not in ("greater", "less"):
-                raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
-        self.rules: list[Optional[str]] = rules or [None] * len(self.save_best)
-        for i, key in enumerate(self.save_best):
-            if key != "auto" and self.rules[i] is None:
-                self.rules[i] = self._infer_rule(key)
-        self.published_keys = _as_list(published_keys)
-        for k in self.published_keys:
-            if k not in CHECKPOINT_KEYS:
-                raise ArgumentError("published_keys", f"unknown checkpoint key {k!r}; "
-                                                            f"choose from {', '.join(CHECKPOINT_KEYS)}")
-        if self.published_keys and "state_dict" not in self.published_keys:
-            raise ArgumentError("published_keys", "must include 'state_dict' (the weights)")
+        self.rules = self._best_rules(_as_list(rule))
+        self.published_keys = _published_keys(published_keys)
         # state that survives resume (state_dict below)
         self.best_scores: dict[str, float] = {}
         self.best_files: dict[str, str] = {}
@@ -159,6 +164,23 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
+    def _best_rules(self, rules: list) -> list[Optional[str]]:
+        """One rule per ``save_best`` key: given once for all, one each, or inferred from the
+        key's name ('auto' waits for the first metric's)."""
+        if "auto" in self.save_best and len(self.save_best) > 1:
+            raise ArgumentError("save_best", "'auto' cannot be combined with other keys")
+        if len(rules) == 1 and len(self.save_best) > 1:
+            rules = rules * len(self.save_best)
+        if rules and len(rules) != len(self.save_best):
+            raise ArgumentError("rule", f"give one rule or one per save_best key "
+                                        f"({len(self.save_best)})")
+        for r in rules:
+            if r not in ("greater", "less"):
+                raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
+        rules = rules or [None] * len(self.save_best)
+        return [self._infer_rule(key) if key != "auto" and r is None else r
+                for key, r in zip(self.save_best, rules)]
+
     def _infer_rule(self, key: str) -> str:
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
@@ -166,7 +188,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         raise ArgumentError("rule", f"cannot tell whether a larger {key!r} is better: set "
                                          f"rule='greater' or rule='less'")
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         names = runner.val_metric_names()  # checked now, not after the first epoch
         for key in self.save_best:
             if key != "auto":
@@ -195,11 +217,11 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.every.start_clock()
 
     # -- periodic ------------------------------------------------------------------------------
-    def after_train_epoch(self, runner) -> None:
+    def after_train_epoch(self, runner: RunnerAPI) -> None:
         if self.every.due_after_epoch(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.epoch + 1))
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         if self.async_save:
             runner.checkpoints.poll()  # commits a background save every rank has finished
@@ -210,7 +232,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.every.due_after_iter(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.iter + 1))
 
-    def save_on_request(self, runner, reason: str) -> Path:
+    def save_on_request(self, runner: RunnerAPI, reason: str) -> Path:
         """Save now (a request or preemption, between iterations) as ``iter_{N}.pth``."""
         done = runner.train_state.position()["iter"]
         if self.last_saved_iter == done and self.last_file:
@@ -221,8 +243,8 @@ class CheckpointHook(Hook, CheckpointSaver):
             runner.logger.info("saved %s (%s)", name, reason)
         return self.out_dir / name
 
-    def _save(self, runner, filename: str, meta: Optional[dict] = None, point: bool = False,
-              remove: Sequence[str] = ()) -> Path:
+    def _save(self, runner: RunnerAPI, filename: str, meta: Optional[dict] = None,
+              point: bool = False, remove: Sequence[str] = ()) -> Path:
         """Save ``filename``; when it commits, point ``last_checkpoint`` at it (``point``) and
         remove the files it replaces (``remove``): never before it is safely written."""
         self._on_commit[filename] = (point, list(remove))
@@ -230,12 +252,12 @@ class CheckpointHook(Hook, CheckpointSaver):
                                       save_param_scheduler=self.save_param_scheduler, meta=meta,
                                       asynchronous=self.async_save)
 
-    def after_save_checkpoint(self, runner, path: Path, checkpoint: dict) -> None:
+    def after_save_checkpoint(self, runner: RunnerAPI, path: Path, checkpoint: dict) -> None:
         point, remove = self._on_commit.pop(Path(path).name, (False, []))
         if runner.rank != 0:
             return
-        if point:
-            self._point_at(runner, Path(path))
+        if point:  # checkpoint.point_at: the one writer of last_checkpoint
+            point_at(path, self.out_dir, runner.work_dir)
         if self.remote is not None:
             self.remote.upload(self._parts(Path(path)))
             self.remote.remove([part.name for name in remove
@@ -248,7 +270,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         """A checkpoint's files: itself, its checksum, its shard folders."""
         return [path, checksum_path(path), *shard_folders(path)]
 
-    def _save_periodic(self, runner, filename: str) -> None:
+    def _save_periodic(self, runner: RunnerAPI, filename: str) -> None:
         if filename not in self.kept:
             self.kept.append(filename)
         removed = []
@@ -258,13 +280,8 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.last_saved_iter = runner.train_state.position()["iter"]
         self._save(runner, filename, point=True, remove=removed)
 
-    def _point_at(self, runner, path: Path) -> None:
-        for folder in {self.out_dir, Path(runner.work_dir)}:
-            # relative: a work_dir moved or copied keeps a pointer that resolves
-            atomic_write_text(os.path.relpath(path, folder), folder / LAST_CHECKPOINT_POINTER)
-
     # -- best ----------------------------------------------------------------------------------
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         if not self.save_best or not metrics or runner.train_loop is None:
             return
         if self.save_best == ["auto"]:
@@ -292,7 +309,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                                    f"top-{self.save_topk}", key, value, name)
 
     # -- end of training -----------------------------------------------------------------------
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: RunnerAPI) -> None:
         loop = runner.train_loop
         finished = loop.stop_training or runner.iter >= runner.max_iters
         if not finished:  # training raised: its final state is nothing to keep
@@ -314,7 +331,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                     self.remote.upload([published, checksum_path(published)])
         self._wait_for_uploads(runner)
 
-    def _wait_for_uploads(self, runner) -> None:
+    def _wait_for_uploads(self, runner: RunnerAPI) -> None:
         if self.remote is not None:
             failed = self.remote.wait()
             if failed:
@@ -341,7 +358,7 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     def saved_files(self) -> dict[str, list[Path]]:
         """The checkpoints a finished run keeps: ``last``, ``best`` and ``published`` (rank 0)."""
-        def existing(names):
+        def existing(names: list) -> list[Path]:
             return [self.out_dir / n for n in names if n and (self.out_dir / n).is_file()]
         best = [f for top in self.top.values() for _, f in top] or list(self.best_files.values())
         return {"last": existing([self.last_file] if self.save_last else []),

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from distributed_runner.errors import ArgumentError
 from distributed_runner.metric_rules import infer_rule, require_metric
 from distributed_runner.registry import HOOKS
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 
@@ -65,11 +68,11 @@ class EarlyStoppingHook(Hook):
         return value >= self.stopping_threshold if self.rule == "greater" \
             else value <= self.stopping_threshold
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         # a monitor the metrics do not report would never stop anything: say so now
         require_metric("monitor", self.monitor, runner.val_metric_names())
 
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         if runner.train_loop is None or metrics is None:
             return
         if self.monitor not in metrics:

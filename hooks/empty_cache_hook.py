@@ -1,13 +1,16 @@
 """EmptyCacheHook: give cached, unused GPU memory back to the driver at chosen moments."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -33,15 +36,15 @@ class EmptyCacheHook(Hook):
             torch.cuda.empty_cache()
 
     # MMEngine's helpers: the base class forwards every train/val/test epoch and iteration to them
-    def _before_epoch(self, runner, mode: str = "train") -> None:
+    def _before_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         if self.on_before_epoch:
             self._empty()
 
-    def _after_epoch(self, runner, mode: str = "train") -> None:
+    def _after_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         if self.on_after_epoch:
             self._empty()
 
-    def _after_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def _after_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                     outputs: Any = None, mode: str = "train") -> None:
         if self.on_after_iter:
             self._empty()

@@ -13,13 +13,26 @@ CheckpointSaver     saves the checkpoints the loop is asked for (``runner.reques
 SinkProvider        names log sinks (``sink_specs``); the Runner builds them once and serves
                     them to every hook as ``runner.sinks``
 ==================  ==========================================================================
+
+Unlike the mount points, these methods are called *outside* the dispatcher: they are not in
+``runner.hook_timings()`` and the hook's ``on_error`` does not apply — a failure propagates, by
+design. A StepGuard's ``check_loss``/``reject_step`` return verdicts the step acts on, combined
+over ranks (skipping a guard that failed on one rank would split the ranks), and ``on_rollback``
+completes a rollback every rank does; the loop's step calls them. ``save_on_request`` writes a
+requested or preemption checkpoint on every rank (``Runner.save_requested_checkpoint``): it is
+written or training stops, loudly. ``sink_specs`` is read once, when the Runner is built. The same
+holds for a hook's ``state_dict``/``load_state_dict``, which the checkpoint code calls (a
+checkpoint missing a hook's state would resume wrongly).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 class StepGuard:
@@ -36,11 +49,11 @@ class StepGuard:
         """Whether this step may go ahead (called on every rank, every iteration)."""
         raise NotImplementedError
 
-    def reject_step(self, runner: Any, loss: torch.Tensor) -> str:
+    def reject_step(self, runner: RunnerAPI, loss: torch.Tensor) -> str:
         """What to do with a step some rank rejected: ``'skip'`` or ``'rollback'`` (or raise)."""
         raise NotImplementedError
 
-    def on_rollback(self, runner: Any) -> None:
+    def on_rollback(self, runner: RunnerAPI) -> None:
         """After the rollback restored the newest checkpoint (e.g. scale the learning rate)."""
 
 
@@ -52,7 +65,7 @@ class CheckpointSaver:
     order); with none registered the Runner writes ``work_dir/iter_{N}.pth`` itself.
     """
 
-    def save_on_request(self, runner: Any, reason: str) -> Path:
+    def save_on_request(self, runner: RunnerAPI, reason: str) -> Path:
         """Save the current state now (on every rank; rank 0 writes) and return its path."""
         raise NotImplementedError
 

@@ -11,7 +11,8 @@ The mount points, in the order a training run reaches them (the loop's full pseu
 ==========================  =====================================================================
 before_run / after_run      around a whole ``Runner.train()``, ``val()`` or ``test()`` call;
                             ``after_run`` also runs when training raises, so sinks can flush
-after_load_checkpoint       after ``resume`` / ``load_from`` restored a checkpoint dict
+after_load_checkpoint       after ``resume`` / ``load_from`` *read* a checkpoint dict, before
+                            anything is restored from it: hooks may rewrite it
 before_train / after_train  around the training loop (``after_train`` also on failure)
 before/after_train_epoch    around one pass over the training data (periodic saving is here)
 before/after_train_iter     around one optimizer step; ``outputs`` holds the detached losses
@@ -28,8 +29,10 @@ override those instead. A hook written iMIX's way (``def after_train_iter(self)`
 argument) is called without arguments and finds the runner as ``self.trainer``.
 
 Besides the mount points, a hook may plug into the loop through the declared extension points in
-:mod:`hooks.extension_points` (step guards, requested checkpoints, log sinks); ``drun hooks``
-shows every mount point and extension point in use.
+:mod:`hooks.extension_points` (step guards, requested checkpoints, log sinks; called outside the
+dispatcher, so not timed and not under ``on_error``); ``drun hooks`` shows every mount point and
+extension point in use. The ``runner`` every mount point receives is typed
+:class:`~distributed_runner.runner_api.RunnerAPI`: the part of the Runner a hook may rely on.
 
 Counters follow MMEngine: inside a hook ``runner.epoch`` and ``runner.iter`` are 0-based and count
 the epoch / iteration in progress; they advance *after* ``after_train_epoch`` / ``after_train_iter``.
@@ -39,10 +42,16 @@ So the helpers below count from 1: ``every_n_train_iters(runner, 5)`` is true af
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from distributed_runner.counting import every_nth
+from distributed_runner.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
+
 
 DataBatch = Optional[Union[dict, tuple, list]]
 
@@ -79,93 +88,101 @@ class Hook:
     on_error: str = "raise"
 
     # -- whole runs ---------------------------------------------------------------------------
-    def before_run(self, runner) -> None:
+    def before_run(self, runner: RunnerAPI) -> None:
         """Once per ``Runner.train()/val()/test()`` call, before any checkpoint is loaded."""
 
-    def after_run(self, runner) -> None:
+    def after_run(self, runner: RunnerAPI) -> None:
         """Once per ``train()/val()/test()`` call, also when it raised."""
 
-    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        """After ``resume`` or ``load_from`` restored ``checkpoint``."""
+    def after_load_checkpoint(self, runner: RunnerAPI, checkpoint: dict) -> None:
+        """After ``resume`` or ``load_from`` read ``checkpoint`` and *before* anything is restored
+        from it (MMEngine's order), so a hook may rewrite it (rename keys of an old checkpoint);
+        ``runner.loading_for`` says for what: ``'resume'`` (the whole training state, also a
+        rollback) or ``'load_from'`` (weights only)."""
 
-    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+    def before_save_checkpoint(self, runner: RunnerAPI, checkpoint: dict) -> None:
         """Just before ``checkpoint`` is written; add or adjust keys here."""
 
-    def after_save_checkpoint(self, runner, path: Path, checkpoint: dict) -> None:
+    def after_save_checkpoint(self, runner: RunnerAPI, path: Path, checkpoint: dict) -> None:
         """After ``checkpoint`` was written to ``path`` (by rank 0), on every rank, as often on
         each; an addition to MMEngine's mount points. Report, upload or index it here (under Ray,
         RayReportHook reports it to Ray Train here)."""
 
     # -- training ------------------------------------------------------------------------------
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         """Before the first training epoch (after resume)."""
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: RunnerAPI) -> None:
         """After the last training epoch, also when training raised."""
 
-    def before_train_epoch(self, runner) -> None:
+    def before_train_epoch(self, runner: RunnerAPI) -> None:
         """Before each training epoch (also before the rest of an epoch resumed in its middle)."""
         self._before_epoch(runner, mode="train")
 
-    def after_train_epoch(self, runner) -> None:
+    def after_train_epoch(self, runner: RunnerAPI) -> None:
         """After each training epoch, before ``runner.epoch`` advances."""
         self._after_epoch(runner, mode="train")
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
-        """Before each training step; ``batch_idx`` counts within the epoch."""
+    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
+                          data_batch: DataBatch = None) -> None:
+        """Before each training step. ``batch_idx`` counts within the epoch in an epoch-based
+        loop; in an iteration-based loop it is the global iteration (``runner.iter``), as in
+        MMEngine."""
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="train")
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         """After each training step; ``outputs`` holds the detached losses (``outputs['loss']``)."""
         self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
                          mode="train")
 
     # -- validation ----------------------------------------------------------------------------
-    def before_val(self, runner) -> None:
+    def before_val(self, runner: RunnerAPI) -> None:
         """Before a validation run."""
 
-    def after_val(self, runner) -> None:
+    def after_val(self, runner: RunnerAPI) -> None:
         """After a validation run."""
 
-    def before_val_epoch(self, runner) -> None:
+    def before_val_epoch(self, runner: RunnerAPI) -> None:
         """Before the pass over the validation data."""
         self._before_epoch(runner, mode="val")
 
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         """After validation; ``metrics`` are identical on every rank."""
         self._after_epoch(runner, mode="val")
 
-    def before_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+    def before_val_iter(self, runner: RunnerAPI, batch_idx: int,
+                        data_batch: DataBatch = None) -> None:
         """Before each validation batch."""
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="val")
 
-    def after_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                        outputs: Optional[Sequence] = None) -> None:
         """After each validation batch; ``outputs`` are the model's predictions."""
         self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
                          mode="val")
 
     # -- testing -------------------------------------------------------------------------------
-    def before_test(self, runner) -> None:
+    def before_test(self, runner: RunnerAPI) -> None:
         """Before a test run."""
 
-    def after_test(self, runner) -> None:
+    def after_test(self, runner: RunnerAPI) -> None:
         """After a test run."""
 
-    def before_test_epoch(self, runner) -> None:
+    def before_test_epoch(self, runner: RunnerAPI) -> None:
         """Before the pass over the test data."""
         self._before_epoch(runner, mode="test")
 
-    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         """After testing; ``metrics`` are identical on every rank."""
         self._after_epoch(runner, mode="test")
 
-    def before_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+    def before_test_iter(self, runner: RunnerAPI, batch_idx: int,
+                         data_batch: DataBatch = None) -> None:
         """Before each test batch."""
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="test")
 
-    def after_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                         outputs: Optional[Sequence] = None) -> None:
         """After each test batch; ``outputs`` are the model's predictions."""
         self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
@@ -174,22 +191,22 @@ class Hook:
     # -- MMEngine's shared helpers: the train/val/test epoch and iteration mount points above
     # forward to these, so a hook that overrides only ``_after_iter`` runs after every training,
     # validation and test iteration (``mode`` says which), as under MMEngine
-    def _before_epoch(self, runner, mode: str = "train") -> None:
+    def _before_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         """Before every train/val/test epoch, unless that mount point is overridden."""
 
-    def _after_epoch(self, runner, mode: str = "train") -> None:
+    def _after_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         """After every train/val/test epoch, unless that mount point is overridden."""
 
-    def _before_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def _before_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                      mode: str = "train") -> None:
         """Before every train/val/test iteration, unless that mount point is overridden."""
 
-    def _after_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def _after_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                     outputs: Any = None, mode: str = "train") -> None:
         """After every train/val/test iteration, unless that mount point is overridden."""
 
     # -- helpers (count from 1, as MMEngine does; n <= 0 means never) ---------------------------
-    def every_n_epochs(self, runner, n: int, start: int = 0) -> bool:
+    def every_n_epochs(self, runner: RunnerAPI, n: int, start: int = 0) -> bool:
         """True at the end of every n-th epoch counted from ``start``."""
         return every_nth(runner.epoch + 1 - start, n)
 
@@ -197,7 +214,7 @@ class Hook:
         """True on every n-th batch of the current epoch."""
         return n > 0 and (batch_idx + 1) % n == 0
 
-    def every_n_train_iters(self, runner, n: int, start: int = 0) -> bool:
+    def every_n_train_iters(self, runner: RunnerAPI, n: int, start: int = 0) -> bool:
         """True after every n-th training iteration counted from ``start``."""
         return every_nth(runner.iter + 1 - start, n)
 
@@ -205,11 +222,11 @@ class Hook:
         """True on the last batch of ``dataloader``."""
         return batch_idx + 1 == len(dataloader)
 
-    def is_last_train_epoch(self, runner) -> bool:
+    def is_last_train_epoch(self, runner: RunnerAPI) -> bool:
         """True during the final training epoch."""
         return runner.epoch + 1 == runner.max_epochs
 
-    def is_last_train_iter(self, runner) -> bool:
+    def is_last_train_iter(self, runner: RunnerAPI) -> bool:
         """True during the final training iteration."""
         return runner.iter + 1 == runner.max_iters
 
@@ -255,3 +272,21 @@ def imix_style_mounts(hook: Hook) -> frozenset[str]:
                                                    params[0].POSITIONAL_OR_KEYWORD):
             found.add(name)
     return frozenset(found)
+
+
+_LOOKS_LIKE_MOUNT_POINT = re.compile(r"^(before|after)_")
+
+
+def check_mount_point_names(hook: Hook, key: str) -> None:
+    """Reject a method whose name looks like a mount point but is not one (``key``: the hook's
+    config key, for the error). ``after_train_iteration`` would otherwise be silently never
+    called — the classic hook bug. The dispatcher checks every hook it registers."""
+    for cls in type(hook).__mro__:
+        if cls is Hook or cls is object:
+            continue
+        for attr, value in vars(cls).items():
+            if (callable(value) and _LOOKS_LIKE_MOUNT_POINT.match(attr)
+                    and attr not in MOUNT_POINTS):
+                raise ConfigError(key, f"{type(hook).__name__}.{attr} is not a mount point"
+                                       f"{did_you_mean(attr, MOUNT_POINTS)}; rename it, or "
+                                       f"prefix it with '_' if it is a helper")

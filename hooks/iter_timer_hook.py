@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import time
 from time import perf_counter
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -28,20 +31,20 @@ class IterTimerHook(Hook):
         self._start_iter = 0
         self._max_iters = 0
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         self._start_iter = runner.iter
         self._max_iters = runner.max_iters
         self._train_start = time.perf_counter()
 
     # MMEngine's helpers, which the base class forwards every epoch and val/test iteration to
-    def _before_epoch(self, runner, mode: str = "train") -> None:
+    def _before_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         self._t = time.perf_counter()
 
-    def _before_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def _before_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                      mode: str = "train") -> None:
         runner.message_hub.update_scalar(f"{mode}/data_time", perf_counter() - self._t)
 
-    def _after_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def _after_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                     outputs: Optional[dict] = None, mode: str = "train") -> None:
         now = perf_counter()
         runner.message_hub.update_scalar(f"{mode}/time", now - self._t)
@@ -49,17 +52,18 @@ class IterTimerHook(Hook):
 
     # training: written out, with the ETA (every step). A subclass that overrides _before_iter or
     # _after_iter (as MMEngine's downstream timers do) gets them called for training too.
-    def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
+                          data_batch: DataBatch = None) -> None:
         runner.message_hub.update_scalar("train/data_time", perf_counter() - self._t)
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         now = perf_counter()
         runner.message_hub.update_scalar("train/time", now - self._t)
         self._t = now
         self._record_eta(runner, now)
 
-    def _record_eta(self, runner, now: float) -> None:
+    def _record_eta(self, runner: RunnerAPI, now: float) -> None:
         """Seconds left: time since this process started training per iteration done since,
         times the iterations left."""
         it = runner.iter
@@ -74,7 +78,7 @@ class IterTimerHook(Hook):
             cls.after_train_iter = _after_train_iter_with_eta
 
 
-def _after_train_iter_with_eta(self: IterTimerHook, runner, batch_idx: int,
+def _after_train_iter_with_eta(self: IterTimerHook, runner: RunnerAPI, batch_idx: int,
                                data_batch: DataBatch = None,
                                outputs: Optional[dict] = None) -> None:
     """A subclass's ``_after_iter`` for training, then the ETA as IterTimerHook keeps it."""

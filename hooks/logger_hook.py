@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
@@ -17,6 +17,9 @@ from distributed_runner.sinks import LogRecord
 
 from .extension_points import SinkProvider
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 SHARE_CHECK_SECONDS = 5.0
@@ -90,7 +93,7 @@ class LoggerHook(Hook, SinkProvider):
         self._last_logged = 0  # runner.iter when the last train record was written
         self._warned_hooks: set[str] = set()
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         self._last_logged = runner.iter
         self._by_epoch = runner.by_epoch
         self._epoch_length = len(runner.train_dataloader)
@@ -103,7 +106,7 @@ class LoggerHook(Hook, SinkProvider):
         self._share_base: tuple[float, dict] | None = None
         self._share_checked = 0.0
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         kind = self.every.kind
         if kind == "iter":
@@ -120,7 +123,7 @@ class LoggerHook(Hook, SinkProvider):
                 and runner.rank == 0:
             runner.logger.info("Exp name: %s", runner.experiment_name)  # MMEngine's line
 
-    def _log_train(self, runner, batch_idx: int) -> None:
+    def _log_train(self, runner: RunnerAPI, batch_idx: int) -> None:
         hub = runner.message_hub
         window = max(runner.iter + 1 - self._last_logged, 1)
         self._last_logged = runner.iter + 1
@@ -151,7 +154,7 @@ class LoggerHook(Hook, SinkProvider):
             info["eta"] = eta
         runner.sinks.write(LogRecord("train", runner.iter + 1, runner.epoch + 1, scalars, info))
 
-    def _log_eval(self, runner, mode: str, metrics: Optional[dict]) -> None:
+    def _log_eval(self, runner: RunnerAPI, mode: str, metrics: Optional[dict]) -> None:
         if runner.rank != 0:
             return
         scalars = {k: float(v) for k, v in (metrics or {}).items()}
@@ -165,13 +168,13 @@ class LoggerHook(Hook, SinkProvider):
                                      {"by_epoch": runner.by_epoch},
                                      metric_step=runner.epoch if by_epoch else None))
 
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         self._log_eval(runner, "val", metrics)
 
-    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         self._log_eval(runner, "test", metrics)
 
-    def _top_hooks(self, runner, window: int) -> list[tuple[str, float]]:
+    def _top_hooks(self, runner: RunnerAPI, window: int) -> list[tuple[str, float]]:
         """The slowest hooks of this window as (name, µs per iteration)."""
         now_seconds = runner.hook_seconds()
         delta = {n: s - self._hook_seconds.get(n, 0.0) for n, s in now_seconds.items()}
@@ -179,7 +182,7 @@ class LoggerHook(Hook, SinkProvider):
         top = sorted(delta.items(), key=lambda kv: -kv[1])[:self.top_hooks]
         return [(name, 1e6 * seconds / window) for name, seconds in top if seconds > 0]
 
-    def _check_hook_shares(self, runner, now_or_never: bool = False) -> None:
+    def _check_hook_shares(self, runner: RunnerAPI, now_or_never: bool = False) -> None:
         """Warn once per hook whose cumulative share of the training wall time since the first
         record exceeds ``hook_time_warn_share`` (at most every SHARE_CHECK_SECONDS, unless
         ``now_or_never``: the last check, at the end of training)."""
@@ -204,13 +207,13 @@ class LoggerHook(Hook, SinkProvider):
                     "hook_time_warn_share=%.2f); see the hook time table at the end of training",
                     name, 100 * share, self.hook_time_warn_share)
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: RunnerAPI) -> None:
         if self._share_base is not None:
             self._check_hook_shares(runner, now_or_never=True)  # a short run counts too
         if runner.rank == 0:
             runner.logger.info(format_hook_timings(runner.hook_timings()))
 
-    def after_run(self, runner) -> None:
+    def after_run(self, runner: RunnerAPI) -> None:
         """``out_dir``: the run's logs and config (names ending with ``out_suffix``) copied to
         ``out_dir/<basename(work_dir)>``, as MMEngine does; ``keep_local=False`` deletes the
         local ones afterwards."""

@@ -1,11 +1,16 @@
 """MLflowCheckpointHook: the run's kept checkpoints as artifacts of its MLflow run."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distributed_runner.registry import HOOKS
 from distributed_runner.sharded_checkpoint import shard_folders
 from distributed_runner.sinks.mlflow import MLflowSink
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -27,7 +32,7 @@ class MLflowCheckpointHook(Hook):
         self.artifact_path = artifact_path
         self.uploaded: list[str] = []
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: RunnerAPI) -> None:
         if runner.rank != 0:
             return
         checkpoint_hook = runner.get_hook("checkpoint")

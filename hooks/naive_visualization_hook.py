@@ -2,12 +2,15 @@
 arguments (``interval``, ``draw_gt``, ``draw_pred``) and defaults."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch
 from .visualization_hook import VisualizationHook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -30,7 +33,7 @@ class NaiveVisualizationHook(VisualizationHook):
         super().__init__(interval=interval, max_images=max_images, stages=stages,
                          draw_gt=draw_gt, draw_pred=draw_pred, **kwargs)
 
-    def _begin(self, runner, stage: str) -> None:
+    def _begin(self, runner: RunnerAPI, stage: str) -> None:
         super()._begin(runner, stage)
         if stage == "val":  # every validation (interval counts batches here, not evaluations)
             self._active = runner.rank == 0 and "val" in self.stages
@@ -40,10 +43,10 @@ class NaiveVisualizationHook(VisualizationHook):
         if (batch_idx + 1) % self.interval == 0:
             self._collect(data_batch, outputs)
 
-    def after_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                        outputs: Optional[Sequence] = None) -> None:
         self._every_nth_batch(batch_idx, data_batch, outputs)
 
-    def after_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                         outputs: Optional[Sequence] = None) -> None:
         self._every_nth_batch(batch_idx, data_batch, outputs)

@@ -1,6 +1,7 @@
 """NonFiniteLossHook: what to do when the loss is NaN or infinite — raise, skip, or roll back."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 import torch
 
 from distributed_runner.errors import ArgumentError
@@ -8,6 +9,10 @@ from distributed_runner.registry import HOOKS
 
 from .extension_points import StepGuard
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
+
 
 POLICIES = ("raise", "skip", "rollback")
 
@@ -51,7 +56,7 @@ class NonFiniteLossHook(Hook, StepGuard):
     def check_loss(self, loss: torch.Tensor) -> bool:
         return bool(torch.isfinite(loss).all())
 
-    def reject_step(self, runner, loss: torch.Tensor) -> str:
+    def reject_step(self, runner: RunnerAPI, loss: torch.Tensor) -> str:
         self.events += 1
         where = f"non-finite loss at iteration {runner.iter + 1} (rank {runner.rank}: {loss.item()})"
         if self.policy == "raise" or self.events > self.max_events:
@@ -66,7 +71,7 @@ class NonFiniteLossHook(Hook, StepGuard):
             self._kept = self.state_dict()
         return self.policy
 
-    def on_rollback(self, runner) -> None:
+    def on_rollback(self, runner: RunnerAPI) -> None:
         """The checkpoint restored older hook state: keep ours, then scale the LR."""
         if self._kept is not None:
             self.load_state_dict(self._kept)
@@ -84,7 +89,7 @@ class NonFiniteLossHook(Hook, StepGuard):
         self.lr_factor = float(state.get("lr_factor", 1.0))
 
 
-def scale_learning_rate(runner, factor: float) -> None:
+def scale_learning_rate(runner: RunnerAPI, factor: float) -> None:
     """Multiply the current LR and the schedulers' base values (so schedules stay scaled)."""
     for group in runner.optim_wrapper.param_groups:
         group["lr"] *= factor

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -51,7 +54,7 @@ class NPUProfilerHook(Hook):
         self.profiler: Any = None
         self.profiling = False
 
-    def before_run(self, runner) -> None:
+    def before_run(self, runner: RunnerAPI) -> None:
         if runner.rank != 0:
             return
         if runner.train_loop is not None and self.end > runner.max_iters:
@@ -64,14 +67,15 @@ class NPUProfilerHook(Hook):
         self.profiler = self._npu.npu.profile(self.result_path,
                                               use_e2e_profiler=self.use_e2e_profiler)
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
+                          data_batch: DataBatch = None) -> None:
         if self.profiler is not None and runner.iter == self.begin:
             self.profiler.__enter__()
             self.profiling = True
             runner.logger.info("NPUProfilerHook: profiling iterations %d..%d into %s",
                                self.begin, self.end - 1, self.result_path)
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         if runner.iter != self.end - 1:
             return

@@ -1,11 +1,14 @@
 """ParamSchedulerHook: steps the parameter schedulers at the end of each iteration or epoch."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -23,19 +26,19 @@ class ParamSchedulerHook(Hook):
     priority = "LOW"
 
     @staticmethod
-    def _schedulers(runner) -> list:
+    def _schedulers(runner: RunnerAPI) -> list:
         schedulers = runner.param_schedulers
         if isinstance(schedulers, dict):
             return [s for group in schedulers.values() for s in group]
         return schedulers or []
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         for scheduler in self._schedulers(runner):
             if not scheduler.by_epoch:
                 scheduler.step()
 
-    def after_train_epoch(self, runner) -> None:
+    def after_train_epoch(self, runner: RunnerAPI) -> None:
         for scheduler in self._schedulers(runner):
             if scheduler.by_epoch:
                 scheduler.step()

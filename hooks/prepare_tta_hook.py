@@ -1,13 +1,16 @@
 """PrepareTTAHook: test with test-time augmentation."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.registry import MODELS, HOOKS, check_arguments
 from distributed_runner.tta import TTAModel
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -30,7 +33,7 @@ class PrepareTTAHook(Hook):
                             "tta_cfg", supplied=["module"])
         self._original: Any = None
 
-    def before_test(self, runner) -> None:
+    def before_test(self, runner: RunnerAPI) -> None:
         self._original = runner.wrapped_model
         with argument_errors():
             wrapped = MODELS.build({**self.tta_cfg, "module": self._original}, "tta_cfg")
@@ -41,7 +44,7 @@ class PrepareTTAHook(Hook):
             runner.logger.info("testing with %d augmented views merged by %s",
                                len(wrapped.transforms), wrapped.merge)
 
-    def after_test(self, runner) -> None:
+    def after_test(self, runner: RunnerAPI) -> None:
         if self._original is not None:
             runner.wrapped_model = self._original
             self._original = None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
@@ -11,6 +11,9 @@ from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS, accepts
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 
@@ -86,7 +89,7 @@ class ProfilerHook(Hook):
         self.worker_name = ""
         self._steps = 0
 
-    def _activities(self, runner) -> list:
+    def _activities(self, runner: RunnerAPI) -> list:
         acts = []
         if self.activity_with_cpu:
             acts.append(torch.profiler.ProfilerActivity.CPU)
@@ -102,7 +105,7 @@ class ProfilerHook(Hook):
                                    "activity_with_cuda")
         return acts
 
-    def _trace_handler(self, runner) -> Optional[Callable]:
+    def _trace_handler(self, runner: RunnerAPI) -> Optional[Callable]:
         spec = self.on_trace_ready
         if callable(spec):
             return spec
@@ -114,7 +117,7 @@ class ProfilerHook(Hook):
             return torch.profiler.tensorboard_trace_handler(str(self.trace_dir), **options)
         return None
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         schedule = torch.profiler.schedule(**self.schedule) if self.schedule else None
         # acc_events: the table covers every active cycle of the schedule, not just the last
         extra = {"acc_events": True} if schedule is not None and accepts(
@@ -125,7 +128,7 @@ class ProfilerHook(Hook):
         self.profiler.__enter__()
         self._steps = 0
 
-    def _step(self, runner) -> None:
+    def _step(self, runner: RunnerAPI) -> None:
         if self.profiler is None:
             return
         self._steps += 1
@@ -134,19 +137,19 @@ class ProfilerHook(Hook):
         if self._steps >= self.profile_times:
             self._stop(runner)
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         if not self.by_epoch:
             self._step(runner)
 
-    def after_train_epoch(self, runner) -> None:
+    def after_train_epoch(self, runner: RunnerAPI) -> None:
         if self.by_epoch:
             self._step(runner)
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: RunnerAPI) -> None:
         self._stop(runner)  # training ended before profile_times
 
-    def _stop(self, runner) -> None:
+    def _stop(self, runner: RunnerAPI) -> None:
         prof, self.profiler = self.profiler, None
         if prof is None:
             return

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner import dist
 from distributed_runner.checkpoint import checksum_path
@@ -15,6 +15,9 @@ from distributed_runner.registry import HOOKS
 from distributed_runner.sharded_checkpoint import SHARDED, is_ranks_file
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -36,7 +39,7 @@ class RayReportHook(Hook):
 
     priority = "LOWEST"
 
-    def after_save_checkpoint(self, runner, path: Path, checkpoint: dict) -> None:
+    def after_save_checkpoint(self, runner: RunnerAPI, path: Path, checkpoint: dict) -> None:
         import ray.train
 
         meta = checkpoint.get("meta", {})

@@ -1,11 +1,14 @@
 """RuntimeInfoHook: publishes counters, learning rates, losses and metrics to the MessageHub."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -23,15 +26,16 @@ class RuntimeInfoHook(Hook):
     def __init__(self) -> None:
         self._keys: dict[str, str] = {}  # output key -> 'train/<key>', built once
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: RunnerAPI) -> None:
         runner.message_hub.update_info_dict({
             "epoch": runner.epoch, "iter": runner.iter,
             "max_epochs": runner.max_epochs, "max_iters": runner.max_iters})
 
-    def before_train_epoch(self, runner) -> None:
+    def before_train_epoch(self, runner: RunnerAPI) -> None:
         runner.message_hub.update_info("epoch", runner.epoch)
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None) -> None:
+    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
+                          data_batch: DataBatch = None) -> None:
         hub = runner.message_hub
         hub.runtime_info["iter"] = runner.iter  # update_info without the call: every iteration
         groups = runner.optim_wrapper.optimizer.param_groups
@@ -40,7 +44,7 @@ class RuntimeInfoHook(Hook):
             for i in range(1, len(groups)):
                 hub.update_scalar(f"train/lr_group{i}", groups[i]["lr"])
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         if not outputs:
             return
@@ -51,12 +55,12 @@ class RuntimeInfoHook(Hook):
                 name = keys[key] = f"train/{key}"
             hub.update_scalar(name, value)
 
-    def _metrics(self, runner, prefix: str, metrics: Optional[dict[str, Any]]) -> None:
+    def _metrics(self, runner: RunnerAPI, prefix: str, metrics: Optional[dict[str, Any]]) -> None:
         for key, value in (metrics or {}).items():
             runner.message_hub.update_scalar(f"{prefix}/{key}", value)
 
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         self._metrics(runner, "val", metrics)
 
-    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         self._metrics(runner, "test", metrics)

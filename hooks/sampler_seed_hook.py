@@ -1,9 +1,14 @@
 """DistSamplerSeedHook: a new shuffle every epoch, the same on every rank."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distributed_runner.registry import HOOKS
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -17,7 +22,7 @@ class DistSamplerSeedHook(Hook):
 
     priority = "NORMAL"
 
-    def before_train_epoch(self, runner) -> None:
+    def before_train_epoch(self, runner: RunnerAPI) -> None:
         loader = runner.train_dataloader
         for sampler in (getattr(loader, "sampler", None),
                         getattr(getattr(loader, "batch_sampler", None), "sampler", None)):

@@ -1,12 +1,16 @@
 """SyncBuffersHook: one set of BatchNorm statistics for all ranks."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 import torch
 
 from distributed_runner import dist
 from distributed_runner.registry import HOOKS
 
 from .hook import Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -20,16 +24,16 @@ class SyncBuffersHook(Hook):
 
     priority = "NORMAL"
 
-    def _sync(self, runner) -> None:
+    def _sync(self, runner: RunnerAPI) -> None:
         if not dist.is_distributed():
             return
         for buf in runner.model.buffers():
             if torch.is_floating_point(buf):
                 dist.all_reduce(buf, "mean")
 
-    def after_train_epoch(self, runner) -> None:
+    def after_train_epoch(self, runner: RunnerAPI) -> None:
         self._sync(runner)
 
-    def before_val(self, runner) -> None:
+    def before_val(self, runner: RunnerAPI) -> None:
         if runner.train_loop is not None and not runner.by_epoch:
             self._sync(runner)

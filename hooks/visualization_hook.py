@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -11,6 +11,9 @@ from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
 
 from .hook import DataBatch, Hook
+
+if TYPE_CHECKING:
+    from distributed_runner.runner_api import RunnerAPI
 
 
 
@@ -78,7 +81,7 @@ class VisualizationHook(Hook):
         self._evaluations = 0
 
     # -- collecting ----------------------------------------------------------------------------
-    def _begin(self, runner, stage: str) -> None:
+    def _begin(self, runner: RunnerAPI, stage: str) -> None:
         self._samples = []
         self._active = runner.rank == 0 and stage in self.stages
         if stage == "val":
@@ -99,24 +102,24 @@ class VisualizationHook(Hook):
             label = int(labels[i]) if torch.is_tensor(labels) else None
             self._samples.append((images[i].detach().cpu(), int(preds[i]), label))
 
-    def before_val_epoch(self, runner) -> None:
+    def before_val_epoch(self, runner: RunnerAPI) -> None:
         self._begin(runner, "val")
 
-    def before_test_epoch(self, runner) -> None:
+    def before_test_epoch(self, runner: RunnerAPI) -> None:
         self._begin(runner, "test")
 
-    def after_val_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                        outputs: Optional[Sequence] = None) -> None:
         self._collect(data_batch, outputs)
 
-    def after_test_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
+    def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                         outputs: Optional[Sequence] = None) -> None:
         self._collect(data_batch, outputs)
 
-    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         self._publish(runner, "val")
 
-    def after_test_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
         self._publish(runner, "test")
 
     # -- drawing and writing -------------------------------------------------------------------
@@ -142,7 +145,7 @@ class VisualizationHook(Hook):
             pen.text((x + 1, y + h), text, fill=color)
         return np.asarray(canvas)
 
-    def _publish(self, runner, stage: str) -> None:
+    def _publish(self, runner: RunnerAPI, stage: str) -> None:
         if not self._active or not self._samples:
             return
         self._active = False

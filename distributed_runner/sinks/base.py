@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import ConfigError, closest
 from ..registry import LOG_SINKS, check_arguments
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 
 @dataclass
@@ -39,7 +42,7 @@ class LogSink:
     """Receives records on the main process only. ``open`` once per run, ``close`` at its end
     (also after a failure, so buffered data is flushed)."""
 
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         """Called before each ``train()``/``val()``/``test()`` (before ``before_run``)."""
 
     def write(self, record: LogRecord) -> None:

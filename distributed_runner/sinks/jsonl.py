@@ -5,10 +5,13 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import Any, IO
+from typing import TYPE_CHECKING, IO
 
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 
 @functools.lru_cache(maxsize=64)
@@ -48,7 +51,7 @@ class JsonlSink(LogSink):
         self._file: IO[str] | None = None
         self._flushed = 0.0
 
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         path = Path(runner.work_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path

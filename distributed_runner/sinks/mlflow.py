@@ -43,7 +43,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..config import to_plain
 from ..log import LOGGER_NAME
@@ -51,6 +51,9 @@ from ..redact import flatten, redact, redact_url
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
 from .mlflow_sender import sender_main
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 logger = logging.getLogger(LOGGER_NAME)
 RUN_FILE = "mlflow_run.json"
@@ -115,7 +118,7 @@ class MLflowSink(LogSink):
         self._handed = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         self.work_dir = Path(runner.work_dir)
         self.uri = tracking_uri(self.tracking_uri, self.work_dir)
         self.shown_uri = redact_url(self.uri)  # what logs and files say: no password

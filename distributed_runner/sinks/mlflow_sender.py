@@ -30,6 +30,9 @@ BATCH = 1000
 
 
 class _Sender:
+    """The MlflowClient, the run and the bounded metric buffer, all owned by the sender process
+    (so the training process never waits on MLflow)."""
+
     def __init__(self, uri: str, settings: dict) -> None:
         from mlflow.tracking import MlflowClient
 
@@ -42,7 +45,7 @@ class _Sender:
         self.down = False
         self.run_id: str | None = None
         self.experiment_id: str | None = None  # known once the run is open (for its link)
-        self.pending: tuple | None = None  # an ensure_run that failed: retried before sending
+        self.failed_open: tuple | None = None  # an ensure_run that failed: retried before sending
         self.logged: set[tuple[str, int]] = set()
         self.log = logging.getLogger("distributed_runner.mlflow")
 
@@ -109,10 +112,10 @@ class _Sender:
 
     def retry_pending(self) -> None:
         """Open the run the sink asked for while the server was down, once it answers."""
-        if self.run_id is None and self.pending is not None:
+        if self.run_id is None and self.failed_open is not None:
             try:
-                self.ensure_run(*self.pending)
-                self.pending = None
+                self.ensure_run(*self.failed_open)
+                self.failed_open = None
             except Exception:
                 pass
 
@@ -126,9 +129,88 @@ class _Sender:
                 backoff = min(backoff * 2, 5.0)
         return not self.buffer
 
+    def send_due(self) -> bool:
+        """The periodic send: open a pending run, then send batches while full ones are waiting;
+        False when the server did not answer (the caller backs off)."""
+        self.retry_pending()
+        ok = True
+        while ok and self.buffer and self.run_id is not None:
+            ok = self.send_some()
+            if len(self.buffer) < BATCH:
+                break
+        return ok
 
-def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
-    """Entry point of the sender process."""
+    # -- commands (answered on the reply queue by _answer) -----------------------------------
+    def open_run(self, args: tuple) -> str:
+        """``ensure_run``; when the server does not answer, the request is kept and retried
+        before each send while metrics go on buffering."""
+        try:
+            return self.ensure_run(*args)
+        except Exception:
+            self.failed_open = args
+            raise
+
+    def flush(self, wait: float) -> str | None:
+        """Send what is buffered within ``wait`` seconds; returns the run id (None: not open)."""
+        # a server known to be down gets one try, not the whole wait: a checkpoint must not stall
+        # training during an outage
+        self.drain(time.monotonic() + (0.0 if self.down else wait))
+        if self.down:
+            self.retry_pending()
+            if self.run_id is not None:
+                self.send_some()
+        return self.run_id
+
+    def artifact(self, path: str, *rest: Any) -> None:
+        """Log a file, or a folder (a checkpoint's shards), to the run."""
+        log = self.client.log_artifacts if os.path.isdir(path) else self.client.log_artifact
+        log(self.run_id, path, *rest)
+
+    def close(self, timeout: float, outcome: str) -> dict:
+        """Send what is left within ``timeout``, end the run with ``outcome``; what was sent."""
+        sent = self.drain(time.monotonic() + timeout)
+        if self.run_id is None:
+            sent = False
+        # a run whose metrics could not all be sent is not marked FINISHED: it stays RUNNING, and
+        # a resume adopts it and sends the rest
+        if self.run_id is not None and (sent or outcome != "FINISHED"):
+            self.client.set_terminated(self.run_id, outcome)
+        return {"sent": sent, "unsent": len(self.buffer), "dropped": self.dropped,
+                "run_id": self.run_id,
+                "experiment_id": None if self.down else self.experiment_id}
+
+
+def _run_command(sender: _Sender, command: str, args: Any) -> Any:
+    """The result of one request other than ``close`` (which ends the sender: see _answer)."""
+    if command == "ensure_run":
+        return sender.open_run(args)
+    if command == "flush":
+        return sender.flush(args[0])
+    if command == "artifact":
+        sender.artifact(*args)
+        return None
+    raise ValueError(f"unknown command {command!r}")
+
+
+def _answer(sender: _Sender, message: tuple, outbox: Any) -> bool:
+    """Answer one request on ``outbox`` (a failure is answered too, as one line); True when it
+    was a ``close`` that succeeded: the sender process then ends."""
+    request_id, command, args = message
+    try:
+        if command == "close":
+            timeout, outcome = args
+            outbox.put((request_id, True, sender.close(timeout, outcome)))
+            return True
+        outbox.put((request_id, True, _run_command(sender, command, args)))
+    except Exception as e:
+        outbox.put((request_id, False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                    if str(e) else type(e).__name__))
+    return False
+
+
+def _setup_process() -> None:
+    """MLflow's environment and the logging of the sender process: a spawned process starts
+    without the trainer's logging, and its warnings (server down, back again) must still show."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # we retry, not mlflow
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     # MLflow's own "View run ... at" line repeats the tracking URI, password included: the sink
@@ -136,15 +218,20 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%m/%d %H:%M:%S")
+
+
+def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
+    """Entry point of the sender process: metrics are buffered and sent every
+    ``flush_interval`` seconds (at once when a full batch waits), requests answered in order."""
+    _setup_process()
     sender = _Sender(uri, settings)
     interval = settings["flush_interval"]
     next_send = time.monotonic() + interval
     backoff = 0.5
     parent = multiprocessing.parent_process()
     while True:
-        timeout = max(next_send - time.monotonic(), 0.0)
         try:
-            message = inbox.get(timeout=timeout)
+            message = inbox.get(timeout=max(next_send - time.monotonic(), 0.0))
         except queue.Empty:
             message = None
             if parent is not None and not parent.is_alive():
@@ -158,56 +245,10 @@ def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:
             if len(sender.buffer) < BATCH:
                 continue
         elif message is not None:
-            request_id, command, args = message
-            try:
-                if command == "ensure_run":
-                    try:
-                        result: Any = sender.ensure_run(*args)
-                    except Exception:
-                        sender.pending = args  # keep buffering; open it when the server answers
-                        raise
-                elif command == "flush":
-                    # a server known to be down gets one try, not the whole wait: a checkpoint
-                    # must not stall training during an outage
-                    sender.drain(time.monotonic() + (0.0 if sender.down else args[0]))
-                    if sender.down:
-                        sender.retry_pending()
-                        if sender.run_id is not None:
-                            sender.send_some()
-                    result = sender.run_id
-                elif command == "artifact":  # a file, or a folder (a checkpoint's shards)
-                    log = sender.client.log_artifacts if os.path.isdir(args[0]) \
-                        else sender.client.log_artifact
-                    log(sender.run_id, *args)
-                    result = None
-                elif command == "close":
-                    timeout, outcome = args
-                    sent = sender.drain(time.monotonic() + timeout)
-                    if sender.run_id is None:
-                        sent = False
-                    # a run whose metrics could not all be sent is not marked FINISHED: it stays
-                    # RUNNING, and a resume adopts it and sends the rest
-                    if sender.run_id is not None and (sent or outcome != "FINISHED"):
-                        sender.client.set_terminated(sender.run_id, outcome)
-                    outbox.put((request_id, True, {"sent": sent, "unsent": len(sender.buffer),
-                                                   "dropped": sender.dropped,
-                                                   "run_id": sender.run_id,
-                                                   "experiment_id": None if sender.down
-                                                   else sender.experiment_id}))
-                    return
-                else:
-                    raise ValueError(f"unknown command {command!r}")
-                outbox.put((request_id, True, result))
-            except Exception as e:
-                outbox.put((request_id, False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                            if str(e) else type(e).__name__))
+            if _answer(sender, message, outbox):
+                return
             continue
         if time.monotonic() >= next_send or len(sender.buffer) >= BATCH:
-            sender.retry_pending()
-            ok = True
-            while ok and sender.buffer and sender.run_id is not None:
-                ok = sender.send_some()
-                if len(sender.buffer) < BATCH:
-                    break
+            ok = sender.send_due()
             backoff = 0.5 if ok else min(backoff * 2, 5.0)
             next_send = time.monotonic() + (interval if ok else backoff)

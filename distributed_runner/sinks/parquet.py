@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 COLUMNS = ("mode", "tag", "step", "epoch", "value", "wall_time", "attempt")
 
@@ -32,7 +35,7 @@ class ParquetSink(LogSink):
         self._part = 0
         self.path: Path | None = None
 
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         self.path = Path(runner.work_dir) / self.folder
         self.path.mkdir(parents=True, exist_ok=True)
         self._attempt = time.time_ns()

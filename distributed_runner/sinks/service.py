@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..log import LOGGER_NAME
 from ..preemption import TrainingPreempted
 from .base import LogRecord, LogSink, build_sink, validate_sink_spec
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 _log = logging.getLogger(LOGGER_NAME)
 
@@ -83,7 +86,7 @@ class SinkSet:
 
     # -- lifecycle (the Runner's) ----------------------------------------------------------------
     @contextlib.contextmanager
-    def opened(self, runner: Any) -> Iterator["SinkSet"]:
+    def opened(self, runner: RunnerAPI) -> Iterator["SinkSet"]:
         """Open every sink for one ``train()``/``val()``/``test()``; close them at the end, also
         when it raised (buffered records are flushed)."""
         self._open = []

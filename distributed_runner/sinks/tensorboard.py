@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import to_plain
 from ..redact import flatten, redact
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 
 @LOG_SINKS.register_module()
@@ -26,7 +29,7 @@ class TensorBoardSink(LogSink):
         self._writer: Any = None
         self._last_val: dict[str, float] = {}
 
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = Path(runner.work_dir) / self.log_dir

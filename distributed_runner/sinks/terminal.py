@@ -5,11 +5,14 @@ import datetime
 import functools
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..log import LINE_FLUSHER, is_file_handler, log_info_line
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 _FIRST = ("lr", "eta", "time", "data_time", "memory")
 
@@ -90,7 +93,7 @@ class TerminalSink(LogSink):
         self._bar: Any = None
         self._rerouted: list[tuple[logging.StreamHandler, Any]] = []
 
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         self._logger = runner.logger
         use_bar = self.progress is True or (self.progress == "auto" and sys.stdout.isatty())
         # a bar for training only: val()/test() alone print their lines

@@ -29,13 +29,16 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..config import to_plain
 from ..errors import ArgumentError
 from ..redact import redact
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
+
+if TYPE_CHECKING:
+    from ..runner_api import RunnerAPI
 
 RUN_FILE = "wandb_run.json"
 
@@ -73,7 +76,7 @@ class WandbSink(LogSink):
     def load_state_dict(self, state: dict) -> None:
         self.run_id = state.get("run_id") or self.run_id
 
-    def open(self, runner: Any) -> None:
+    def open(self, runner: RunnerAPI) -> None:
         self.work_dir = Path(runner.work_dir)
         self._outcome, self._modes = "FINISHED", set()
         self._start_error: Optional[str] = None

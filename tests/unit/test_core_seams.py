@@ -28,16 +28,17 @@ def test_train_state_records_a_finishing_step_as_done_and_restores_it():
     assert s.position() == {"epoch": 1, "iter": 12, "iter_in_epoch": 2, "val_pending": False}
     s.finishing("iter")  # inside after_train_iter: the 13th iteration counts as done
     assert s.position() == {"epoch": 1, "iter": 13, "iter_in_epoch": 3, "val_pending": False}
-    s.iteration_done()
-    assert (s.iter, s.batch_in_epoch, s.pending) == (13, 3, None)
+    # then the loop advances the state (loops.run_iter; checked through a run below)
+    s = TrainState(max_epochs=3, max_iters=30, by_epoch=True, epoch=1, iter=13, data_epoch=1,
+                   batch_in_epoch=3)
     s.finishing("epoch", val_due=True)  # inside after_train_epoch, with a validation due
     assert s.position() == {"epoch": 2, "iter": 13, "iter_in_epoch": 0, "val_pending": True}
     s.epoch_done()
-    assert (s.epoch, s.data_epoch, s.batch_in_epoch) == (2, 2, 0)
+    assert (s.epoch, s.data_epoch, s.batch_in_epoch, s.finishing_step) == (2, 2, 0, None)
 
     restored = TrainState(max_epochs=3, max_iters=30, by_epoch=True)
     restored.restore({"epoch": 2, "iter": 13, "iter_in_epoch": 0, "val_pending": True})
-    assert (restored.epoch, restored.iter, restored.val_pending) == (2, 13, True)
+    assert (restored.epoch, restored.iter, restored.val_owed) == (2, 13, True)
     # an iteration-based run: epoch stays 0, the data pass is kept apart
     by_iter = TrainState(max_epochs=1, max_iters=100, by_epoch=False)
     by_iter.restore({"epoch": 4, "iter": 57, "iter_in_epoch": 7})
@@ -47,12 +48,16 @@ def test_train_state_records_a_finishing_step_as_done_and_restores_it():
 
 
 def test_hooks_read_one_train_state_through_the_runner(tmp_path):
-    seen = []
+    seen, before = [], []
 
     class Reader(Hook):
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            state = runner.train_state
+            before.append((state.iter, state.batch_in_epoch, state.finishing_step))
+
         def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
             state = runner.train_state
-            seen.append((runner.epoch, runner.iter, runner.by_epoch, state.pending,
+            seen.append((runner.epoch, runner.iter, runner.by_epoch, state.finishing_step,
                          state.position()["iter"]))
 
     runner = make_runner(tmp_path, train_cfg=dict(by_epoch=False, max_iters=12, val_interval=6),
@@ -60,6 +65,9 @@ def test_hooks_read_one_train_state_through_the_runner(tmp_path):
     assert runner.train_state is runner.train_loop.state
     runner.train()
     assert seen[0] == (0, 0, False, "iter", 1) and seen[-1] == (0, 11, False, "iter", 12)
+    # after each after_train_iter the iteration is done: the next one is in progress
+    assert before[1] == (1, 1, None) and before[-1] == (11, 1, None)
+    assert (runner.iter, runner.train_state.finishing_step) == (12, None)
     assert runner.train_state.data_epoch == 1  # 12 iterations over 10 batches: one wrap
     assert make_runner(tmp_path / "eval", train_dataloader=None, train_cfg=None,
                        optim_wrapper=None).train_state.by_epoch is True

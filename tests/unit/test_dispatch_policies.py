@@ -79,7 +79,7 @@ class _After(Hook):
 
 def test_failures_on_the_untimed_path_follow_the_same_policies(tmp_path):
     # after its first 16 calls a mount point mostly runs through its generated caller
-    # (call_plan.py): a failure there must apply the hook's policy, still call the hooks after
+    # (dispatch.compile_caller): a failure there must apply the hook's policy, still call the hooks after
     # it, and a disabled hook must leave the callers the loop holds
     from distributed_runner.dispatch import _TIMED
     assert not _TIMED[37]  # the 37th call takes the untimed path

@@ -1,0 +1,125 @@
+"""What the dispatcher reports about its hooks: the plan (who runs where) and the time they took.
+
+Nothing here runs on the training hot path: the Runner logs the plan once, ``drun hooks`` prints
+it, LoggerHook reads the timings once per logged window and at the end of training. It lives apart
+from :mod:`distributed_runner.dispatch` so that the dispatcher's file holds only what one call of
+a mount point runs; :class:`~distributed_runner.dispatch.HookDispatcher` keeps thin methods
+(``plan_text()``, ``timings()``, ...) that call these functions with its tables.
+
+The functions read the dispatcher's per-(hook, mount point) slots through :class:`SlotRecord`
+(the attributes a slot has; :class:`~distributed_runner.dispatch.Slot` is one), so this module
+does not import the dispatcher. Timing semantics (sampled, scaled to all calls) are explained in
+the dispatcher's docstring.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
+
+from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS
+from hooks.priority import priority_name
+
+from .hook_order import HookEntry
+
+
+class SlotRecord(Protocol):
+    """What the report reads of a dispatcher slot (one hook at one mount point)."""
+
+    entry: HookEntry
+    mount: str
+    ns: int  # nanoseconds of the timed calls
+    timed: int  # how many calls were timed
+    call_base: int  # the mount point's call count when the slot entered its table
+    call_end: Optional[int]  # ... and when it left it (its hook disabled), else None
+
+
+@dataclass
+class HookTiming:
+    """Cumulative wall time of one hook at one mount point."""
+
+    name: str
+    mount: str
+    seconds: float
+    calls: int
+    errors: int
+
+
+def slot_calls(slot: SlotRecord, mount_calls: Mapping[str, int]) -> int:
+    """How often the slot's hook was called there: the mount point's calls while it was in the
+    table (the dispatcher counts calls per mount point, not per hook, to keep calls cheap)."""
+    end = slot.call_end if slot.call_end is not None else mount_calls[slot.mount]
+    return end - slot.call_base
+
+
+def slot_seconds(slot: SlotRecord, calls: int) -> float:
+    """The slot's timed nanoseconds scaled to all its calls (an estimate when sampled)."""
+    return slot.ns / 1e9 * (calls / slot.timed if slot.timed else 0.0)
+
+
+def timings(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]) -> list[HookTiming]:
+    """Cumulative time per (hook, mount point) that was called or failed, slowest first."""
+    out = []
+    for slot in slots:
+        calls, entry = slot_calls(slot, mount_calls), slot.entry
+        if calls or entry.errors:
+            out.append(HookTiming(entry.name, slot.mount, slot_seconds(slot, calls), calls,
+                                  entry.errors.get(slot.mount, 0)))
+    return sorted(out, key=lambda t: -t.seconds)
+
+
+def seconds_by_hook(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
+                    ) -> dict[str, float]:
+    """Cumulative time per hook name over all its mount points (estimated)."""
+    total: dict[str, float] = {}
+    for slot in slots:
+        name = slot.entry.name
+        total[name] = total.get(name, 0.0) + slot_seconds(slot, slot_calls(slot, mount_calls))
+    return total
+
+
+def plan(tables: Mapping[str, Sequence[SlotRecord]]) -> dict[str, list[tuple[str, int]]]:
+    """Mount point -> [(hook name, priority)] in call order, only non-empty mount points."""
+    return {mount: [(s.entry.name, s.entry.priority) for s in tables[mount]]
+            for mount in MOUNT_POINTS if tables.get(mount)}
+
+
+def _hook_lines(entries: Sequence[HookEntry]) -> list[str]:
+    width = max((len(e.name) for e in entries), default=4)
+    lines = ["Hooks (in call order):"]
+    for e in entries:
+        extra = [f"on_error={e.on_error}"] if e.on_error != "raise" else []
+        extra += [f"after={','.join(e.after)}"] if e.after else []
+        extra += [f"before={','.join(e.before)}"] if e.before else []
+        extra += ["DISABLED"] if e.disabled else []
+        lines.append(f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
+                     f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip())
+    return lines
+
+
+def _sink_name(spec: Any) -> str:
+    if isinstance(spec, str):
+        return spec
+    return str(spec.get("type", "?")) if isinstance(spec, dict) else type(spec).__name__
+
+
+def plan_text(entries: Sequence[HookEntry], tables: Mapping[str, Sequence[SlotRecord]],
+              extensions: Mapping[str, Sequence[HookEntry]],
+              sink_specs: Sequence[tuple[str, Any]]) -> str:
+    """The hook plan as the Runner logs it and ``drun hooks`` prints it: the hooks, who runs at
+    each mount point, and the extension points in use (``sink_specs``: the named log sinks)."""
+    lines = _hook_lines(entries)
+    lines.append("Mount points:")
+    for mount, calls in plan(tables).items():
+        added = "  [added to MMEngine's]" if mount in ADDED_MOUNT_POINTS else ""
+        lines.append(f"  {mount:<22} " + " -> ".join(f"{n} ({p})" for n, p in calls) + added)
+    points = [(point, found) for point, found in extensions.items() if found]
+    if points:
+        lines.append("Extension points:")
+    for point, found in points:
+        if point == "log sinks":
+            names = [_sink_name(spec) for _, spec in sink_specs]
+            text = f"{', '.join(e.name for e in found)}: {', '.join(names)}"
+        else:
+            text = " -> ".join(e.name for e in found)
+        lines.append(f"  {point:<22} {text}")
+    return "\n".join(lines)
