@@ -17,6 +17,7 @@ cost of every step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -77,7 +78,9 @@ def run(work_dir: Path, epochs: int, mlflow: bool) -> tuple[list[float], int]:
     start = EpochTimes()
     cfg.custom_hooks = [start, EpochTimesEnd(start)]
     runner = Runner.from_cfg(cfg)
-    runner.train()
+    # in work_dir: MLflow puts a SQLite store's artifacts under ./mlruns of the current folder
+    with contextlib.chdir(work_dir):
+        runner.train()
     sink = runner.sinks.of_type(MLflowSink) if mlflow else None
     return start.samples, sink.dropped if sink is not None else 0
 
