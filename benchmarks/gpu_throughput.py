@@ -1,7 +1,12 @@
 """Training throughput on a GPU: a raw PyTorch loop against the Runner, same model and data.
 
 Two workloads: ResNet-50 on synthetic 224x224 images (batch 128) and a GPT-2-small-sized
-transformer on synthetic 1024-token sequences (batch 8), both under bf16 autocast. The data is
+transformer on synthetic 1024-token sequences (batch 8), both under bf16 autocast. A third,
+``hf-gpt2`` (not run by default), is the same GPT-2-small size and data as Hugging Face's
+``transformers.GPT2LMHeadModel(GPT2Config(...))``, dropout and the key/value cache off as in
+``gpt2``: the raw loop calls ``model(input_ids=..., labels=...).loss``, the Runner builds it from
+``model=dict(type='transformers.GPT2LMHeadModel', config=dict(type='transformers.GPT2Config',
+...))`` and calls it as it is (no ``mode``). The data is
 a per-sample dataset held on the GPU, so both loops run the per-sample path (sampler, collate)
 a user's dataset runs, without timing a host-to-device input pipeline, which is the user's and
 not ours. The raw loop is the loop people write: ``DataLoader(dataset, batch_size)``, forward
@@ -17,7 +22,7 @@ and the host-device synchronisations per iteration, counted with
 iterations). ``--modes eager,compiled`` adds the same comparison with ``torch.compile``
 (``compile=True`` for the Runner).
 
-    python benchmarks/gpu_throughput.py [--models resnet50,gpt2] [--modes eager,compiled]
+    python benchmarks/gpu_throughput.py [--models resnet50,gpt2,hf-gpt2] [--modes eager,compiled]
         [--iters 60] [--repeats 3] [--peak-tflops 989] [--smoke]
 
 ``--smoke`` runs reduced sizes (CPU in CI): it checks that the benchmark runs, not a figure.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import statistics
 import sys
 import tempfile
@@ -33,7 +39,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -50,6 +56,16 @@ LOG_EVERY = 10
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
 
 
+def mode_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """The loss of a model written the Runner's way (``forward(..., mode='loss')``)."""
+    return model(**batch, mode="loss")["loss"]
+
+
+def output_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """The loss of a Hugging Face model (``labels`` in the batch, ``.loss`` in its output)."""
+    return model(**batch).loss
+
+
 @dataclass
 class Workload:
     name: str
@@ -60,6 +76,43 @@ class Workload:
     make_model: Callable[[], nn.Module]
     make_data: Callable[[torch.device], Dataset]
     optimizer: dict
+    loss: Callable[[nn.Module, dict], torch.Tensor] = mode_loss
+    runner_model: Any = None  # what the Runner builds (a config); None: make_model's module
+
+
+class SyntheticIds(Dataset):
+    """``n`` per-sample ``{'input_ids': [context], 'labels': [context]}`` held on ``device``
+    (a Hugging Face causal LM shifts the labels itself)."""
+
+    def __init__(self, n: int, context: int, vocab: int, device: torch.device) -> None:
+        self.tokens = SyntheticTokens(n, context - 1, vocab, device).tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+
+
+def hf_gpt2_config(vocab: int, context: int, width: int, layers: int, heads: int) -> dict:
+    """``GPT2Config`` at ``gpt2``'s shape, as a dotted-path config: no dropout (``GPT`` has
+    none), no key/value cache (training does not read one), the end-of-text token the last of
+    the vocabulary (50256 at GPT-2's)."""
+    return dict(type="transformers.GPT2Config", vocab_size=vocab, n_positions=context,
+                n_embd=width, n_layer=layers, n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                attn_pdrop=0.0, use_cache=False, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+
+
+def hf_gpt2(config: dict) -> nn.Module:
+    import transformers
+    args = {k: v for k, v in config.items() if k != "type"}
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**args))
+
+
+def gpt2_shape(smoke: bool) -> tuple[int, dict]:
+    """(batch, GPT shape) of the ``gpt2`` and ``hf-gpt2`` workloads."""
+    return (2, dict(vocab=128, context=32, width=32, layers=2, heads=2)) if smoke \
+        else (8, dict(vocab=50257, context=1024, width=768, layers=12, heads=12))
 
 
 def workload(name: str, smoke: bool) -> Workload:
@@ -70,15 +123,22 @@ def workload(name: str, smoke: bool) -> Workload:
                         lambda: ResNet(classes, **shape),
                         lambda d: SyntheticImages(batch * 8, size, classes, d),
                         dict(type="SGD", lr=0.01, momentum=0.9, weight_decay=1e-4))
+    if name == "hf-gpt2":
+        batch, shape = gpt2_shape(smoke)
+        config = hf_gpt2_config(**shape)
+        return Workload(name, "tokens", batch, batch * shape["context"],
+                        f"batch {batch} x {shape['context']} tokens", lambda: hf_gpt2(config),
+                        lambda d: SyntheticIds(batch * 8, shape["context"], shape["vocab"], d),
+                        dict(type="AdamW", lr=3e-4, weight_decay=0.1), output_loss,
+                        dict(type="transformers.GPT2LMHeadModel", config=config))
     if name == "gpt2":
-        batch, shape = (2, dict(vocab=128, context=32, width=32, layers=2, heads=2)) if smoke \
-            else (8, dict(vocab=50257, context=1024, width=768, layers=12, heads=12))
+        batch, shape = gpt2_shape(smoke)
         return Workload(name, "tokens", batch, batch * shape["context"],
                         f"batch {batch} x {shape['context']} tokens",
                         lambda: GPT(**shape),
                         lambda d: SyntheticTokens(batch * 8, shape["context"], shape["vocab"], d),
                         dict(type="AdamW", lr=3e-4, weight_decay=0.1))
-    raise SystemExit(f"--models: unknown model {name!r}; choose from resnet50, gpt2")
+    raise SystemExit(f"--models: unknown model {name!r}; choose from resnet50, gpt2, hf-gpt2")
 
 
 def synchronize(device: torch.device) -> None:
@@ -115,7 +175,7 @@ def raw_loop(w: Workload, data: Dataset, device: torch.device, warmup: int, iter
             synchronize(device)
             start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = call(**batch, mode="loss")["loss"]
+            loss = w.loss(call, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -162,7 +222,9 @@ def runner_loop(w: Workload, data: Dataset, device: torch.device, warmup: int, i
     """Seconds per iteration of the Runner with its default hooks (checkpoints off)."""
     clock = IterClock(warmup, device, on_iter)
     with open(f"{work_dir}.stdout", "w") as out, contextlib.redirect_stdout(out):
-        Runner(model=fresh_model(w, device), work_dir=work_dir, device=str(device),
+        model = fresh_model(w, device) if w.runner_model is None \
+            else copy.deepcopy(w.runner_model)
+        Runner(model=model, work_dir=work_dir, device=str(device),
                train_dataloader=dict(dataset=data, batch_size=w.batch, drop_last=True,
                                      sampler=dict(type="DefaultSampler", shuffle=False)),
                train_cfg=dict(by_epoch=False, max_iters=warmup + iters),
@@ -215,7 +277,7 @@ def step_flops(w: Workload, data: Dataset, device: torch.device) -> float:
     batch = next(iter(DataLoader(data, batch_size=w.batch)))
     with FlopCounterMode(display=False) as counter:
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model(**batch, mode="loss")["loss"]
+            loss = w.loss(model, batch)
         loss.backward()
     return float(counter.get_total_flops())
 

@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import CheckpointWriteError, ConfigError
 from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
                        help="resume from PATH, or from work_dir's last checkpoint if no PATH")
     train.add_argument("--strategy", choices=["ddp", "fsdp"],
-                       help="overrides strategy's type (FSDP options in the config are kept)")
+                       help="overrides strategy's type (the config's options are kept: all of "
+                            "them for fsdp, activation_checkpointing for ddp)")
     ray = train.add_argument_group("Ray (override the config's launcher=dict(type='ray', ...))")
     ray.add_argument("--launcher", choices=["none", "ray"])
     ray.add_argument("--num-workers", type=worker_count, metavar="N|MIN-MAX",
@@ -112,15 +113,23 @@ def apply_launcher_flags(cfg: dict, args: argparse.Namespace) -> None:
     cfg["launcher"] = base
 
 
+def override_strategy(base: Any, kind: str) -> Any:
+    """``--strategy KIND`` over the config's ``strategy``: its options stay where KIND takes
+    them (all of them for FSDP; only ``activation_checkpointing`` for DDP, whose other options
+    live in model_wrapper_cfg)."""
+    options = {k: v for k, v in base.items() if k != "type"} if isinstance(base, dict) else {}
+    if kind == "ddp":
+        options = {k: v for k, v in options.items() if k == "activation_checkpointing"}
+    return {"type": kind, **options} if options else kind
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .launcher import run
     cfg = load_config(args)
     if args.resume is not None:
         cfg["resume"] = args.resume
     if args.strategy is not None:
-        base = cfg.get("strategy")
-        keep = isinstance(base, dict) and args.strategy == "fsdp"
-        cfg["strategy"] = {**base, "type": "fsdp"} if keep else args.strategy
+        cfg["strategy"] = override_strategy(cfg.get("strategy"), args.strategy)
     apply_launcher_flags(cfg, args)
     return run(cfg)
 

@@ -23,6 +23,14 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{key}: {message}" if key else message)
 
+    def __reduce__(self) -> tuple:
+        # rebuilt from (key, message), not from the formatted text: a ConfigError raised in a Ray
+        # worker crosses to the driver pickled, and unpickling called __init__ with one argument
+        return type(self), self._init_args(), self.__dict__
+
+    def _init_args(self) -> tuple:
+        return self.key, self.message
+
 
 class ArgumentError(ConfigError):
     """A bad constructor argument, keyed relative to the object being built (``'save_topk'``,
@@ -36,6 +44,9 @@ class ArgumentError(ConfigError):
 
     def __init__(self, argument: str, message: str) -> None:
         super().__init__(argument.lstrip(".") or None, message)
+
+    def _init_args(self) -> tuple:
+        return self.key or "", self.message
 
     def under(self, key: str) -> ConfigError:
         """The same error, placed at config path ``key``."""

@@ -11,6 +11,7 @@ from torch import nn
 from . import dist
 from .errors import ConfigError
 from .registry import MODELS, accepts, check_arguments
+from .recompute import apply_activation_checkpointing
 from .sharding import check_shard_modules, shard_model
 
 
@@ -22,10 +23,15 @@ def default_device() -> torch.device:
 
 
 def build_model(spec: Any, device: torch.device) -> nn.Module:
-    """``model=dict(type=...)`` (or a module) on ``device``."""
+    """``model=dict(type=...)`` (or a module) on ``device``. ``type`` is a registered name, an
+    import path (``'transformers.GPT2LMHeadModel'``, ``'timm.create_model'``) or the class
+    itself (registry.py); how the loops then call the model is model_steps.py's business."""
     built = MODELS.build(spec, "model")
     if not isinstance(built, nn.Module):
-        raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module")
+        raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module: "
+                                   f"type= must name a model class or a factory returning one "
+                                   f"(a config object goes in its arguments, e.g. config=dict("
+                                   f"type=...))")
     return built.to(device)
 
 
@@ -85,13 +91,18 @@ def _compiled_inner(model: Any) -> Any:
 def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device,
                 strategy: dict) -> tuple[nn.Module, nn.Module]:
     """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
-    then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result."""
+    then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result.
+
+    Activation checkpointing is set up first, on the user's own modules (before DDP or
+    ``fully_shard`` sees them and before compile traces them): it replaces only their
+    ``forward``, so the keys of ``state_dict()`` and the class names FSDP matches stay."""
     model = build_model(spec, device)
+    if strategy["type"] == "fsdp" and wrapper_cfg:
+        raise ConfigError("model_wrapper_cfg", "holds DDP arguments, but strategy is FSDP: "
+                                               "put FSDP options in strategy=dict(...)")
+    check_shard_modules(model, strategy)
+    apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
     if strategy["type"] == "fsdp":
-        if wrapper_cfg:
-            raise ConfigError("model_wrapper_cfg", "holds DDP arguments, but strategy is FSDP: "
-                                                   "put FSDP options in strategy=dict(...)")
-        check_shard_modules(model, strategy)
         wrapped = shard_model(model, strategy, device) if dist.is_distributed() else model
     else:
         wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)

@@ -3,8 +3,14 @@ step.py's strategies, chosen once per run) and :func:`predictor` for evaluation.
 
 A plain model (``forward(**batch, mode=...)``, batches passed as step.py says) with a plain
 OptimWrapper and no step guards trains with the plain step, the cheapest; step guards, clipping,
-accumulation, AMP or a subclassed OptimWrapper take the general (guarded) step. A model written
-MMEngine's way is honoured:
+accumulation, AMP or a subclassed OptimWrapper take the general (guarded) step.
+
+**A model as it is** (:func:`takes_mode` is False: its ``forward`` has no ``mode`` parameter and
+it is no BaseModel, ours or MMEngine's; a Hugging Face or timm model) is called without ``mode``
+(``forward(**batch)``); the loss is what step.py's ``LossOf`` finds in what it returns, and in
+evaluation the predictions are the returned tensor or the returned ``logits`` (:func:`predictions`).
+The convention is decided once per run, here, and handed to the steps as a ``call``/``parse``
+pair. A model written MMEngine's way is honoured:
 
 * **A ``data_preprocessor``** (a callable attribute, MMEngine's ``BaseDataPreprocessor`` or
   ours) gets each batch first, with ``training`` True in training steps and False in evaluation;
@@ -26,16 +32,19 @@ An elastic run (``launcher.num_workers=(min, max)``) trains with the elastic ste
 """
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import dist
 from .errors import ConfigError
 from .model import BaseModel
 from .model_setup import get_ori_model, wrapper_layers
-from .step import ElasticStep, GuardedStep, OwnTrainStep, PlainStep, StepStrategy, call_model, \
-    detaching, parse_losses
+from .step import ElasticStep, GuardedStep, LossOf, OwnTrainStep, PlainStep, StepStrategy, \
+    call_as_is, call_for_loss, call_model, detaching, parse_losses
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI
@@ -53,18 +62,42 @@ def _preprocessor(module: Any) -> Callable | None:
     return pre if callable(pre) else None
 
 
+def takes_mode(module: Any) -> bool:
+    """Whether ``module`` is written MMEngine's way: a BaseModel (ours or MMEngine's), or a
+    ``forward`` with an explicit ``mode`` parameter (``**kwargs`` does not count: Hugging Face
+    forwards take them and would choke on ``mode``)."""
+    if isinstance(module, BaseModel) or any(
+            c.__name__ == "BaseModel" and c.__module__.startswith("mmengine")
+            for c in type(module).__mro__):
+        return True
+    try:
+        params = inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the long-standing convention
+        return True
+    return "mode" in params and params["mode"].kind is not inspect.Parameter.VAR_POSITIONAL
+
+
+def _as_is(module: Any) -> tuple[Callable, Callable] | None:
+    """The ``call``/``parse`` pair for a model taken as it is; None for MMEngine's convention."""
+    if takes_mode(module):
+        return None
+    return call_as_is, LossOf(type(module).__name__)
+
+
 def choose_step(runner: RunnerAPI) -> StepStrategy:
     """The training step of this run (step.py), chosen once when training starts, after
     ``before_train``; see the module docstring for which one."""
     module = get_ori_model(runner.wrapped_model)
     preprocess, own_train_step = _preprocessor(module), _overrides(module, "train_step")
+    as_is = _as_is(module)
+    call, parse = as_is or (call_for_loss, parse_losses)
     if getattr(runner, "elastic_plan", None) is not None:
         if preprocess is not None or own_train_step:
             raise ConfigError("launcher.num_workers", f"an elastic range splits each global "
                               f"batch into micro-batches and calls forward itself, so "
                               f"{type(module).__name__}'s data_preprocessor / train_step would "
                               f"not run: use a fixed number of workers")
-        return ElasticStep(runner)
+        return ElasticStep(runner, parse=parse, call=call)
     if own_train_step:
         guards = runner.step_guards
         if guards:
@@ -77,12 +110,13 @@ def choose_step(runner: RunnerAPI) -> StepStrategy:
             and dist.is_distributed()
         return OwnTrainStep(runner, module, average)
     if preprocess is not None:
-        parse = getattr(module, "parse_losses", None)
-        return GuardedStep(runner, preprocess, detaching(parse if callable(parse)
-                                                         else parse_losses))
+        own_parse = getattr(module, "parse_losses", None)
+        if as_is is None and callable(own_parse):
+            parse = own_parse
+        return GuardedStep(runner, preprocess, detaching(parse), call)
     if runner.step_guards or not runner.optim_wrapper.is_plain():
-        return GuardedStep(runner)
-    return PlainStep(runner)
+        return GuardedStep(runner, parse=parse, call=call)
+    return PlainStep(runner) if as_is is None else PlainStep(runner, call, parse)
 
 
 def _under_tta(model: Any) -> bool:
@@ -95,12 +129,29 @@ def _under_tta(model: Any) -> bool:
 def predictor(runner: RunnerAPI, stage: str) -> Callable[[Any], Any]:
     """What an evaluation loop calls with each batch, already on the device (``stage``: 'val' or
     'test'): the model's own ``val_step`` / ``test_step``, else its preprocessor (if any) then
-    the wrapped model's ``forward(mode='predict')``."""
+    the wrapped model's ``forward(mode='predict')`` — for a model taken as it is, its
+    ``forward(**batch)`` and :func:`predictions` of what it returns."""
     model = runner.wrapped_model
     module = get_ori_model(model)
     if _overrides(module, f"{stage}_step") and not _under_tta(model):
         return getattr(module, f"{stage}_step")
     pre = _preprocessor(module)
+    if not takes_mode(module):
+        if pre is not None:
+            return lambda data: predictions(call_as_is(model, pre(data, False)))
+        return lambda data: predictions(call_as_is(model, data))
     if pre is not None:
         return lambda data: call_model(model, pre(data, False), "predict")
     return lambda data: call_model(model, data, "predict")
+
+
+def predictions(outputs: Any) -> Any:
+    """What the metrics get from a model taken as it is: a returned tensor, else the returned
+    ``logits`` (a mapping's entry or an attribute: Hugging Face's ``ModelOutput``), else the
+    outputs unchanged."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, Mapping) and "logits" in outputs:
+        return outputs["logits"]
+    logits = getattr(outputs, "logits", None)
+    return outputs if logits is None else logits

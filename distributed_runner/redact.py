@@ -2,7 +2,8 @@
 
 A value is redacted when its key looks like a secret: it contains ``token``, ``password``,
 ``passwd``, ``secret`` or ``credential``, is ``key``, or ends in ``api_key``/``access_key``/
-``private_key`` (with or without the underscore). ``label_key`` and friends are not secrets.
+``private_key`` (with or without the underscore). ``label_key`` and friends are not secrets,
+nor are token ids and counts (``bos_token_id``, ``tokens_key``, ``max_tokens``).
 
 Credentials inside URLs are redacted wherever a string holds one, whatever its key
 (:func:`redact_url`): the password of ``http://user:PASSWORD@host:5000`` and the values of
@@ -24,8 +25,13 @@ _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)(
 _URL_QUERY = re.compile(r"([?&])([^=&#\s]+)=([^&#\s]*)")
 
 
+# keys that speak of tokens but hold no secret: token ids and counts (a model config's
+# ``bos_token_id``, IterTimerHook's ``tokens_key``, ``max_tokens``, ``tokens_per_s``)
+_TOKEN_COUNT = re.compile(r"tokens?_(ids?|key|per_s)$|^(n|num|max|min)_tokens?$", re.IGNORECASE)
+
+
 def is_secret_key(key: Any) -> bool:
-    return isinstance(key, str) and bool(_SECRET.search(key))
+    return isinstance(key, str) and bool(_SECRET.search(key)) and not _TOKEN_COUNT.search(key)
 
 
 def redact_url(text: str) -> str:

@@ -5,6 +5,13 @@ function) lives in one registry. A registry may also fall back to a module (``to
 optimizers, ``torch.optim.lr_scheduler`` for schedulers, ``torch.nn`` for models) so torch's own
 classes work by name without the user registering them.
 
+A dotted ``type`` that no registry holds is imported (``type='transformers.GPT2LMHeadModel'``,
+``type='timm.create_model'``; :mod:`distributed_runner.external`), and a Python config may pass the
+class or function itself. Such external callables get their nested ``dict(type=...)`` arguments
+built first (``config=dict(type='transformers.GPT2Config', ...)`` arrives as a GPT2Config), since
+they cannot build configs themselves; registered classes (ours, MMEngine-style ones) keep
+receiving nested dicts unbuilt, as MMEngine's models expect.
+
 ``build`` checks the keyword arguments against the constructor's signature *before* calling it, so an
 unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
 ``TypeError`` from deep inside a constructor.
@@ -24,7 +31,9 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ArgumentError, ConfigError, did_you_mean
+from .errors import ArgumentError, ConfigError, closest, did_you_mean
+from .external import check_downloads, import_path, is_import_path, is_installed, \
+    missing_package
 from .log import LOGGER_NAME
 
 
@@ -204,13 +213,37 @@ class Registry:
             raise ConfigError(f"{key}.type", f"expected a registered name or a class, got "
                               f"{type(type_).__name__}")
         obj = self.get(type_)
-        if obj is None:
-            raise ConfigError(
-                f"{key}.type",
-                f"unknown {self.name} {type_!r}{did_you_mean(type_, self._known_names())}; "
-                f"register it with @{self.var}.register_module() and list its module "
-                f"in custom_imports")
-        return obj
+        if obj is not None:
+            return obj
+        known = self._known_names()
+        if is_import_path(type_) and self._root()._in_scope(type_.partition(".")[0]) is None:
+            if is_installed(type_):
+                return import_path(type_, f"{key}.type")
+            # a misspelled scoped name ('mmdet.Foo') says so instead
+            if not closest(type_, [n for n in known if "." in n]):
+                raise missing_package(type_, f"{key}.type")
+        raise ConfigError(
+            f"{key}.type",
+            f"unknown {self.name} {type_!r}{did_you_mean(type_, known)}; register it with "
+            f"@{self.var}.register_module() and list its module in custom_imports, or give "
+            f"its import path (type='package.module.Name')")
+
+    def is_registered(self, obj: Any) -> bool:
+        """Whether ``obj`` is an entry of this registry's tree, or one of the project's own
+        (whose nested configs stay unbuilt: they build them themselves)."""
+        if _is_builtin(obj):
+            return True
+        return any(obj is entry for registry in self._root()._subtree()
+                   for entry in registry._table.values())
+
+    def _build_nested(self, value: Any, key: str) -> Any:
+        """``value`` with every ``dict(type=...)`` in it (in lists and tuples too) built, for an
+        external callable."""
+        if isinstance(value, dict) and "type" in value:
+            return self.build(value, key)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
+            return type(value)(self._build_nested(v, f"{key}[{i}]") for i, v in enumerate(value))
+        return value
 
     def build(self, cfg: Any, key: str | None = None, default_args: dict | None = None,
               **more_default_args: Any) -> Any:
@@ -231,6 +264,9 @@ class Registry:
                               f"(e.g. type={self._example()!r})")
         args = {k: v for k, v in cfg.items() if k != "type"}
         cls = self.resolve(cfg["type"], key)
+        if not self.is_registered(cls):  # an external callable: nested configs built first
+            check_downloads(args, key)
+            args = {k: self._build_nested(v, f"{key}.{k}") for k, v in args.items()}
         for k, v in default_args.items():
             if accepts(cls, k):
                 args.setdefault(k, v)
@@ -268,6 +304,18 @@ def _signature(fn: Callable) -> inspect.Signature | None:
         return None
 
 
+def _wrapper_takes_any_keyword(fn: Callable) -> bool:
+    """Whether ``fn`` (or its ``__init__``) is a wrapper taking ``**kwargs`` around a narrower
+    signature: Hugging Face's config classes declare their fields but take any keyword (an
+    ``__init__(*args, **kwargs)`` wrapper stores the rest), so an extra keyword is theirs to
+    judge."""
+    try:
+        raw = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in raw.parameters.values())
+
+
 def accepts(fn: Callable, name: str) -> bool:
     """Whether ``fn`` takes a keyword argument called ``name`` (explicitly or via ``**kwargs``)."""
     sig = _signature(fn)
@@ -292,7 +340,8 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
     params = dict(sig.parameters)
     params.pop("self", None)
     name = getattr(fn, "__name__", repr(fn))
-    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
+        or _wrapper_takes_any_keyword(fn)
     named = [n for n, p in params.items()
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     if not has_var_kw:
@@ -309,7 +358,8 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
 
 # One registry per kind of thing a config can name. HOOKS is re-exported as ``hooks.HOOKS``.
 MODELS = Registry("model", "MODELS", fallbacks=["torch.nn"],
-                  builtins=["distributed_runner.averaged_model", "distributed_runner.tta"])
+                  builtins=["distributed_runner.averaged_model", "distributed_runner.tta",
+                            "distributed_runner.classifier"])
 DATASETS = Registry("dataset", "DATASETS")
 TRANSFORMS = Registry("transform", "TRANSFORMS", builtins=["distributed_runner.tta"])
 COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS", builtins=["distributed_runner.data"])
@@ -322,7 +372,8 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim_wrapper_constructor", "OPTIM_WRAPPE
 PARAM_SCHEDULERS = Registry("param_scheduler", "PARAM_SCHEDULERS",
                             fallbacks=["torch.optim.lr_scheduler"],
                             builtins=["distributed_runner.schedulers"])
-METRICS = Registry("metric", "METRICS", builtins=["distributed_runner.evaluator"])
+METRICS = Registry("metric", "METRICS", builtins=["distributed_runner.evaluator",
+                                                  "distributed_runner.lm_metric"])
 LOOPS = Registry("loop", "LOOPS", builtins=["distributed_runner.loops"])
 HOOKS = Registry("hook", "HOOKS", builtins=["hooks.builtin"])
 LOG_SINKS = Registry("log_sink", "LOG_SINKS", builtins=["distributed_runner.sinks"])

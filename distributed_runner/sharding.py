@@ -7,7 +7,11 @@ parameter, gradient and optimizer state, and gathers a module's parameters only 
                     mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'),
                     reshard_after_forward=True,         # free gathered parameters after forward
                     cpu_offload=False,                  # keep shards in host memory
-                    checkpoint='sharded')               # or 'full' (one file, gathered)
+                    checkpoint='sharded',               # or 'full' (one file, gathered)
+                    activation_checkpointing=['Block'])  # recomputed in backward
+
+DDP takes one option here, ``strategy=dict(type='ddp', activation_checkpointing=[...])`` (its
+own arguments are ``model_wrapper_cfg``); activation checkpointing is :mod:`.recompute`.
 
 Why per-module sharding matters: ``fully_shard`` gathers one unit's parameters at a time, so peak
 memory is one unit's full parameters plus every unit's shard. Without ``shard_modules`` only the
@@ -28,10 +32,12 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, did_you_mean
+from .recompute import check_module_classes
 
 STRATEGIES = ("ddp", "fsdp")
 FSDP_DEFAULTS = dict(shard_modules=[], mixed_precision=None, reshard_after_forward=True,
-                     cpu_offload=False, checkpoint="sharded")
+                     cpu_offload=False, checkpoint="sharded", activation_checkpointing=[])
+DDP_OPTIONS = ("activation_checkpointing",)
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -52,23 +58,23 @@ def parse_strategy(spec: Any) -> dict:
                                            f"'fsdp'")
     args = {k: v for k, v in spec.items() if k != "type"}
     if kind == "ddp":
-        if args:
-            raise ConfigError(f"strategy.{next(iter(args))}", "DDP takes its arguments from "
-                                                              "model_wrapper_cfg=dict(...)")
-        return dict(type="ddp")
+        for key in args:
+            if key not in DDP_OPTIONS:
+                raise ConfigError(f"strategy.{key}", f"DDP has no option {key!r}"
+                                                     f"{did_you_mean(key, DDP_OPTIONS)} here: it "
+                                                     f"takes activation_checkpointing, and its "
+                                                     f"own arguments from "
+                                                     f"model_wrapper_cfg=dict(...)")
+        return dict(type="ddp", activation_checkpointing=_class_names(
+            args.get("activation_checkpointing", []), "activation_checkpointing"))
     for key in args:
         if key not in FSDP_DEFAULTS:
             raise ConfigError(f"strategy.{key}", f"FSDP has no option {key!r}"
                                                  f"{did_you_mean(key, FSDP_DEFAULTS)}; it takes: "
                                                  f"{', '.join(FSDP_DEFAULTS)}")
     out = dict(type="fsdp", **{**FSDP_DEFAULTS, **args})
-    names = out["shard_modules"]
-    if isinstance(names, str):
-        names = [names]
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ConfigError("strategy.shard_modules", f"got {names!r:.60}; takes a list of module "
-                                                    f"class names, e.g. ['TransformerBlock']")
-    out["shard_modules"] = list(names)
+    for key in ("shard_modules", "activation_checkpointing"):
+        out[key] = _class_names(out[key], key)
     if out["checkpoint"] not in ("full", "sharded"):
         raise ConfigError("strategy.checkpoint", f"got {out['checkpoint']!r:.40}; takes "
                                                  f"'sharded' (each rank writes its shards) or "
@@ -91,15 +97,22 @@ def parse_strategy(spec: Any) -> dict:
     return out
 
 
+def _class_names(names: Any, key: str) -> list[str]:
+    """``strategy.<key>`` (a class name or a list of them) as a list; one-line error else."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"strategy.{key}", f"got {names!r:.60}; takes a list of module "
+                                             f"class names, e.g. ['TransformerBlock']")
+    return list(names)
+
+
 def check_shard_modules(model: nn.Module, strategy: dict) -> None:
-    """Every ``shard_modules`` name is a class in the model (checked with one process too: a
-    misspelled name must not quietly leave the model unsharded on the cluster)."""
-    present = {type(m).__name__ for m in model.modules()}
-    for name in strategy["shard_modules"]:
-        if name not in present:
-            raise ConfigError("strategy.shard_modules",
-                              f"the model has no module of class {name!r}"
-                              f"{did_you_mean(name, sorted(present))}")
+    """Every ``shard_modules`` (and ``activation_checkpointing``) name is a class in the model
+    (checked with one process too: a misspelled name must not quietly leave the model unsharded,
+    or its activations all kept, on the cluster)."""
+    for key in ("shard_modules", "activation_checkpointing"):
+        check_module_classes(model, strategy.get(key, []), f"strategy.{key}")
 
 
 def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Module:

@@ -19,15 +19,21 @@ ElasticStep     an elastic run (elastic.py): one optimizer step over this rank's
 
 How a batch reaches the model, in training and evaluation alike: its tensors are moved to the
 device; a dict batch is passed as keyword arguments, a tuple or list as positional ones, anything
-else as the one argument, with ``mode`` ('loss' to train, 'predict' to evaluate).
+else as the one argument, with ``mode`` ('loss' to train, 'predict' to evaluate) for a model
+written MMEngine's way (``forward`` takes ``mode``, or a BaseModel). A model taken as it is (a
+Hugging Face or timm model, any ``forward`` without ``mode``) is called without it
+(:func:`call_as_is`), and :class:`LossOf` finds the loss in what it returns. Which of the two is
+decided once per run (model_steps.choose_step), which hands the steps a ``call``/``parse`` pair.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from . import dist
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI
@@ -68,6 +74,68 @@ def call_model(model: Any, data: Any, mode: str) -> Any:
     if isinstance(data, (list, tuple)):
         return model(*data, mode=mode)
     return model(data, mode=mode)
+
+
+def call_for_loss(model: Any, data: Any) -> Any:
+    """A model written MMEngine's way, called to train: ``mode='loss'``."""
+    return call_model(model, data, "loss")
+
+
+def call_as_is(model: Any, data: Any) -> Any:
+    """A model taken as it is (no ``mode`` in its forward): ``forward(**batch)`` for a dict
+    batch, ``forward(*batch)`` for a tuple/list, ``forward(batch)`` otherwise."""
+    if isinstance(data, dict):
+        return model(**data)
+    if isinstance(data, (list, tuple)):
+        return model(*data)
+    return model(data)
+
+
+class LossOf:
+    """``parse`` for a model taken as it is: what its forward returned -> (the loss, the values
+    to log). The loss is a returned 0-dim tensor, a returned mapping's ``loss`` entry (else the
+    sum of its entries whose key contains ``loss``, MMEngine's rule), or a returned object's
+    ``.loss`` (Hugging Face's ``ModelOutput``, a mapping too). Every other 0-dim tensor in a
+    mapping is logged (``aux_loss`` ...): never logits or caches, which are not values to log.
+    ``owner`` (``GPT2LMHeadModel``) names the model in the error for a forward with no loss."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def __call__(self, outputs: Any) -> tuple[torch.Tensor, dict]:
+        if isinstance(outputs, torch.Tensor):
+            return self._checked(outputs, type(outputs).__name__), {"loss": outputs.detach()}
+        loss = getattr(outputs, "loss", None)
+        log_vars: dict[str, Any] = {}
+        if isinstance(outputs, Mapping):
+            summed = loss is None and "loss" not in outputs
+            for key, value in outputs.items():
+                if summed and "loss" in key and torch.is_tensor(value):
+                    loss = value.mean() if loss is None else loss + value.mean()
+                elif key == "loss" and loss is None:
+                    loss = value
+                if torch.is_tensor(value) and not value.dim() and key != "loss":
+                    log_vars[key] = value.detach()
+        loss = self._checked(loss, self._what_is_missing(outputs))
+        return loss, {"loss": loss.detach(), **log_vars}
+
+    def _what_is_missing(self, outputs: Any) -> str:
+        kind = type(outputs).__name__
+        if hasattr(outputs, "loss"):
+            return f"{kind}.loss is None"
+        if isinstance(outputs, Mapping):
+            return f"{kind} with no 'loss' entry; keys: {', '.join(map(str, outputs)) or 'none'}"
+        return f"a {kind}, not a loss tensor, a mapping with 'loss' or an object with .loss"
+
+    def _checked(self, loss: Any, what: str) -> torch.Tensor:
+        """``loss`` if it is a 0-dim tensor; else the one-line error naming the model."""
+        if torch.is_tensor(loss) and not loss.dim():
+            return loss
+        if torch.is_tensor(loss):
+            what = f"a tensor of shape {list(loss.shape)}, not a 0-dim loss"
+        raise ConfigError("model", f"{self.owner}.forward returned no loss ({what}): put the "
+                                   f"targets in the batch (labels=...), or give the model a "
+                                   f"forward(..., mode) that returns dict(loss=...)")
 
 
 def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
@@ -148,21 +216,26 @@ class PlainStep:
     """Forward, parse, backward, ``optimizer.step()``, ``zero_grad``: what
     ``OptimWrapper.update_params`` does for a plain wrapper (no context around the forward pass,
     no accumulation, no clipping so no gradient norm), written out because it runs every
-    iteration of most runs; with no step guards to ask."""
+    iteration of most runs; with no step guards to ask. ``call``/``parse``: for a model taken as
+    it is (:func:`call_as_is`, :class:`LossOf`); None for MMEngine's convention, inlined."""
 
-    def __init__(self, runner: RunnerAPI) -> None:
-        self.runner = runner
+    def __init__(self, runner: RunnerAPI, call: Callable[[Any, Any], Any] | None = None,
+                 parse: Callable[[Any], tuple[torch.Tensor, dict]] | None = None) -> None:
+        self.runner, self.call, self.parse = runner, call, parse
         self.to_device = runner.device.type != "cpu"
 
     def __call__(self, data_batch: Any) -> dict:
         runner = self.runner
         if self.to_device:
             data_batch = move_to(data_batch, runner.device)
-        if type(data_batch) is dict:
-            losses = runner.wrapped_model(**data_batch, mode="loss")
+        if self.call is None:  # MMEngine's convention: the common case, as cheap as it gets
+            if type(data_batch) is dict:
+                losses = runner.wrapped_model(**data_batch, mode="loss")
+            else:
+                losses = call_model(runner.wrapped_model, data_batch, "loss")
+            loss, log_vars = parse_losses(losses)
         else:
-            losses = call_model(runner.wrapped_model, data_batch, "loss")
-        loss, log_vars = parse_losses(losses)
+            loss, log_vars = self.parse(self.call(runner.wrapped_model, data_batch))
         loss.backward()
         optimizer = runner.optim_wrapper.optimizer
         optimizer.step()
@@ -172,13 +245,14 @@ class PlainStep:
 
 class GuardedStep:
     """The general step (module docstring). ``preprocess``: the model's data_preprocessor, called
-    with ``training=True``; ``parse``: losses -> (the loss to optimize, the values to log). A step
-    some guard rejects is counted by the OptimWrapper, not taken, and logged as
-    ``skipped_steps``."""
+    with ``training=True``; ``parse``: losses -> (the loss to optimize, the values to log);
+    ``call``: (model, batch) -> losses (``mode='loss'``, or :func:`call_as_is`). A step some
+    guard rejects is counted by the OptimWrapper, not taken, and logged as ``skipped_steps``."""
 
     def __init__(self, runner: RunnerAPI, preprocess: Callable | None = None,
-                 parse: Callable[[Any], tuple[torch.Tensor, dict]] = parse_losses) -> None:
-        self.runner, self.preprocess, self.parse = runner, preprocess, parse
+                 parse: Callable[[Any], tuple[torch.Tensor, dict]] = parse_losses,
+                 call: Callable[[Any, Any], Any] = call_for_loss) -> None:
+        self.runner, self.preprocess, self.parse, self.call = runner, preprocess, parse, call
         self.to_device = runner.device.type != "cpu"
         self.agree = dist.is_distributed()  # the ranks must take the same branch
 
@@ -200,7 +274,7 @@ class GuardedStep:
         with context:
             if self.preprocess is not None:
                 data = self.preprocess(data, True)
-            losses = call_model(model, data, "loss")
+            losses = self.call(model, data)
         return self.parse(losses)
 
     def rejected(self, loss: torch.Tensor, optim_wrapper: Any) -> bool:

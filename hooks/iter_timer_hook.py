@@ -1,11 +1,13 @@
-"""IterTimerHook: how long each step and its data loading took, and the ETA."""
+"""IterTimerHook: how long each step and its data loading took, the ETA, and the throughput."""
 from __future__ import annotations
 
 import time
 from time import perf_counter
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
+from distributed_runner.model_setup import get_ori_model
 from distributed_runner.registry import HOOKS
+from distributed_runner.throughput import ThroughputMeter
 
 from .hook import DataBatch, Hook
 
@@ -21,19 +23,34 @@ class IterTimerHook(Hook):
     The ETA divides the time spent since this process started training (not since the run
     started: a resumed run's first steps would otherwise be averaged with another machine's) by the
     iterations done since, times the iterations left. Ranks: all.
+
+    Throughput (:mod:`distributed_runner.throughput`): ``train/samples_per_s`` (the run's, all
+    ranks), ``train/tokens_per_s`` where the batch holds tokens, and ``train/mfu`` (a device's
+    model FLOPs utilisation) where the FLOPs per token and the device's peak are known, exact
+    over each logging window. ``samples_key='auto'``, ``tokens_key='auto'``,
+    ``flops_per_token='auto'``, ``peak_tflops=None``: see
+    :class:`~distributed_runner.throughput.ThroughputMeter`; ``samples_key=None,
+    tokens_key=None`` turns it off.
     """
 
     priority = "NORMAL"
+    _meter: Optional[ThroughputMeter] = None  # a subclass that skips __init__ has none
 
-    def __init__(self) -> None:
+    def __init__(self, samples_key: Optional[str] = "auto", tokens_key: Optional[str] = "auto",
+                 flops_per_token: Union[str, float, None] = "auto",
+                 peak_tflops: Union[float, dict, None] = None) -> None:
         self._t = 0.0
         self._train_start = 0.0
         self._start_iter = 0
         self._max_iters = 0
+        meter = ThroughputMeter(samples_key, tokens_key, flops_per_token, peak_tflops)
+        self._meter = meter if samples_key is not None or tokens_key is not None else None
 
     def before_train(self, runner: RunnerAPI) -> None:
         self._start_iter = runner.iter
         self._max_iters = runner.max_iters
+        if self._meter is not None:
+            self._meter.start(get_ori_model(runner.model), runner.device, runner.world_size)
         self._train_start = time.perf_counter()
 
     # MMEngine's helpers, which the base class forwards every epoch and val/test iteration to
@@ -59,9 +76,12 @@ class IterTimerHook(Hook):
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
         now = perf_counter()
-        runner.message_hub.update_scalar("train/time", now - self._t)
+        seconds = now - self._t
+        runner.message_hub.update_scalar("train/time", seconds)
         self._t = now
         self._record_eta(runner, now)
+        if self._meter is not None:
+            self._meter.record(runner.message_hub, data_batch, seconds)
 
     def _record_eta(self, runner: RunnerAPI, now: float) -> None:
         """Seconds left: time since this process started training per iteration done since,

@@ -93,3 +93,25 @@ def test_checkpoint_stall_benchmark_runs():
     assert lines[0].startswith("checkpoint stall: ")
     assert [line.split()[0] for line in lines[1:]] == ["ddp", "fsdp"]
     assert all("| async/sync: stall " in line for line in lines[1:])
+
+
+def test_gpu_throughput_benchmark_runs_the_hugging_face_gpt2_on_the_cpu():
+    pytest.importorskip("transformers")
+    out = run_benchmark("gpu_throughput", "--smoke", "--models", "hf-gpt2")
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hf-gpt2 (batch 2 x 32 tokens) eager: raw ")
+    assert "tokens/s | Runner " in lines[1] and "| ratio " in lines[1]
+
+
+@pytest.mark.parametrize("model", ["gpt", "hf-gpt2"])
+def test_activation_checkpointing_benchmark_runs(model):
+    if model == "hf-gpt2":
+        pytest.importorskip("transformers")
+    out = run_benchmark("activation_checkpointing", "--smoke", "--model", model)
+    lines = out.stdout.splitlines()
+    block = "Block" if model == "gpt" else "GPT2Block"
+    assert lines[0].startswith("activation checkpointing: ") and f"| {model} width 32" in lines[0]
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "without", f"with activation_checkpointing=['{block}']", "with/without"]
+    assert all("saved for backward " in line and "| step " in line for line in lines[1:3])
+    assert "| step time " in lines[3]

@@ -85,3 +85,18 @@ def test_same_seed_same_initial_weights(tmp_path):
     a = build(tmp_path / "a", randomness=dict(seed=7)).model.state_dict()
     b = build(tmp_path / "b", randomness=dict(seed=7)).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_config_errors_survive_pickling_as_between_a_ray_worker_and_the_driver():
+    import pickle
+
+    from distributed_runner.checkpoint import CheckpointDamaged
+    from distributed_runner.errors import ArgumentError, ConfigError
+    for error in (ConfigError("model.type", "unknown model 'X'"), ConfigError(None, "no key"),
+                  ArgumentError("interval", "must be >= 1"), ArgumentError("", "whole"),
+                  CheckpointDamaged("resume", "iter_4.pth: truncated")):
+        error.add_note("raised in hook 'x'")
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error)
+        assert (back.key, back.message, str(back)) == (error.key, error.message, str(error))
+        assert back.__notes__ == ["raised in hook 'x'"]

@@ -72,3 +72,17 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path, args, fragment):
     assert out.returncode == 2
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("drun: error: ") and fragment in err[0], out.stderr
+
+
+def test_the_strategy_flag_keeps_the_options_the_chosen_strategy_takes():
+    from distributed_runner.cli import override_strategy
+    from distributed_runner.sharding import parse_strategy
+    fsdp = dict(type="fsdp", shard_modules=["Block"], checkpoint="full",
+                activation_checkpointing=["Block"])
+    assert override_strategy(fsdp, "fsdp") == fsdp
+    # DDP takes only activation_checkpointing from a strategy dict: the rest is dropped
+    assert override_strategy(fsdp, "ddp") == dict(type="ddp", activation_checkpointing=["Block"])
+    assert parse_strategy(override_strategy(fsdp, "ddp"))["activation_checkpointing"] == ["Block"]
+    assert override_strategy(dict(type="fsdp", shard_modules=["Block"]), "ddp") == "ddp"
+    assert override_strategy(None, "fsdp") == "fsdp"
+    assert override_strategy("ddp", "fsdp") == "fsdp"

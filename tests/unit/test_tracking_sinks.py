@@ -93,6 +93,10 @@ def test_redaction_rules():
                                           "api_key", "apikey", "key", "credentials"))
     assert not any(is_secret_key(k) for k in ("label_key", "pred_key", "monitor", "keys",
                                               "max_keep_ckpts", "published_keys"))
+    # token ids and counts are no secrets (a GPT2Config's bos_token_id was saved as '******')
+    assert not any(is_secret_key(k) for k in ("bos_token_id", "pad_token_id", "tokens_key",
+                                              "tokens_per_s", "max_tokens", "num_tokens"))
+    assert all(is_secret_key(k) for k in ("hf_token", "access_token", "auth_token", "TOKEN"))
     assert redact({"a": {"token": "x", "n": 1}, "l": [{"secret": 2}]}) == \
         {"a": {"token": REDACTED, "n": 1}, "l": [{"secret": REDACTED}]}
     assert flatten({"a": {"b": 1}, "c": [2, 3], "d": []}) == {"a.b": 1, "c.0": 2, "c.1": 3,
