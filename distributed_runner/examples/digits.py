@@ -31,10 +31,13 @@ class DigitsDataset(Dataset):
     """A fixed train/val split of the digits: ``split='train'`` (80 %) or ``'val'`` (20 %).
 
     The split is a permutation seeded by ``split_seed`` — the same on every rank and every run.
-    Items are ``{'inputs': [1, 8, 8] float tensor, 'labels': int}``.
+    Items are ``{'inputs': [1, 8, 8] float tensor, 'labels': int}``; ``inputs_key`` renames the
+    images' key for a model called with the batch as keyword arguments (a Hugging Face image
+    classifier takes ``pixel_values``).
     """
 
-    def __init__(self, split: str = "train", val_fraction: float = 0.2, split_seed: int = 0) -> None:
+    def __init__(self, split: str = "train", val_fraction: float = 0.2, split_seed: int = 0,
+                 inputs_key: str = "inputs") -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
         images, labels = load_digits_arrays()
@@ -43,12 +46,13 @@ class DigitsDataset(Dataset):
         keep = {"train": order[n_val:], "val": order[:n_val], "all": order}[split]
         self.images = torch.from_numpy(images[keep])
         self.labels = torch.from_numpy(labels[keep])
+        self.inputs_key = inputs_key
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, idx: int) -> dict:
-        return {"inputs": self.images[idx], "labels": self.labels[idx]}
+        return {self.inputs_key: self.images[idx], "labels": self.labels[idx]}
 
 
 @MODELS.register_module()
