@@ -9,6 +9,11 @@ formatted once and written directly, without a ``LogRecord`` and the logging mod
 formatting — in the user's path that machinery was most of what a logged iteration cost. Any
 other handler (a user's, pytest's) and any filter still get a real record the normal way.
 
+LoggerHook's lines reach :func:`log_info_line` from a queue a second late, in a batch
+(:mod:`distributed_runner.sinks.record_queue`); so that the log still reads in the order things
+happened, every other message to the run's own handlers first writes what that queue holds
+(:data:`before_other_lines`, called from the handlers' filter).
+
 Those lines are flushed within a second, not one by one: a file, or a stdout that is not a
 terminal (``drun train > out.log``, ``ray job logs``), gets them from :class:`LineFlusher`'s
 thread at most once a second — a flush is a write to the OS, which costs a logged iteration more
@@ -61,6 +66,26 @@ class _SecondsFormatter(logging.Formatter):
         return f"{self._time_text(created)} INFO {self.rank_prefix}{message}"
 
 
+before_other_lines: set = set()  # callables that write queued lines (RecordQueue.drain)
+
+
+class _QueuedLinesFirst(logging.Filter):
+    """On the run's own handlers: before a message is emitted, the queued training lines are
+    written (see the module docstring). Lets every record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for drain in list(before_other_lines):
+            drain()
+        return True
+
+
+QUEUED_LINES_FIRST = _QueuedLinesFirst()
+
+
+def _only_ours(filters: list) -> bool:
+    return not filters or (len(filters) == 1 and filters[0] is QUEUED_LINES_FIRST)
+
+
 def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") -> logging.Logger:
     """(Re)configure the project logger for this process; returns it."""
     logger = logging.getLogger(LOGGER_NAME)
@@ -74,6 +99,7 @@ def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") ->
     fmt = _SecondsFormatter(rank)
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(fmt)
+    stream.addFilter(QUEUED_LINES_FIRST)
     setattr(stream, _MARK, True)
     setattr(stream, _LAZY, not _is_terminal(sys.stdout))
     logger.addHandler(stream)
@@ -81,6 +107,7 @@ def setup_logger(work_dir: Path | None, rank: int, level: str | int = "INFO") ->
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(work_dir / "logs" / "run.log")
         file_handler.setFormatter(fmt)
+        file_handler.addFilter(QUEUED_LINES_FIRST)
         setattr(file_handler, _MARK, True)
         setattr(file_handler, _LAZY, True)
         logger.addHandler(file_handler)
@@ -156,20 +183,23 @@ os.register_at_fork(before=LINE_FLUSHER.flush_now,
 
 def log_info_line(logger: logging.Logger, message: str,
                   handlers: Iterable[logging.Handler] | None = None,
-                  flush_now: bool = False) -> None:
+                  flush_now: bool = False, created: float | None = None) -> None:
     """``logger.info(message)`` for a line written every few iterations (module docstring);
     ``handlers``: only these of the logger's handlers (e.g. the files while a progress bar owns
-    the terminal); ``flush_now``: no waiting for LineFlusher (a line a person waits for)."""
+    the terminal); ``flush_now``: no waiting for LineFlusher (a line a person waits for);
+    ``created``: when the line's event happened (``time.time()``; default: now)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     record = None
-    text, created = None, time.time()
+    text = None
+    if created is None:
+        created = time.time()
     for handler in (logger.handlers if handlers is None else handlers):
         if handler.level > logging.INFO:
             continue
         fmt = handler.formatter
         if getattr(handler, _MARK, False) and type(fmt) is _SecondsFormatter \
-                and not handler.filters and not logger.filters:
+                and _only_ours(handler.filters) and not logger.filters:
             if text is None:
                 text = fmt.info_line(message, created) + "\n"
             try:
@@ -184,6 +214,7 @@ def log_info_line(logger: logging.Logger, message: str,
                 pass
         if record is None:
             record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, None, None)
+            record.created = created
             if logger.filters and not logger.filter(record):
                 return
         handler.handle(record)

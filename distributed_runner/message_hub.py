@@ -1,5 +1,14 @@
 """MessageHub: where hooks leave runtime info and scalar histories for each other.
 
+Some runtime info is *derived* rather than written: a key whose value is a function of state its
+owner keeps anyway (IterTimerHook's ``eta``: the time and iteration of the last step it timed) is
+registered with :meth:`MessageHub.derive_info` and computed when someone reads it, so the
+training thread does not pay for a value per iteration that a logger reads every tenth. A reader
+sees what it would have seen had the owner written the value at the same point: a value written
+with ``update_info`` wins until the owner's next update (the provider's ``stamp`` changes), and a
+provider with nothing to say yet (no step timed) leaves whatever was stored (a resumed run's
+checkpointed ``eta``).
+
 Scalars may be recorded as 0-dim tensors, and recording one costs a list append: the tensor is
 kept as it is and turned into a float only when read, all the values a read needs in one
 conversion (``torch.stack(...).tolist()``; on a CPU ``.item()`` each, which is cheaper there),
@@ -10,8 +19,10 @@ them once per logging interval instead. A history holds at most ``history`` valu
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from itertools import islice
-from typing import Any, Iterable
+from collections.abc import Iterator, MutableMapping
+from typing import Any, Iterable, Protocol
 
 import torch
 
@@ -122,12 +133,90 @@ class HistoryBuffer:
         return buf
 
 
+MISSING: Any = object()  # a provider's answer when it has no value (yet)
+
+
+class InfoProvider(Protocol):
+    """The owner of a derived runtime key: ``value()`` computes it (or returns :data:`MISSING`),
+    ``stamp()`` changes whenever the owner would have written a new value."""
+
+    def value(self) -> Any: ...
+
+    def stamp(self) -> Any: ...
+
+
+class RuntimeInfo(MutableMapping):
+    """``MessageHub.runtime_info``: a mapping of stored values and derived keys (module
+    docstring). Reads of a derived key ask its provider; writes are stored and win until the
+    provider's stamp moves on."""
+
+    __slots__ = ("_stored", "_providers", "_written_at")
+
+    def __init__(self) -> None:
+        self._stored: dict[str, Any] = {}
+        self._providers: dict[str, InfoProvider] = {}
+        self._written_at: dict[str, Any] = {}  # derived key -> provider stamp when written
+
+    def derive(self, key: str, provider: InfoProvider | None) -> None:
+        """Compute ``key`` from ``provider`` from now on (None: stored values only again)."""
+        if provider is None:
+            self._providers.pop(key, None)
+        else:
+            self._providers[key] = provider
+        self._written_at.pop(key, None)
+
+    def store_for(self, key: str) -> Any:
+        """A cheap writer of ``key`` (not a derived one): ``store_for('iter')(value)``; for an
+        owner that writes the same key every iteration."""
+        if key in self._providers:
+            raise ValueError(f"runtime info {key!r} is derived; write it with update_info")
+        return partial(self._stored.__setitem__, key)
+
+    def __getitem__(self, key: str) -> Any:
+        provider = self._providers.get(key)
+        if provider is not None and self._written_at.get(key, MISSING) is not provider.stamp():
+            value = provider.value()
+            if value is not MISSING:
+                return value
+        return self._stored[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._stored[key] = value
+        provider = self._providers.get(key)
+        if provider is not None:
+            self._written_at[key] = provider.stamp()
+
+    def __delitem__(self, key: str) -> None:
+        del self._stored[key]
+
+    def _present(self) -> list[str]:
+        derived = [k for k, p in self._providers.items()
+                   if k not in self._stored and p.value() is not MISSING]
+        return [*self._stored, *derived]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._present())
+
+    def __len__(self) -> int:
+        return len(self._present())
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self[key]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"RuntimeInfo({dict(self.items())!r})"
+
+
 class MessageHub:
     """Runtime info (``epoch``, ``iter``, ``eta`` ...) and scalar histories (``train/loss`` ...)."""
 
     def __init__(self, history: int = DEFAULT_HISTORY) -> None:
         self._history = history
-        self.runtime_info: dict[str, Any] = {}
+        self.runtime_info = RuntimeInfo()
         self.log_scalars: dict[str, HistoryBuffer] = {}
 
     def update_info(self, key: str, value: Any) -> None:
@@ -138,6 +227,10 @@ class MessageHub:
 
     def get_info(self, key: str, default: Any = None) -> Any:
         return self.runtime_info.get(key, default)
+
+    def derive_info(self, key: str, provider: InfoProvider | None) -> None:
+        """Have ``key`` computed by ``provider`` when read (module docstring)."""
+        self.runtime_info.derive(key, provider)
 
     def update_scalar(self, key: str, value: Any, count: int = 1) -> None:
         buf = self.log_scalars.get(key)

@@ -5,6 +5,7 @@ import time
 from time import perf_counter
 from typing import TYPE_CHECKING, Optional, Union
 
+from distributed_runner.message_hub import MISSING
 from distributed_runner.model_setup import get_ori_model
 from distributed_runner.registry import HOOKS
 from distributed_runner.throughput import ThroughputMeter
@@ -22,7 +23,10 @@ class IterTimerHook(Hook):
 
     The ETA divides the time spent since this process started training (not since the run
     started: a resumed run's first steps would otherwise be averaged with another machine's) by the
-    iterations done since, times the iterations left. Ranks: all.
+    iterations done since, times the iterations left. It is derived, not written: each step only
+    notes when it ended and which iteration it was, and ``eta`` is computed from those when
+    someone reads it (:meth:`~distributed_runner.message_hub.MessageHub.derive_info`) — the
+    value a reader gets is the one the step would have written. Ranks: all.
 
     Throughput (:mod:`distributed_runner.throughput`): ``train/samples_per_s`` (the run's, all
     ranks), ``train/tokens_per_s`` where the batch holds tokens, and ``train/mfu`` (a device's
@@ -35,6 +39,7 @@ class IterTimerHook(Hook):
 
     priority = "NORMAL"
     _meter: Optional[ThroughputMeter] = None  # a subclass that skips __init__ has none
+    _eta_inputs: Optional[tuple[float, int]] = None  # (end, iter) of the last step timed
 
     def __init__(self, samples_key: Optional[str] = "auto", tokens_key: Optional[str] = "auto",
                  flops_per_token: Union[str, float, None] = "auto",
@@ -51,6 +56,8 @@ class IterTimerHook(Hook):
         self._max_iters = runner.max_iters
         if self._meter is not None:
             self._meter.start(get_ori_model(runner.model), runner.device, runner.world_size)
+        self._eta_inputs = None
+        runner.message_hub.derive_info("eta", _EtaProvider(self))
         self._train_start = time.perf_counter()
 
     # MMEngine's helpers, which the base class forwards every epoch and val/test iteration to
@@ -84,11 +91,16 @@ class IterTimerHook(Hook):
             self._meter.record(runner.message_hub, data_batch, seconds)
 
     def _record_eta(self, runner: RunnerAPI, now: float) -> None:
+        """The ETA's inputs of this step (a new tuple: also the provider's stamp)."""
+        self._eta_inputs = (now, runner.iter)
+
+    def eta(self) -> Optional[float]:
         """Seconds left: time since this process started training per iteration done since,
-        times the iterations left."""
-        it = runner.iter
-        runner.message_hub.runtime_info["eta"] = (
-            (now - self._train_start) / (it + 1 - self._start_iter) * (self._max_iters - it - 1))
+        times the iterations left (None before the first step)."""
+        if self._eta_inputs is None:
+            return None
+        now, it = self._eta_inputs
+        return (now - self._train_start) / (it + 1 - self._start_iter) * (self._max_iters - it - 1)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -96,6 +108,22 @@ class IterTimerHook(Hook):
             cls.before_train_iter = Hook.before_train_iter
         if "_after_iter" in vars(cls) and "after_train_iter" not in vars(cls):
             cls.after_train_iter = _after_train_iter_with_eta
+
+
+class _EtaProvider:
+    """``eta`` in the MessageHub, computed from its IterTimerHook when read."""
+
+    __slots__ = ("timer",)
+
+    def __init__(self, timer: IterTimerHook) -> None:
+        self.timer = timer
+
+    def value(self) -> object:
+        eta = self.timer.eta()
+        return MISSING if eta is None else eta
+
+    def stamp(self) -> object:
+        return self.timer._eta_inputs
 
 
 def _after_train_iter_with_eta(self: IterTimerHook, runner: RunnerAPI, batch_idx: int,

@@ -34,6 +34,8 @@ class ParamSchedulerHook(Hook):
 
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
                          outputs: Optional[dict] = None) -> None:
+        if not runner.param_schedulers:  # none configured: every iteration, so the cheap test
+            return
         for scheduler in self._schedulers(runner):
             if not scheduler.by_epoch:
                 scheduler.step()

@@ -1,7 +1,7 @@
 """RuntimeInfoHook: publishes counters, learning rates, losses and metrics to the MessageHub."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from distributed_runner.registry import HOOKS
 
@@ -22,6 +22,7 @@ class RuntimeInfoHook(Hook):
     """
 
     priority = "VERY_HIGH"
+    _write_iter: Optional[Callable[[int], None]] = None  # set by before_train
 
     def __init__(self) -> None:
         self._keys: dict[str, str] = {}  # output key -> 'train/<key>', built once
@@ -30,6 +31,8 @@ class RuntimeInfoHook(Hook):
         runner.message_hub.update_info_dict({
             "epoch": runner.epoch, "iter": runner.iter,
             "max_epochs": runner.max_epochs, "max_iters": runner.max_iters})
+        # 'iter' is written every iteration: through the hub's plain store, not the mapping
+        self._write_iter = runner.message_hub.runtime_info.store_for("iter")
 
     def before_train_epoch(self, runner: RunnerAPI) -> None:
         runner.message_hub.update_info("epoch", runner.epoch)
@@ -37,7 +40,10 @@ class RuntimeInfoHook(Hook):
     def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
                           data_batch: DataBatch = None) -> None:
         hub = runner.message_hub
-        hub.runtime_info["iter"] = runner.iter  # update_info without the call: every iteration
+        if self._write_iter is not None:
+            self._write_iter(runner.iter)
+        else:  # a subclass whose before_train did not call this one's
+            hub.update_info("iter", runner.iter)
         groups = runner.optim_wrapper.optimizer.param_groups
         hub.update_scalar("train/lr", groups[0]["lr"])
         if len(groups) > 1:

@@ -1,6 +1,7 @@
 """The sink interface LoggerHook writes to."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -23,6 +24,9 @@ class LogRecord:
     at when it is not ``step``: the epoch, for validation metrics of an epoch-based run with
     LoggerHook's ``log_metric_by_epoch=True`` (MMEngine's default). Files (JSON lines, Parquet)
     keep ``step`` and ``epoch`` both, so ``drun plot`` draws every curve on one axis.
+
+    ``created`` (``time.time()`` when the record was made) dates the terminal line: a training
+    record is written up to a second later (:mod:`~distributed_runner.sinks.record_queue`).
     """
 
     mode: str
@@ -31,6 +35,7 @@ class LogRecord:
     scalars: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
     metric_step: Optional[int] = None
+    created: float = field(default_factory=time.time)
 
     @property
     def chart_step(self) -> int:

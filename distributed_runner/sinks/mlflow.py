@@ -239,7 +239,7 @@ class MLflowSink(LogSink):
             return
         if not getattr(self, "_run_opened", False):
             self._ensure_run()
-        now = int(time.time() * 1000)
+        now = int(record.created * 1000)  # when it happened, not when the queue wrote it
         self._pending.extend((f"{record.mode}/{k}", float(v), now, record.chart_step)
                              for k, v in record.scalars.items())
         # hand over in chunks: one queue message per ~second, not one per step

@@ -41,7 +41,7 @@ class ParquetSink(LogSink):
         self._attempt = time.time_ns()
 
     def write(self, record: LogRecord) -> None:
-        now = time.time()
+        now = record.created  # when it happened, not when the queue wrote it
         for tag, value in record.scalars.items():
             self._rows.append((record.mode, tag, record.step, record.epoch, float(value), now,
                                self._attempt))

@@ -6,6 +6,10 @@ is a one-line config error before any data loads, and on the Ray driver before a
 Who writes: LoggerHook decides *when* (intervals, validation); VisualizationHook and
 MLflowCheckpointHook write images and files through the same sinks.
 
+Training records are written a second later, in a batch, by
+:class:`~distributed_runner.sinks.record_queue.RecordQueue` (why, and what keeps the order:
+there); every other record first writes the queued ones, then itself, at once.
+
 Lifecycle: :meth:`SinkSet.opened` around each ``train()``/``val()``/``test()`` (outside
 ``before_run``/``after_run``, so every hook may write at both), which tells each sink the outcome
 (``FINISHED``, ``FAILED``, ``KILLED``) before closing it; :meth:`SinkSet.flush` before each
@@ -23,6 +27,7 @@ from ..errors import ConfigError
 from ..log import LOGGER_NAME
 from ..preemption import TrainingPreempted
 from .base import LogRecord, LogSink, build_sink, validate_sink_spec
+from .record_queue import RecordQueue
 
 if TYPE_CHECKING:
     from ..runner_api import RunnerAPI
@@ -37,6 +42,7 @@ class SinkSet:
         self._sinks: list[tuple[str, LogSink]] = list(sinks)
         self._failures: dict[int, int] = {}
         self._open: list[tuple[str, LogSink]] = []
+        self._queue = RecordQueue(self._write_now)
 
     @classmethod
     def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> "SinkSet":
@@ -63,7 +69,18 @@ class SinkSet:
         return ", ".join(type(sink).__name__ for _, sink in self._sinks) or "none"
 
     def write(self, record: LogRecord) -> None:
-        """Write ``record`` to every open sink; a failing one is reported once and skipped."""
+        """Write ``record`` to every open sink (a training record within a second, after those
+        before it; any other at once, after those before it); a failing sink is reported once
+        and skipped."""
+        if not self._open:
+            return
+        if record.mode == "train":
+            self._queue.put(record)
+            return
+        self._queue.drain()
+        self._write_now(record)
+
+    def _write_now(self, record: LogRecord) -> None:
         for i, (key, sink) in enumerate(self._open):
             try:
                 sink.write(record)
@@ -71,6 +88,8 @@ class SinkSet:
                 self._failed(i, key, sink, exc)
 
     def flush(self) -> None:
+        """Write the queued records, then make every sink's records durable."""
+        self._queue.drain()
         for i, (key, sink) in enumerate(self._open):
             try:
                 sink.flush()
@@ -112,7 +131,9 @@ class SinkSet:
             self.close(outcome)
 
     def close(self, outcome: str = "FINISHED") -> None:
-        """Tell every open sink how the run ended (:meth:`LogSink.finish`), then close it."""
+        """Write the queued records, tell every open sink how the run ended
+        (:meth:`LogSink.finish`), then close it."""
+        self._queue.close()
         for key, sink in self._open:
             try:
                 sink.finish(outcome)

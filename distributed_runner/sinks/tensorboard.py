@@ -42,7 +42,8 @@ class TensorBoardSink(LogSink):
         if self._writer is None:
             return
         for name, value in record.scalars.items():
-            self._writer.add_scalar(f"{record.mode}/{name}", value, record.chart_step)
+            self._writer.add_scalar(f"{record.mode}/{name}", value, record.chart_step,
+                                    walltime=record.created)
         if record.mode == "val":
             self._last_val = {f"hparam/val/{k}": v for k, v in record.scalars.items()
                               if k not in ("time", "data_time")}

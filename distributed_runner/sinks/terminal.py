@@ -113,7 +113,7 @@ class TerminalSink(LogSink):
         if logger.isEnabledFor(logging.INFO):  # while the bar owns the terminal: the files only
             log_info_line(logger, format_record(record), [
                 h for h in logger.handlers if is_file_handler(h)] if on_bar else None,
-                flush_now=record.mode != "train")
+                flush_now=record.mode != "train", created=record.created)
         if on_bar:
             self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
                                      for k, v in record.scalars.items()
