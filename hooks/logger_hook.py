@@ -214,11 +214,15 @@ class LoggerHook(Hook, SinkProvider):
             runner.logger.info(format_hook_timings(runner.hook_timings()))
 
     def after_run(self, runner: RunnerAPI) -> None:
-        """``out_dir``: the run's logs and config (names ending with ``out_suffix``) copied to
+        """Every record written and flushed; ``out_dir``: the run's logs and config (names ending
+        with ``out_suffix``) copied to
         ``out_dir/<basename(work_dir)>``, as MMEngine does; ``keep_local=False`` deletes the
         local ones afterwards."""
+        if runner.rank == 0:
+            # the training records still queued (sinks/record_queue.py) are written now: a hook
+            # after this one at after_run finds the files whole, and so do the copies below
+            runner.sinks.flush()
         if self.out_dir and runner.rank == 0:
-            runner.sinks.flush()  # the files are complete before they are copied
             names = copy_run_files(runner.work_dir, self.out_dir, self.out_suffix,
                                    self.keep_local, self.backend_args, runner.logger)
             runner.logger.info("copied %d log files to %s", len(names),

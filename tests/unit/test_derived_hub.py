@@ -1,0 +1,155 @@
+"""The MessageHub derived instead of written: every runtime key and scalar a hook reads, at every
+mount point, at every priority, is what it was when RuntimeInfoHook and IterTimerHook wrote every
+value on every iteration (the design before issue 27, kept here as the reference)."""
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tests.toy  # noqa: F401  (ToyDataset / ToyModel)
+import hooks.iter_timer_hook as iter_timer_module
+from distributed_runner import Runner
+from distributed_runner.message_hub import MessageHub
+from hooks import MOUNT_POINTS, Hook, IterTimerHook
+from tests.toy import base_cfg
+
+PRIORITIES = ("HIGHEST", "VERY_HIGH", "ABOVE_NORMAL", "NORMAL", "BELOW_NORMAL", "LOWEST")
+
+
+class WrittenIterTimerHook(IterTimerHook):
+    """The reference design: the ETA written into the hub after every step."""
+
+    def before_train(self, runner) -> None:
+        super().before_train(runner)
+        runner.message_hub.derive_info("eta", None)
+
+    def _record_eta(self, runner, now: float) -> None:
+        it = runner.iter
+        runner.message_hub.runtime_info["eta"] = (
+            (now - self._train_start) / (it + 1 - self._start_iter) * (self._max_iters - it - 1))
+
+
+def _snapshot(hub: MessageHub) -> dict:
+    info = dict(hub.runtime_info)
+    probes = {k: hub.get_info(k, "absent") for k in ("iter", "epoch", "max_iters", "max_epochs",
+                                                       "eta")}
+    scalars = {k: (len(b), b.current(), b.mean(), b.values()[-3:])
+               for k, b in sorted(hub.log_scalars.items()) if len(b)}
+    return {"info": info, "get_info": probes, "contains_eta": "eta" in hub.runtime_info,
+            "scalars": scalars}
+
+
+def _probe_class(priority: str, seen: list) -> type:
+    """A hook at ``priority`` that snapshots the hub at every mount point it is called at."""
+    def make(mount: str):
+        def method(self, runner, *args, **kwargs) -> None:
+            seen.append((mount, priority, _snapshot(runner.message_hub)))
+        return method
+    body = {m: make(m) for m in MOUNT_POINTS}
+    body["priority"] = priority
+    return type(f"Probe{priority}", (Hook,), body)
+
+
+class EtaWriter(Hook):
+    """A hook that writes ``eta`` itself after the 4th iteration of each epoch (before the timer
+    at HIGH, after it at LOW)."""
+
+    def __init__(self, priority: str) -> None:
+        self.priority = priority
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter % 10 == 3:
+            runner.message_hub.update_info("eta", 1234.5)
+
+
+def _fake_clock(monkeypatch) -> None:
+    """IterTimerHook's clock ticks 1 ms per read: both designs read it equally often."""
+    ticks = iter(range(10**9))
+    fake = lambda: next(ticks) * 1e-3  # noqa: E731
+    monkeypatch.setattr(iter_timer_module, "perf_counter", fake)
+    monkeypatch.setattr(iter_timer_module, "time", types.SimpleNamespace(perf_counter=fake))
+
+
+def _run(tmp_path: Path, name: str, timer: Any, monkeypatch, writer_priority: str,
+         resume_epochs: int = 0) -> list:
+    seen: list = []
+    _fake_clock(monkeypatch)
+    probes = [_probe_class(p, seen)() for p in PRIORITIES]
+    cfg = base_cfg(tmp_path / name, custom_hooks=[*probes, EtaWriter(writer_priority)])
+    cfg["train_cfg"] = dict(by_epoch=True, max_epochs=2, val_interval=1)
+    cfg["default_hooks"] = dict(timer=timer(), logger=dict(type="LoggerHook", interval=3,
+                                                           sinks=["jsonl"]),
+                                checkpoint=dict(type="CheckpointHook", interval=1))
+    Runner.from_cfg(cfg).train()
+    if resume_epochs:  # the hub comes back from the checkpoint: its stored eta included
+        seen.clear()
+        _fake_clock(monkeypatch)
+        cfg["train_cfg"]["max_epochs"] = resume_epochs
+        cfg["default_hooks"]["timer"] = timer()
+        cfg["custom_hooks"] = [*(_probe_class(p, seen)() for p in PRIORITIES),
+                               EtaWriter(writer_priority)]
+        cfg["resume"] = True
+        Runner.from_cfg(cfg).train()
+    return seen
+
+
+@pytest.mark.parametrize("writer_priority", ["HIGH", "LOW"])
+@pytest.mark.parametrize("resume_epochs", [0, 3])
+def test_every_runtime_value_at_every_mount_point_is_the_written_designs(
+        tmp_path, monkeypatch, writer_priority, resume_epochs):
+    torch.manual_seed(0)
+    derived = _run(tmp_path, "derived", IterTimerHook, monkeypatch, writer_priority,
+                   resume_epochs)
+    torch.manual_seed(0)
+    written = _run(tmp_path, "written", WrittenIterTimerHook, monkeypatch, writer_priority,
+                   resume_epochs)
+    assert len(derived) == len(written) > 100
+    mounts = {m for m, _, _ in derived}
+    assert {"before_train_iter", "after_train_iter", "after_val_epoch", "after_train",
+            "before_save_checkpoint"} <= mounts
+    for (m1, p1, s1), (m2, p2, s2) in zip(derived, written):
+        assert (m1, p1) == (m2, p2)
+        # the loss tensors' values and everything else must be the same; times come from the
+        # fake clock, so they are equal too
+        assert s1 == s2, f"{m1} at {p1}: {s1} != {s2}"
+    etas = [s["get_info"]["eta"] for m, _, s in derived if m == "after_train_iter"]
+    assert 1234.5 in etas and any(isinstance(e, float) and e != 1234.5 for e in etas)
+    if resume_epochs:  # before the first step of the resumed run: the checkpoint's eta
+        first = next(s for m, _, s in derived if m == "before_train")
+        assert first["get_info"]["eta"] not in ("absent", None)
+
+
+def test_a_derived_key_reads_its_provider_until_written_then_the_written_value_until_it_moves():
+    hub = MessageHub()
+
+    class Provider:
+        def __init__(self) -> None:
+            self.version: Any = None
+            self.val: Any = None
+
+        def value(self):
+            from distributed_runner.message_hub import MISSING
+            return MISSING if self.val is None else self.val
+
+        def stamp(self):
+            return self.version
+
+    provider = Provider()
+    hub.update_info("eta", 7.0)  # stored before a provider exists (a loaded checkpoint)
+    hub.derive_info("eta", provider)
+    assert hub.get_info("eta") == 7.0 and "eta" in hub.runtime_info  # nothing to say yet
+    provider.val, provider.version = 3.0, object()
+    assert hub.get_info("eta") == 3.0 and hub.runtime_info["eta"] == 3.0
+    hub.update_info("eta", 9.0)  # a hook writes it: that value until the provider moves on
+    assert hub.get_info("eta") == 9.0
+    provider.val, provider.version = 2.0, object()
+    assert hub.get_info("eta") == 2.0
+    assert hub.state_dict()["runtime_info"]["eta"] == 2.0
+    with pytest.raises(ValueError, match="derived"):
+        hub.runtime_info.store_for("eta")
+    hub.derive_info("eta", None)
+    assert hub.get_info("eta") == 9.0
