@@ -33,35 +33,41 @@ def _inline(text: str) -> str:
 
 
 def rst_to_markdown(doc: str) -> str:
-    """A docstring's Sphinx markup as Markdown: roles and ````x```` become code, a paragraph
-    ending in ``::`` introduces a fenced code block (left as it is inside)."""
-    lines, out, i = doc.splitlines(), [], 0
+    """A docstring's Sphinx markup as Markdown: roles and ````x```` become code (also across a
+    line break), a paragraph ending in ``::`` introduces a fenced code block (left as it is)."""
+    lines, out, text, i = doc.splitlines(), [], [], 0
     while i < len(lines):
         line = lines[i]
-        if line.rstrip().endswith("::"):
-            text = line.rstrip()[:-2].rstrip()
-            out.append(_inline(text) + ":" if text.strip() else "")
-            j, block = i + 1, []
-            while j < len(lines) and (not lines[j].strip() or lines[j].startswith(" ")):
-                block.append(lines[j])
-                j += 1
-            while block and not block[-1].strip():
-                block.pop()
-            out += ["", "```text", textwrap.dedent("\n".join(block)).strip("\n"), "```", ""]
-            i = j
+        if not line.rstrip().endswith("::"):
+            text.append(line)
+            i += 1
             continue
-        out.append(_inline(line))
-        i += 1
+        lead = line.rstrip()[:-2].rstrip()
+        text.append(lead + ":" if lead.strip() else "")
+        out.append(_inline("\n".join(text)))
+        text, j, block = [], i + 1, []
+        while j < len(lines) and (not lines[j].strip() or lines[j].startswith(" ")):
+            block.append(lines[j])
+            j += 1
+        while block and not block[-1].strip():
+            block.pop()
+        out += ["", "```text", textwrap.dedent("\n".join(block)).strip("\n"), "```", ""]
+        i = j
+    out.append(_inline("\n".join(text)))
     return "\n".join(out)
 
 
 def module_docstring(name: str) -> str:
-    """A module's docstring (a dotted module, or a path such as ``tests/unit/x.py``)."""
+    """A module's docstring (a dotted module, or a path such as ``tests/unit/x.py``), set apart
+    as a quote titled with where it comes from."""
     if name.endswith(".py"):
-        doc = ast.get_docstring(ast.parse((ROOT / name).read_text())) or ""
+        doc, where = ast.get_docstring(ast.parse((ROOT / name).read_text())) or "", name
     else:
         doc = inspect.getdoc(importlib.import_module(name)) or ""
-    return rst_to_markdown(doc)
+        where = name.replace(".", "/") + ".py"
+    body = textwrap.indent(rst_to_markdown(doc), "    ", lambda line: bool(line.strip()))
+    return f'!!! quote "The docstring of `{where}`"\n\n{body}\n'
+
 
 
 def mount_points_table() -> str:
