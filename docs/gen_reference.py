@@ -5,9 +5,10 @@ pages (:data:`PAGES`: config keys, hooks, CLI) to the site, ``on_page_markdown``
 ``<!-- insert: NAME ARGS -->`` line of a hand-written page with generated text (``gen_inserts.py``
 beside this file: a module docstring, the mount points, the checkpoint parts ...), and
 ``on_page_content`` turns the Sphinx roles of docstrings (``:class:`~a.B```) into plain code.
-Nothing here is written by hand about the code: each table is read from the structure the code itself uses — the checks a
-config passes before anything is built, the ``HOOKS`` registry, the argparse parser — so the
-reference cannot drift. ``python docs/gen_reference.py OUT_DIR`` writes the pages to look at.
+Nothing here is written by hand about the code: each table is read from the structure the code
+itself uses — the checks a config passes before anything is built, the ``HOOKS`` registry, the
+argparse parser — so the reference cannot drift. ``python docs/gen_reference.py OUT_DIR``
+writes the pages to look at.
 
 ``tests/unit/test_docs_reference.py`` checks that the pages name every registered hook, every
 config key and every CLI option.
