@@ -1,9 +1,10 @@
 # A GPT (Hugging Face's GPT-2 architecture, built from its config: 1.85M parameters, no
 # download) learning Python's own standard library byte by byte. On a 2-core CPU it gets from
-# perplexity 256 (guessing) to 4.83 in 600 iterations (3 min 52 s measured, see the README).
+# perplexity 256 (guessing) to 4.83 in 600 iterations (3 min 52 s measured, see
+# docs/how-to/gpt-example.md).
 #   python tools/make_byte_corpus.py        # writes data/byte_corpus/{train,val}/*.parquet
 #   drun train configs/gpt_bytes.py
-# Variants (see the README, "A language model that learns"):
+# Variants (see docs/how-to/gpt-example.md, "Variants"):
 #   drun train configs/gpt_bytes.py --launcher ray --num-workers 2        # DDP on 2 Ray workers
 #   drun train configs/gpt_bytes_fsdp.py                # FSDP, each GPT2Block a shard unit
 #   drun train configs/gpt_bytes_raydata.py             # training set read through Ray Data

@@ -1,11 +1,15 @@
-"""The README's Ray command, as a user types it: ``drun train CONFIG --launcher ray
---num-workers 2`` (its own local Ray, started and stopped by drun)."""
+"""The docs' Ray command (getting started, ``docs-test: ray-local``), as a user types it:
+``drun train CONFIG --launcher ray --num-workers 2`` (its own local Ray, started and stopped by
+drun)."""
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.docs_blocks import docs_commands
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,9 +20,11 @@ def test_drun_train_on_two_ray_workers(ray_cluster, tmp_path):
     drun's local cluster must still find theirs, not die with tracebacks."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1")
     env.pop("RAY_ADDRESS", None)
+    argv = shlex.split(docs_commands("ray-local")[0])
+    assert argv == ["drun", "train", "configs/digits_cnn.py", "--launcher", "ray",
+                    "--num-workers", "2"]
     out = subprocess.run(
-        [sys.executable, "-m", "distributed_runner.cli", "train", "configs/digits_cnn.py",
-         "--launcher", "ray", "--num-workers", "2", "--work-dir", str(tmp_path),
+        [sys.executable, "-m", "distributed_runner.cli", *argv[1:], "--work-dir", str(tmp_path),
          "--cfg-options", "train_cfg.max_epochs=2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=220)
     assert out.returncode == 0, out.stderr[-3000:]

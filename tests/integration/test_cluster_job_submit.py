@@ -1,8 +1,8 @@
-"""The README's cluster section, end to end, on a real head node on 127.0.0.1
-(cluster/local/start_head.sh, 2 CPUs, its own temp dir and ports — the session's in-process
-cluster may run beside it):
+"""The docs' cluster page (docs/how-to/cluster.md, ``docs-test: job-submit``), end to end, on a
+real head node on 127.0.0.1 (cluster/local/start_head.sh, 2 CPUs, its own temp dir and ports —
+the session's in-process cluster may run beside it):
 
-* ``ray job submit --working-dir .`` of the README's command, which leaves work_dir relative:
+* ``ray job submit --working-dir .`` of the page's command, which leaves work_dir relative:
   the run lands under ``DRUN_WORK_ROOT``, not in Ray's temporary package folder; submitted again
   with the same name it resumes.
 * ``drun train --address HEAD`` with ``MLFLOW_TRACKING_URI`` exported in the driver's shell only:
@@ -12,6 +12,7 @@ cluster may run beside it):
 * ``cluster/local/stop.sh`` stops this cluster completely and leaves the other one running.
 """
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_blocks import docs_commands
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +33,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def page_commands() -> tuple[list[str], list[str], list[str]]:
+    """The page's block: auth mode, start the head, submit, stop — as argv lists."""
+    export, start, submit_, stop = docs_commands("job-submit")
+    assert export == "export RAY_AUTH_MODE=disabled"
+    assert shlex.split(stop) == ["cluster/local/stop.sh"]
+    return shlex.split(start), shlex.split(submit_), shlex.split(stop)
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +55,27 @@ def head_node(tmp_path_factory):
                    "RAY_AGENT_GRPC_PORT", "RAY_RUNTIME_ENV_AGENT_PORT",
                    "RAY_METRICS_EXPORT_PORT")})
     env.pop("RAY_ADDRESS", None)
-    out = subprocess.run(["bash", str(ROOT / "cluster/local/start_head.sh"), "2"], env=env,
+    start, _, stop = page_commands()
+    out = subprocess.run(["bash", str(ROOT / start[0]), *start[1:]], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     yield env
-    subprocess.run(["bash", str(ROOT / "cluster/local/stop.sh")], env=env, capture_output=True,
-                   timeout=120)
+    subprocess.run(["bash", str(ROOT / stop[0])], env=env, capture_output=True, timeout=120)
 
 
 def submit(env, epochs):
-    """The README's ``ray job submit``; retried while the new head's job agent registers."""
+    """The page's ``ray job submit`` (its address: this head's dashboard port), cut down to
+    ``epochs``; retried while the new head's job agent registers."""
+    _, argv, _ = page_commands()
+    assert argv[:4] == ["ray", "job", "submit", "--address"]
+    argv[4] = f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"
+    assert argv[argv.index("--") + 1:] == [
+        "drun", "train", "configs/digits_cnn.py", "--launcher", "ray", "--address", "auto",
+        "--num-workers", "2", "--name", "digits-job"]
     deadline = time.monotonic() + 90
     while True:
         out = subprocess.run(
-            ["ray", "job", "submit", "--address",
-             f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}", "--working-dir", ".",
-             "--runtime-env", "cluster/runtime_env.yaml", "--",
-             "drun", "train", "configs/digits_cnn.py", "--launcher", "ray", "--address", "auto",
-             "--num-workers", "2", "--name", "digits-job",
-             "--cfg-options", f"train_cfg.max_epochs={epochs}", "param_scheduler=None",
+            [*argv, "--cfg-options", f"train_cfg.max_epochs={epochs}", "param_scheduler=None",
              "default_hooks.checkpoint.interval=1"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         if "No available agent" not in out.stderr or time.monotonic() > deadline:

@@ -16,6 +16,7 @@ from distributed_runner.launcher import validate_config
 from distributed_runner.sinks import JsonlSink, LogRecord
 from distributed_runner.train_state import TrainState
 from hooks import CheckpointSaver, Hook, StepGuard
+from tests.docs_blocks import docs_block, docs_text
 from tests.toy import ListSink, base_cfg, make_runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,16 +277,16 @@ def test_importing_the_hook_api_loads_neither_the_runner_nor_the_built_in_hooks(
     assert out.stdout.strip() == "hooks.ema_hook"
 
 
-def test_the_readme_shows_what_drun_prints(tmp_path, capsys):
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_show_what_drun_prints(tmp_path, capsys):
+    readme = docs_text()
     quoted = readme.split("`drun: error: default_hooks.logger.sinks[0]: unknown sink 'jsnol'")[1]
     quoted = "drun: error: default_hooks.logger.sinks[0]: unknown sink 'jsnol'" + \
         quoted.split("...`")[0]
     path = _config_file(tmp_path, default_hooks=dict(logger=dict(sinks=["jsnol"])))
     assert drun_main(["train", str(path)]) == 2
     assert capsys.readouterr().err.startswith(quoted)
-    plan = readme.split("`drun hooks CONFIG [--launcher ray]` prints the plan")[1]
-    plan_lines = [line for line in plan.split("```")[1].splitlines()[1:] if "..." not in line]
+    plan_lines = [line for line in docs_block("hook-plan").splitlines()
+                  if line and "..." not in line]
     assert drun_main(["hooks", str(ROOT / "configs" / "digits_cnn.py"), "--launcher", "ray"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert len(plan_lines) == 5

@@ -1,7 +1,8 @@
 """Ten more hooks from OpenMMLab wheels (mmengine 0.10.7, mmdet 3.3.0, mmpretrain 1.2.0, mmyolo
 0.6.0, mmagic 1.2.0), loaded by tests/published.py with only the import lines below rewritten,
 each checked for its effect on training — not just that it ran. With test_downstream_hooks.py
-and test_mmengine_forwarding.py: sixteen hooks from five wheels (the README lists them)."""
+and test_mmengine_forwarding.py: sixteen hooks from five wheels (docs/how-to/mmengine-imix.md
+lists them)."""
 import copy
 import math
 import pickle

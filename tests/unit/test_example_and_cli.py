@@ -9,9 +9,15 @@ from pathlib import Path
 import pytest
 
 from distributed_runner import Config, Runner
+from tests.docs_blocks import docs_block, docs_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "digits_cnn.py"
+
+
+def docs_train_command() -> list[str]:
+    """Getting started's ``drun train``, after its install commands."""
+    return docs_commands("train-example")[0].split(" && ")[-1].split()
 
 
 def drun(*args, cwd=ROOT):
@@ -30,6 +36,10 @@ def test_digits_example_reaches_95_percent(tmp_path):
     assert elapsed < 60, f"the example took {elapsed:.1f}s"
     assert runner.test()["accuracy"] >= 95.0
     assert sorted(p.name for p in tmp_path.glob("epoch_*.pth")) == ["epoch_12.pth", "epoch_8.pth"]
+    # what "Reading the output" lists in work_dir is there (N: any epoch)
+    for line in docs_block("work-dir-layout").splitlines():
+        name = line.split()[0].removeprefix("work_dirs/digits_cnn/").replace("_N.", "_*.")
+        assert list(tmp_path.glob(name)), name
 
 
 def test_cli_hooks_prints_the_plan():
@@ -40,7 +50,9 @@ def test_cli_hooks_prints_the_plan():
 
 
 def test_cli_train_then_test_then_resume(tmp_path):
-    out = drun("train", str(CONFIG), "--work-dir", str(tmp_path),
+    command = docs_train_command()  # the docs' command, as written, plus options
+    assert command[:2] == ["drun", "train"] and ROOT / command[2] == CONFIG
+    out = drun(*command[1:], "--work-dir", str(tmp_path),
                "--cfg-options", "train_cfg.max_epochs=2", "param_scheduler=None")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "last.pth").is_file() and (tmp_path / "config.py").is_file()

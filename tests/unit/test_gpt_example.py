@@ -1,6 +1,7 @@
 """The language-model example: tools/make_byte_corpus.py splits and shards a corpus
-deterministically, ByteShards reads it back as the model's keyword arguments, and the README's two
-commands (make the corpus; train) run as written — shortened to a few iterations."""
+deterministically, ByteShards reads it back as the model's keyword arguments, and the docs' two
+commands (docs/how-to/gpt-example.md: make the corpus; train) run as written — shortened to a few
+iterations."""
 from __future__ import annotations
 
 import os
@@ -18,12 +19,13 @@ import torch
 
 from distributed_runner.errors import ConfigError
 from distributed_runner.examples.lm import ByteShards
+from tests.docs_blocks import docs_block, docs_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import make_byte_corpus  # noqa: E402
 
-# the README's commands, cut down: a handful of iterations and a small validation set
+# the docs' commands, cut down: a handful of iterations and a small validation set
 SHORT = ["train_cfg.max_iters=4", "train_cfg.val_interval=4", "default_hooks.logger.interval=2",
          "val_dataloader.dataset.max_rows=32", "test_dataloader.dataset.max_rows=32"]
 
@@ -99,17 +101,9 @@ def test_byte_shards_mistakes_are_one_line(tmp_path, args, fragment):
         ByteShards(**{"data_root": str(tmp_path / "out"), **args})
 
 
-def readme_block(language: str) -> str:
-    """The first ``language`` block of the README's section "A language model that learns"."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## A language model that learns\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(rf"```{language}\n(.*?)```", section, re.DOTALL).group(1)
-
-
 def readme_commands() -> list[str]:
-    """The section's first bash block: the two commands, comments dropped."""
-    block = readme_block("bash")
-    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    """The page's first bash block: the two commands, comments dropped."""
+    return docs_commands("gpt-train")
 
 
 def test_readme_commands_make_the_corpus_and_train(tmp_path):
@@ -133,8 +127,8 @@ def test_readme_commands_make_the_corpus_and_train(tmp_path):
     log = (tmp_path / "work_dirs" / "gpt_bytes" / "logs" / "run.log").read_text()
     assert re.search(r"perplexity: \d", log), log[-2000:]
     assert (tmp_path / "work_dirs" / "gpt_bytes" / "last.pth").is_file()
-    # the README's snippet continues a prompt with the weights just trained
-    out = subprocess.run([sys.executable, "-c", readme_block("python")], cwd=tmp_path, env=env,
+    # the page's snippet continues a prompt with the weights just trained
+    out = subprocess.run([sys.executable, "-c", docs_block("gpt-complete")], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "def __init__(self" in out.stdout

@@ -222,8 +222,9 @@ def test_a_vit_classifier_trains_and_validates_with_accuracy(tmp_path):
 
 
 def test_a_hugging_face_vit_trains_through_drun_train_from_the_config_that_names_it(tmp_path):
-    """configs/vit_digits.py as the README gives it: ViTForImageClassification from its config,
-    called as it is (pixel_values, labels), Accuracy on its logits. Measured: 95.8 % in 8 s."""
+    """configs/vit_digits.py as docs/how-to/models.md gives it: ViTForImageClassification from its
+    config, called as it is (pixel_values, labels), Accuracy on its logits. Measured: 95.8 % in
+    8 s."""
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "train",
                           "configs/vit_digits.py", "--work-dir", str(tmp_path)], cwd=root,

@@ -1,21 +1,46 @@
-"""The README's runnable examples (blocks marked ``<!-- readme-test: NAME -->``) work as written."""
+"""The runnable examples of the docs and the README (blocks marked ``<!-- docs-test: NAME -->``,
+see ``tests/docs_blocks.py``) work as written."""
 import os
-import re
+import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.docs_blocks import ROOT, docs_block, docs_commands
+
+EXAMPLES = ("custom-hook", "runner-api", "hook-library", "seed-hooks")
 
 
 def blocks() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    found = re.findall(r"<!-- readme-test: ([\w-]+) -->\s*```python\n(.*?)```", text, re.S)
-    return dict(found)
+    return {name: docs_block(name) for name in EXAMPLES}
 
 
-def test_readme_has_the_marked_examples():
-    assert set(blocks()) == {"custom-hook", "runner-api", "hook-library", "seed-hooks"}
+def test_the_docs_have_the_marked_examples():
+    assert all(code.strip() for code in blocks().values())
+
+
+def test_the_readmes_example_and_commands_are_the_docs_tested_ones():
+    """The README repeats the first hook and the two commands; the docs' copies run."""
+    assert docs_block("readme-custom-hook") == docs_block("custom-hook")
+    train = docs_commands("train-example")[0].split(" && ")[-1]
+    ray = docs_commands("ray-local")[0]
+    assert docs_commands("readme-commands") == [docs_commands("train-example")[0], ray]
+    assert train == "drun train configs/digits_cnn.py"
+
+
+def test_the_ray_config_asks_for_what_the_ray_flags_ask_for():
+    """``drun train configs/digits_cnn_ray.py`` is the flags' run, from the config."""
+    from distributed_runner import Config
+    from distributed_runner.cli import apply_launcher_flags, build_parser
+    from distributed_runner.launcher import normalize_launcher
+
+    flags, from_config = docs_commands("ray-local")
+    args = build_parser().parse_args(shlex.split(flags)[1:])
+    cfg = Config.fromfile(ROOT / args.config)
+    apply_launcher_flags(cfg, args)
+    other = Config.fromfile(ROOT / shlex.split(from_config)[2])
+    for key in ("type", "num_workers", "use_gpu"):
+        assert normalize_launcher(cfg["launcher"])[key] == \
+            normalize_launcher(other["launcher"])[key], key
 
 
 def test_custom_hook_and_runner_api_examples_run(tmp_path):

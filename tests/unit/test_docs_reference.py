@@ -1,0 +1,136 @@
+"""The generated reference (``docs/gen_reference.py``) names every registered hook, every config
+key and every ``drun`` option, and every insert of the hand-written pages renders.
+
+The docs build runs the same functions (as a MkDocs hook); these tests need no MkDocs."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import shlex
+
+import pytest
+
+from tests.docs_blocks import ROOT, docs_block
+
+
+@pytest.fixture(scope="module")
+def gen():
+    spec = importlib.util.spec_from_file_location("gen_reference",
+                                                  ROOT / "docs" / "gen_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_pages_are_the_ones_the_menu_expects(gen):
+    from tests.unit.test_docs_blocks import GENERATED
+
+    assert set(gen.PAGES) == GENERATED
+
+
+def test_the_hooks_page_has_every_registered_hook(gen):
+    from distributed_runner.hook_builder import DEFAULT_HOOKS
+    from distributed_runner.registry import HOOKS
+    from hooks.builtin_names import BUILTIN_HOOKS
+
+    page = gen.hooks_page()
+    names = HOOKS.keys()
+    assert set(BUILTIN_HOOKS) <= set(names)
+    for name in names:
+        assert f"\n### {name}\n" in page, name
+    for key in DEFAULT_HOOKS:
+        assert f"| `{key}` |" in page, key
+    # parameters come from __init__, priorities from the class
+    checkpoint = page.split("\n### CheckpointHook\n")[1].split("\n### ")[0]
+    assert "`max_keep_ckpts=-1`" in checkpoint and "VERY_LOW (90)" in checkpoint
+    assert "`default_hooks.checkpoint` with `{'interval': 1}`" in checkpoint
+
+
+def test_the_config_page_has_every_key(gen):
+    from distributed_runner.config_check import MMCV1_KEYS
+    from distributed_runner.config_prep import OTHER_CONFIG_KEYS, RUNNER_KEYS
+    from distributed_runner.launcher import RAY_DEFAULTS
+    from distributed_runner.sharding import FSDP_DEFAULTS
+
+    page = gen.config_page()
+    keys = [*RUNNER_KEYS, *OTHER_CONFIG_KEYS, *MMCV1_KEYS,
+            *(key for key, _ in gen.nested_checked_keys()),
+            *(f"launcher.{k}" for k in RAY_DEFAULTS if k != "type"),
+            *(f"strategy.{k}" for k in FSDP_DEFAULTS)]
+    for key in keys:
+        assert f"| `{key}` |" in page, key
+    nested = dict(gen.nested_checked_keys())
+    assert {"train_cfg.max_epochs", "optim_wrapper.clip_grad.max_norm",
+            "train_dataloader.batch_size", "randomness.seed"} <= set(nested)
+    # the ranges are the checks' own words
+    assert "| `train_cfg.val_interval` | `1` | takes an int >= 1 |" in page
+    assert "| `optim_wrapper.clip_grad.max_norm` | — | takes a finite number > 0 |" in page
+
+
+def test_the_cli_page_has_every_option(gen):
+    from distributed_runner.cli import build_parser
+
+    page = gen.cli_page()
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        section = page.split(f"\n## `drun {name}`\n")[1].split("\n## ")[0]
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"`{flag}`" in section, (name, flag)
+
+
+def test_every_insert_of_the_pages_renders(gen):
+    for page in (ROOT / "docs").rglob("*.md"):
+        text = page.read_text()
+        expanded = gen.expand_inserts(text)
+        assert "<!-- insert:" not in expanded, page
+        for directive in re.findall(r"^<!-- insert: .* -->$", text, re.M):
+            assert len(gen.expand_inserts(directive).strip()) > 100, (page, directive)
+
+
+def test_the_loop_page_shows_the_loops_docstring(gen):
+    import distributed_runner.loops
+    from distributed_runner.checkpoint_parts import PARTS
+    from hooks.hook import MOUNT_POINTS
+
+    loop = gen.expand_inserts((ROOT / "docs" / "explanation" / "loop.md").read_text())
+    for line in distributed_runner.loops.__doc__.splitlines():
+        if line.startswith("    ") and line.strip():
+            assert line[4:].rstrip() in loop, line
+    for mount in MOUNT_POINTS:
+        assert f"| `{mount}`" in loop, mount
+    parts = gen.expand_inserts((ROOT / "docs" / "explanation" / "checkpoints.md").read_text())
+    for part in PARTS:
+        assert f"| `{part.key}` |" in parts, part.key
+
+
+def test_rst_roles_and_literal_blocks_become_markdown(gen):
+    text = gen.rst_to_markdown("See :func:`~a.b.run` and :class:`x.Y`::\n\n    code here\n\nEnd.")
+    assert text == "See `run` and `x.Y`:\n\n```text\ncode here\n```\n\nEnd."
+
+
+def test_the_drun_synopsis_names_only_real_options():
+    from distributed_runner.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    lines = docs_block("drun-synopsis").replace("\n  ", " ").splitlines()
+    seen = set()
+    for line in lines:
+        name = line.split()[1]
+        flags = set(re.findall(r"--[\w-]+", line.split("#")[0]))
+        known = {f for a in commands.choices[name]._actions for f in a.option_strings}
+        assert flags <= known, (name, flags - known)
+        seen.add(name)
+    assert seen == set(commands.choices)
+
+
+def test_ci_runs_the_test_command_the_readme_gives():
+    readme_command = docs_block("test-command").strip()
+    run = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci_command = next(line for line in run if "pytest" in line and not line.startswith("#"))
+    assert shlex.split(ci_command.replace("install -q ", "install ")) == \
+        shlex.split(readme_command)
