@@ -22,7 +22,7 @@ from collections import deque
 from functools import partial
 from itertools import islice
 from collections.abc import Iterator, MutableMapping
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
@@ -131,6 +131,49 @@ class HistoryBuffer:
         for v, c in zip(state["values"], state["counts"]):
             buf.update(float(v), int(c))
         return buf
+
+
+class PulledHistory(HistoryBuffer):
+    """A scalar history whose owner hands its values over when someone reads it: ``pull()``
+    writes what the owner recorded since (through :meth:`MessageHub.update_scalar`, the values
+    it would have written at once). For values derived from raw per-step figures — a rate from a
+    count and a duration — that most steps nobody reads."""
+
+    __slots__ = ("_pull",)
+
+    def __init__(self, pull: Callable[[], None], max_length: int = DEFAULT_HISTORY) -> None:
+        super().__init__(max_length)
+        self._pull = pull
+
+    @classmethod
+    def adopting(cls, old: HistoryBuffer | None, pull: Callable[[], None],
+                 max_length: int) -> "PulledHistory":
+        """A pulled history that starts with ``old``'s values (a checkpoint's)."""
+        buf = cls(pull, max_length)
+        if old is not None:
+            for value, count in zip(old.values(), old.counts()):
+                buf.update(value, count)
+        return buf
+
+    def __len__(self) -> int:
+        self._pull()
+        return super().__len__()
+
+    def current(self) -> float:
+        self._pull()
+        return super().current()
+
+    def mean(self, window: int | None = None) -> float:
+        self._pull()
+        return super().mean(window)
+
+    def values(self) -> list[float]:
+        self._pull()
+        return super().values()
+
+    def counts(self) -> list[int]:
+        self._pull()
+        return super().counts()
 
 
 MISSING: Any = object()  # a provider's answer when it has no value (yet)
@@ -255,7 +298,25 @@ class MessageHub:
         return {"runtime_info": info,
                 "log_scalars": {k: b.state_dict() for k, b in self.log_scalars.items()}}
 
+    @property
+    def history_length(self) -> int:
+        """How many values each scalar history keeps."""
+        return self._history
+
+    def pull_scalar(self, key: str, pull: Callable[[], None]) -> None:
+        """Have ``key``'s history filled by ``pull`` when read (:class:`PulledHistory`); values
+        it holds already (a resumed run's) stay."""
+        self.log_scalars[key] = PulledHistory.adopting(self.log_scalars.get(key), pull,
+                                                       self._history)
+
     def load_state_dict(self, state: dict) -> None:
+        # values owners recorded before the load belong to the state it replaces: handed over
+        # (then dropped with it), as if they had been written at once; pulled keys stay pulled
+        pulls = {k: b._pull for k, b in self.log_scalars.items() if isinstance(b, PulledHistory)}
+        for pull in dict.fromkeys(pulls.values()):
+            pull()
         self.runtime_info.update(state.get("runtime_info", {}))
         self.log_scalars = {k: HistoryBuffer.from_state(s)
                             for k, s in state.get("log_scalars", {}).items()}
+        for key, pull in pulls.items():
+            self.pull_scalar(key, pull)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import deque
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -101,6 +102,8 @@ def sample_counter(batch: Any, key: Optional[str]) -> Optional[Callable[[Any], A
         value = batch[key]
         if isinstance(value, int) or (torch.is_tensor(value) and not value.dim()):
             return lambda b: b[key]
+        if type(value) is torch.Tensor:  # the common case, in one call
+            return lambda b: b[key].shape[0]
         return lambda b: _rows(b[key])
     if isinstance(batch, (list, tuple)) and batch and key == "auto":
         return lambda b: _rows(b[0])
@@ -190,6 +193,31 @@ class ThroughputMeter:
             return None
         return peak_tflops_of(torch.cuda.get_device_name(device), self.peak_tflops)
 
+    def _start_recording(self, hub: Any) -> None:
+        """The hub's rate histories, filled by :meth:`hand_over` when read."""
+        self._hub = hub
+        self._noted: deque = deque(maxlen=hub.history_length)  # (samples, tokens, seconds)
+        self._note = self._noted.append
+        keys = ([SAMPLES] if self._samples is not None else []) + (
+            [TOKENS] + ([MFU] if self._mfu_scale else []) if self._tokens is not None else [])
+        for key in keys:
+            hub.pull_scalar(key, self.hand_over)
+
+    def hand_over(self) -> None:
+        """Write the rates of the steps noted since the last read into the hub."""
+        noted, update = self._noted, self._hub.update_scalar
+        scale, mfu_scale = self._rate_scale, self._mfu_scale
+        while noted:
+            samples, tokens, seconds = noted.popleft()
+            us = int(seconds * 1e6 + 0.5) or 1
+            per_us = scale / us
+            if samples is not None:
+                update(SAMPLES, samples * per_us, us)
+            if tokens is not None:
+                update(TOKENS, tokens * per_us, us)
+                if mfu_scale:
+                    update(MFU, tokens * (mfu_scale / us), us)
+
     def _choose(self, batch: Any) -> None:
         """At the first batch: how this run's batches are counted."""
         self._chosen = True
@@ -203,19 +231,15 @@ class ThroughputMeter:
                 getattr(self, name))
 
     def record(self, hub: Any, batch: Any, seconds: float) -> None:
-        """One iteration of ``seconds`` on ``batch``: each rate, weighted by the microseconds."""
+        """One iteration of ``seconds`` on ``batch``. Only its counts are noted here: the rates
+        (each weighted by the step's microseconds) are computed when the hub's histories are
+        read (:meth:`hand_over`), every figure as it would have been at once."""
         if not self._chosen:
             self._choose(batch)
-        us = int(seconds * 1e6 + 0.5) or 1
-        per_us = self._rate_scale / us
+            self._start_recording(hub)
         try:
-            if self._samples is not None:
-                hub.update_scalar(SAMPLES, self._samples(batch) * per_us, us)
-            if self._tokens is not None:
-                tokens = self._tokens(batch)
-                hub.update_scalar(TOKENS, tokens * per_us, us)
-                if self._mfu_scale:
-                    hub.update_scalar(MFU, tokens * (self._mfu_scale / us), us)
+            self._note((self._samples(batch) if self._samples is not None else None,
+                        self._tokens(batch) if self._tokens is not None else None, seconds))
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             # a batch unlike the first: stop rather than log a window mixing counted and not
             logging.getLogger(LOGGER_NAME).warning(
