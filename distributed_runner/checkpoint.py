@@ -199,7 +199,9 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
         with warnings.catch_warnings():  # torch's pickle-protocol warning asks to file an issue
             warnings.simplefilter("ignore", UserWarning)
             ckpt = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # pickle errors, truncated files, foreign formats
+    # any exception: torch.load raises many types for a damaged file (pickle errors, EOFError,
+    # zip errors, RuntimeError for foreign formats); each becomes one CheckpointDamaged
+    except Exception as e:  # noqa: BLE001
         raise CheckpointDamaged(key, f"{str(p)!r} is not a loadable checkpoint "
                                      f"({_load_error_reason(e)}); pass a .pth written by "
                                      f"CheckpointHook or torch.save(state_dict)") from None

@@ -22,9 +22,10 @@ import logging
 import platform
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,8 +34,7 @@ from .checkpoint import capture_rng, load_weights, model_state_from, restore_rng
 from .config import dumps_json
 from .redact import redact
 from .sharded_checkpoint import SHARDED, load_shards
-from .sharding import full_model_state, full_optimizer_state, is_sharded, \
-    load_full_optimizer_state
+from .sharding import full_model_state, full_optimizer_state, is_sharded, load_full_optimizer_state
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ def _restore_schedulers(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> Non
         s.logger.warning("%s has %d scheduler states for %d schedulers: schedulers start fresh",
                          c.path, len(states), len(s.param_schedulers))
         return
-    for sched, state in zip(s.param_schedulers, states):
+    for sched, state in zip(s.param_schedulers, states, strict=True):
         sched.load_state_dict(state)
 
 

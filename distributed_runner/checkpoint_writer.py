@@ -39,8 +39,13 @@ from . import dist
 from .checkpoint import atomic_save
 from .checkpoint_parts import CheckpointSubject, SaveOptions
 from .checkpoint_state import collect_training_state
-from .sharded_checkpoint import SHARDED, after_manifest_written, finish_shards, start_shards, \
-    writes_shards
+from .sharded_checkpoint import (
+    SHARDED,
+    after_manifest_written,
+    finish_shards,
+    start_shards,
+    writes_shards,
+)
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI
@@ -64,7 +69,7 @@ def staged_copy(obj: Any, reuse: Any = None) -> Any:
         return type(obj)((k, staged_copy(v, before.get(k))) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
         before = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(staged_copy(v, b) for v, b in zip(obj, before))
+        return type(obj)(staged_copy(v, b) for v, b in zip(obj, before, strict=True))
     return copy.deepcopy(obj)
 
 

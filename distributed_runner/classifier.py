@@ -13,8 +13,8 @@ knows nothing of labels or losses; this wrapper adds them::
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,8 +53,8 @@ class Classifier(nn.Module):
     scores (``'logits'``, Hugging Face's name).
     """
 
-    def __init__(self, backbone: Union[dict, nn.Module],
-                 loss: Union[dict, nn.Module, Callable, None] = None,
+    def __init__(self, backbone: dict | nn.Module,
+                 loss: dict | nn.Module | Callable | None = None,
                  inputs_key: str = "inputs", labels_key: str = "labels",
                  logits_key: str = "logits") -> None:
         super().__init__()
@@ -65,7 +65,7 @@ class Classifier(nn.Module):
             raise ArgumentError("backbone", f"expected a model config dict(type=...) or an "
                                             f"nn.Module, got {type(backbone).__name__}")
         self.backbone = backbone
-        loss = dict(type="CrossEntropyLoss") if loss is None else loss
+        loss = {"type": "CrossEntropyLoss"} if loss is None else loss
         if isinstance(loss, dict):
             with argument_errors():
                 loss = MODELS.build(loss, "loss")
@@ -89,7 +89,7 @@ class Classifier(nn.Module):
                              f"{self.labels_key!r} entry in the batch (model.labels_key)")
         return {"loss": self.loss_fn(logits, labels)}
 
-    def _split(self, args: tuple, batch: dict) -> tuple[Any, Optional[Any]]:
+    def _split(self, args: tuple, batch: dict) -> tuple[Any, Any | None]:
         """(inputs, labels) from positional or keyword batch entries."""
         if args:
             return args[0], (args[1] if len(args) > 1 else batch.get(self.labels_key))

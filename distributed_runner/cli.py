@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import CheckpointWriteError, ConfigError
-from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
+from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
+from .preemption import TrainingPreempted
 from .ray_connect import announced_path
 
 
@@ -51,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="workers, or an elastic range such as 2-4")
     ray.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
     ray.add_argument("--address", help="'auto' or ray://...: join a running cluster")
-    ray.add_argument("--storage-path", help="where Ray persists checkpoints (shared for multi-node)")
+    ray.add_argument("--storage-path",
+                     help="where Ray persists checkpoints (shared for multi-node)")
     ray.add_argument("--name", help="run name; rerunning with the same name resumes")
     ray.add_argument("--max-failures", type=int, help="worker-group restarts Ray may make")
     test = sub.add_parser("test", help="evaluate a checkpoint on test_dataloader")
@@ -89,7 +92,8 @@ def worker_count(text: str) -> int | tuple[int, int]:
     try:
         return (int(low), int(high)) if sep else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX (e.g. 2-4), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected N or MIN-MAX (e.g. 2-4), got {text!r}") from None  # the message says it all
 
 
 RAY_FLAGS = {"num_workers": "num_workers", "gpu": "use_gpu", "address": "address",

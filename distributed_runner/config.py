@@ -1,4 +1,5 @@
-"""Config files: Python or YAML, ``_base_`` inheritance, ``--cfg-options`` overrides, custom imports.
+"""Config files: Python or YAML, ``_base_`` inheritance, ``--cfg-options`` overrides, custom
+imports.
 
 * A Python config is executed; its public top-level variables (not modules, functions or classes)
   become the config. A YAML config is one mapping.
@@ -24,8 +25,9 @@ import os
 import pprint
 import sys
 import types
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -45,7 +47,7 @@ class ConfigDict(dict):
     def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
 
-    def __deepcopy__(self, memo: dict) -> "ConfigDict":
+    def __deepcopy__(self, memo: dict) -> ConfigDict:
         return type(self)(copy.deepcopy(dict(self), memo))
 
 
@@ -97,7 +99,7 @@ def _read_python(path: Path) -> dict:
         raise ConfigError(str(path), f"syntax error on line {e.lineno}: {e.msg}") from None
     try:
         exec(code, namespace)  # the config is the user's own code, like MMEngine's .py configs
-    except Exception as e:  # noqa: BLE001 - a config that raises is the user's to fix: one line
+    except Exception as e:  # a config that raises is the user's to fix: one line
         line = _failing_line(e, str(path))
         raise ConfigError(str(path), f"raised {type(e).__name__}"
                                      f"{f' on line {line}' if line else ''}: "
@@ -135,7 +137,7 @@ def _load_raw(path: Path, seen: tuple[Path, ...]) -> dict:
     if not path.is_file():
         raise ConfigError(str(path), "config file not found: check the path")
     if path in seen:
-        raise ConfigError(str(path), "_base_ cycle: " + " -> ".join(str(p) for p in seen + (path,)))
+        raise ConfigError(str(path), "_base_ cycle: " + " -> ".join(str(p) for p in (*seen, path)))
     suffix = path.suffix.lower()
     if suffix == ".py":
         data = _read_python(path)
@@ -148,7 +150,7 @@ def _load_raw(path: Path, seen: tuple[Path, ...]) -> dict:
         return data
     merged: dict = {}
     for base in [bases] if isinstance(bases, str) else list(bases):
-        merged = merge(merged, _load_raw((path.parent / base).resolve(), seen + (path,)))
+        merged = merge(merged, _load_raw((path.parent / base).resolve(), (*seen, path)))
     return merge(merged, data)
 
 
@@ -156,7 +158,7 @@ def _git_commit(folder: Path) -> str | None:
     import subprocess
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                             text=True, timeout=5)
+                             text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -167,8 +169,9 @@ class Config(ConfigDict):
 
     @classmethod
     def fromfile(cls, path: str | os.PathLike, cfg_options: Iterable[str] | dict | None = None,
-                 import_custom: bool = True) -> "Config":
-        """Load ``path`` (with its ``_base_`` files), apply ``cfg_options``, import custom modules."""
+                 import_custom: bool = True) -> Config:
+        """Load ``path`` (with its ``_base_`` files), apply ``cfg_options``, import custom
+        modules."""
         path = Path(path).expanduser().resolve()
         cfg = cls(to_config_dict(_load_raw(path, ())))
         object.__setattr__(cfg, "_filename", str(path))
@@ -195,7 +198,7 @@ class Config(ConfigDict):
         """Where the config came from, as plain data a Ray worker can be given."""
         return {"filename": self.filename, "git_commit": self.git_commit}
 
-    def with_source(self, source: dict | None) -> "Config":
+    def with_source(self, source: dict | None) -> Config:
         """Adopt a :meth:`source` computed elsewhere (on the driver); returns self."""
         if source:
             object.__setattr__(self, "_filename", source.get("filename"))
@@ -209,7 +212,8 @@ class Config(ConfigDict):
 
     def apply_options(self, options: Iterable[str] | dict) -> None:
         """Set dotted keys: ``['a.b=1', 'x=[1,2]']`` or ``{'a.b': 1}``."""
-        pairs = options.items() if isinstance(options, dict) else (_split_option(o) for o in options)
+        pairs = (options.items() if isinstance(options, dict)
+                 else (_split_option(o) for o in options))
         for dotted, value in pairs:
             set_dotted(self, dotted, value)
 
@@ -244,7 +248,8 @@ def _split_option(option: str) -> tuple[str, Any]:
 
 
 def parse_value(raw: str) -> Any:
-    """A Python literal if it is one (``5``, ``[1,2]``, ``'x'``), ``true/false/null``, else the string."""
+    """A Python literal if it is one (``5``, ``[1,2]``, ``'x'``), ``true/false/null``, else the
+    string."""
     lowered = raw.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -264,14 +269,15 @@ def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
     """``set_dotted(cfg, 'a.b.0.c', v)``: create dicts on the way; index into existing lists."""
     parts = dotted.split(".")
     node: Any = cfg
-    for i, part in enumerate(parts[:-1]):
+    for part in parts[:-1]:
         node = _child(node, part, dotted, create=True)
     last = parts[-1]
     if isinstance(node, list):
         try:
             node[int(last)] = to_config_dict(value)
         except (ValueError, IndexError):
-            raise ConfigError(dotted, f"{last!r} is not an index of a list of {len(node)}") from None
+            raise ConfigError(dotted, f"{last!r} is not an index of a list of "
+                                      f"{len(node)}") from None
     elif isinstance(node, dict):
         node[last] = to_config_dict(value)
     else:
@@ -283,7 +289,8 @@ def _child(node: Any, part: str, dotted: str, create: bool) -> Any:
         try:
             return node[int(part)]
         except (ValueError, IndexError):
-            raise ConfigError(dotted, f"{part!r} is not an index of a list of {len(node)}") from None
+            raise ConfigError(dotted, f"{part!r} is not an index of a list of "
+                                      f"{len(node)}") from None
     if isinstance(node, dict):
         if part not in node or node[part] is None:
             if not create:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from difflib import SequenceMatcher
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ConfigError
 

@@ -126,7 +126,8 @@ class ControlRequests:
                     text = f"{reason} (rank {rank})"
                     if text not in agreed.setdefault(kind, []):
                         agreed[kind].append(text)
-        return {k: tuple(agreed.get(k, ())) for k, flag in zip(KINDS, flags.tolist()) if flag}
+        return {k: tuple(agreed.get(k, ()))
+                for k, flag in zip(KINDS, flags.tolist(), strict=True) if flag}
 
     def clear(self) -> None:
         """Forget this rank's unresolved requests (they were resolved, or are dropped)."""

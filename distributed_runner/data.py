@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 import math
 import random
-from typing import Any, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,7 +107,7 @@ def pseudo_collate(batch: list) -> Any:
     if isinstance(first, dict):
         return {k: [b[k] for b in batch] for k in first}
     if isinstance(first, (tuple, list)):
-        return [list(field) for field in zip(*batch)]
+        return [list(field) for field in zip(*batch, strict=True)]
     return list(batch)
 
 
@@ -165,8 +166,9 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
     if "dataset" not in args:
         raise ConfigError(f"{key}.dataset", "missing: add dataset=dict(type=...)")
     if "shuffle" in args:
-        raise ConfigError(f"{key}.shuffle", "use sampler=dict(type='DefaultSampler', "
-                                            "shuffle=True) instead (it is resumable and rank-aware)")
+        raise ConfigError(f"{key}.shuffle",
+                          "use sampler=dict(type='DefaultSampler', shuffle=True) instead (it is "
+                          "resumable and rank-aware)")
     dataset = DATASETS.build(args.pop("dataset"), f"{key}.dataset")
     sampler = _build_sampler(args.pop("sampler", {"type": "DefaultSampler", "shuffle": True}),
                              dataset, seed, f"{key}.sampler")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -40,8 +41,8 @@ def get_local_rank() -> int:
         import ray.train
         ctx = ray.train.get_context()
         return int(ctx.get_local_rank())
-    except Exception:  # not inside a Ray Train worker
-        return int(os.environ.get("LOCAL_RANK", 0))
+    except Exception:  # noqa: BLE001 - whatever Ray raises outside a Ray Train worker
+        return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def is_main_process() -> bool:

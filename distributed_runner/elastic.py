@@ -32,9 +32,10 @@ the batch (the usual), or the ``1/c`` scaling is not the global mean.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -103,7 +104,7 @@ class GlobalBatchPlan:
 
     @classmethod
     def build(cls, global_batch: int, batch_size: int, world_size: int,
-              rank: int) -> "GlobalBatchPlan":
+              rank: int) -> GlobalBatchPlan:
         share = global_batch // world_size
         count = -(-share // batch_size)  # the fewest passes of at most batch_size samples...
         while share % count:  # ...that split the share evenly

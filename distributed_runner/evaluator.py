@@ -7,7 +7,8 @@ sampler added is dropped, so every rank computes the same metrics a single proce
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -129,7 +130,7 @@ class Evaluator:
         return names
 
     @classmethod
-    def build(cls, spec: Any, key: str) -> "Evaluator":
+    def build(cls, spec: Any, key: str) -> Evaluator:
         if isinstance(spec, Evaluator):
             return spec
         specs = spec if isinstance(spec, (list, tuple)) else [spec]

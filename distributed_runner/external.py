@@ -73,7 +73,7 @@ def _import(name: str, path: str, key: str) -> ModuleType | None:
             return None
         raise ConfigError(key, f"cannot import {path!r}: importing {name} failed: "
                                f"{_first_line(e)}") from e
-    except Exception as e:  # noqa: BLE001 - a package broken at import: one line, cause kept
+    except Exception as e:  # a package broken at import: one line, cause kept
         raise ConfigError(key, f"cannot import {path!r}: importing {name} failed: "
                                f"{_first_line(e)}") from e
 
@@ -93,7 +93,7 @@ def import_path(path: str, key: str) -> Any:
             found = getattr(obj, part)
         except AttributeError:
             found = None
-        except Exception as e:  # noqa: BLE001 - a lazy attribute whose import failed
+        except Exception as e:  # a lazy attribute whose import failed
             raise ConfigError(key, f"cannot import {path!r}: {done}.{part}: "
                                    f"{_first_line(e)}") from e
         if found is None and isinstance(obj, ModuleType):

@@ -12,8 +12,9 @@ it: the dispatcher (:mod:`distributed_runner.dispatch`) and the report
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from hooks.hook import Hook
 from hooks.priority import priority_name
@@ -72,12 +73,13 @@ def order_entries(entries: Sequence[HookEntry], strict: bool = True,
                     continue
                 a, b = by_name[first], by_name[then]
                 if a.priority > b.priority:
-                    raise ConfigError(f"{e.key}.{attr}", f"{a.name!r} ({priority_name(a.priority)}"
-                                      f") cannot run before {b.name!r} ({priority_name(b.priority)})"
-                                      f": constraints only order hooks of equal priority; change "
+                    raise ConfigError(f"{e.key}.{attr}",
+                                      f"{a.name!r} ({priority_name(a.priority)}) cannot run "
+                                      f"before {b.name!r} ({priority_name(b.priority)}): "
+                                      f"constraints only order hooks of equal priority; change "
                                       f"a priority instead")
                 succ[first].add(then)
-    indegree = {n: 0 for n in by_name}
+    indegree = dict.fromkeys(by_name, 0)
     for n in succ:
         for m in succ[n]:
             indegree[m] += 1
@@ -106,6 +108,6 @@ def _find_cycle(succ: dict[str, set[str]]) -> list[str]:
     while True:
         nxt = sorted(m for m in succ[path[-1]] if m in succ)[0]
         if nxt in seen:
-            return path[seen[nxt]:] + [nxt]
+            return [*path[seen[nxt]:], nxt]
         seen[nxt] = len(path)
         path.append(nxt)

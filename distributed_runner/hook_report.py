@@ -13,8 +13,9 @@ the dispatcher's docstring.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS
 from hooks.priority import priority_name
@@ -30,7 +31,7 @@ class SlotRecord(Protocol):
     ns: int  # nanoseconds of the timed calls
     timed: int  # how many calls were timed
     call_base: int  # the mount point's call count when the slot entered its table
-    call_end: Optional[int]  # ... and when it left it (its hook disabled), else None
+    call_end: int | None  # ... and when it left it (its hook disabled), else None
 
 
 @dataclass

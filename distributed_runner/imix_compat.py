@@ -12,7 +12,7 @@ is theirs and stays as it is.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import ConfigError
 
@@ -85,7 +85,7 @@ def _sink(name: str, sink_type: str, path_arg: str = "", path_key: str = "") -> 
             return f"default_hooks.logger.sinks: {sinks}{tail}"
         if name in sinks:
             return f"default_hooks.logger.sinks already has {name!r}{tail}"
-        spec["sinks"] = sinks + [name]
+        spec["sinks"] = [*sinks, name]
         return f"default_hooks.logger.sinks += [{name!r}]{tail}"
     return rule
 

@@ -40,7 +40,7 @@ class Interval:
         self._last: float | None = None
 
     @classmethod
-    def parse(cls, value: Any, by_epoch: bool, key: str) -> "Interval":
+    def parse(cls, value: Any, by_epoch: bool, key: str) -> Interval:
         if isinstance(value, Interval):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, str)):

@@ -36,8 +36,14 @@ from .config import Config, to_plain
 from .config_prep import prepare_config
 from .elastic import check_elastic_config
 from .errors import ConfigError, did_you_mean
-from .ray_connect import (announced_path, check_storage, forwarded_env, probe_address,
-                          resolve_address, start_local_ray)
+from .ray_connect import (
+    announced_path,
+    check_storage,
+    forwarded_env,
+    probe_address,
+    resolve_address,
+    start_local_ray,
+)
 from .redact import redact_url
 from .registry import check_arguments
 

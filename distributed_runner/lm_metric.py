@@ -9,7 +9,7 @@ more, and it equals one cross-entropy over the concatenated set, not a mean of p
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ class Perplexity(BaseMetric):
 
     def __init__(self, label_key: str = "labels", input_key: str = "input_ids",
                  ignore_index: int = -100, shift: bool = True,
-                 prefix: Optional[str] = None) -> None:
+                 prefix: str | None = None) -> None:
         super().__init__(prefix)
         if not isinstance(label_key, str) or not isinstance(input_key, str):
             raise ArgumentError("label_key", "label_key and input_key are batch keys (str)")
@@ -62,7 +62,7 @@ class Perplexity(BaseMetric):
                               ignore_index=self.ignore_index, reduction="none")
         per_sample = nll.view(labels.shape).sum(dim=1, dtype=torch.float64)
         tokens = (labels != self.ignore_index).sum(dim=1)
-        self.results.extend(zip(per_sample.tolist(), tokens.tolist()))
+        self.results.extend(zip(per_sample.tolist(), tokens.tolist(), strict=True))
 
     def metric_names(self) -> list[str]:
         return ["loss", "perplexity"]

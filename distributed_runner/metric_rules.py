@@ -6,7 +6,7 @@ one containing :data:`LESS_KEYS` when smaller. An exact match wins over a substr
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from .errors import ArgumentError
 
@@ -15,7 +15,7 @@ LESS_KEYS = ["loss"]
 
 
 def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
-               less_keys: Sequence[str] = LESS_KEYS) -> Optional[str]:
+               less_keys: Sequence[str] = LESS_KEYS) -> str | None:
     """``'greater'``/``'less'`` for a metric key: an exact match first, then a substring match
     (``greater_keys`` first); None when neither list says."""
     low = key.lower()
@@ -32,7 +32,7 @@ def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
     return None
 
 
-def require_metric(arg: str, key: str, reported: Optional[Iterable[str]]) -> None:
+def require_metric(arg: str, key: str, reported: Iterable[str] | None) -> None:
     """An ArgumentError on ``arg`` (``save_best``, ``monitor``) when ``key`` is not among the
     metric names ``reported``; None means the names are not known yet, so nothing is checked."""
     if reported is None:

@@ -39,7 +39,7 @@ class BaseDataPreprocessor(nn.Module):
     def device(self) -> torch.device:
         return self._device
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "BaseDataPreprocessor":
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> BaseDataPreprocessor:
         # every .to()/.cuda()/.cpu() of a parent reaches children through _apply: learn the
         # device from what fn does to an empty tensor on the current one
         self._device = fn(torch.empty(0, device=self._device)).device

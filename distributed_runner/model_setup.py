@@ -3,15 +3,16 @@ sharded with FSDP2 (``strategy=``, :mod:`distributed_runner.sharding`), and with
 compiled."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import dist
 from .errors import ConfigError
-from .registry import MODELS, accepts, check_arguments
 from .recompute import apply_activation_checkpointing
+from .registry import MODELS, accepts, check_arguments
 from .sharding import check_shard_modules, shard_model
 
 
@@ -138,6 +139,5 @@ def wrapper_layers(model: nn.Module) -> Iterator[nn.Module]:
 def get_ori_model(model: nn.Module) -> nn.Module:
     """The user's model inside any wrappers, compiled ones too (what downstream hooks call
     ``get_ori_model``)."""
-    for model in wrapper_layers(model):
-        pass
-    return model
+    *_, innermost = wrapper_layers(model)
+    return innermost

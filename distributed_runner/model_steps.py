@@ -33,8 +33,8 @@ An elastic run (``launcher.num_workers=(min, max)``) trains with the elastic ste
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -43,8 +43,19 @@ from . import dist
 from .errors import ConfigError
 from .model import BaseModel
 from .model_setup import get_ori_model, wrapper_layers
-from .step import ElasticStep, GuardedStep, LossOf, OwnTrainStep, PlainStep, StepStrategy, \
-    call_as_is, call_for_loss, call_model, detaching, parse_losses
+from .step import (
+    ElasticStep,
+    GuardedStep,
+    LossOf,
+    OwnTrainStep,
+    PlainStep,
+    StepStrategy,
+    call_as_is,
+    call_for_loss,
+    call_model,
+    detaching,
+    parse_losses,
+)
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI

@@ -16,7 +16,8 @@ optimizer itself (``distributed_runner/step.py``, the plain step), which is the 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,7 +124,7 @@ class OptimWrapper:
                     groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
         for grads in groups.values():  # flattened together: one all-reduce for all of them
             flat = dist.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
-            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 g.copy_(part.view_as(g))
 
     def update_params(self, loss: torch.Tensor) -> None:

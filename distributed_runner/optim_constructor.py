@@ -56,7 +56,7 @@ NORM_LAYERS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 KEY = "optim_wrapper.paramwise_cfg"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def deformable_conv_types() -> tuple[type, ...]:
     """mmcv's deformable convolutions, when mmcv is installed (``dcn_offset_lr_mult``); looked
     up once (a failed import is not cached by Python, and add_params asks for every module)."""

@@ -11,8 +11,8 @@ curves (TensorBoard's, debiased), the raw ones faint behind.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 Series = dict[tuple[str, str], tuple[list[int], list[float]]]
 NOT_SCALARS = {"mode", "step", "epoch"}
@@ -28,7 +28,7 @@ def series(work_dir: str | Path) -> Series:
         from .sinks.parquet import read_scalars
         table = read_scalars(work_dir)
         rows = zip(table["mode"].to_pylist(), table["tag"].to_pylist(),
-                   table["step"].to_pylist(), table["value"].to_pylist())
+                   table["step"].to_pylist(), table["value"].to_pylist(), strict=True)
         for mode, tag, step, value in rows:
             points.setdefault((mode, tag), {})[int(step)] = float(value)
     else:
@@ -94,15 +94,17 @@ def build_figure(work_dirs: Sequence[str | Path], smooth: float = 0.0):
             for i, ((mode, tag), (steps, values)) in enumerate(sorted(group.items())):
                 legend = f"{name}: {mode}/{tag}" if len(runs) > 1 else f"{mode}/{tag}"
                 style = styles[i % len(styles)]
+                shown = values
                 if mode == "train" and smooth > 0 and title == "training loss":
                     ax.plot(steps, values, color=colour, alpha=0.25, linestyle=style)
-                    values = smoothed(values, smooth)
-                ax.plot(steps, values, color=colour, linestyle=style, label=legend,
+                    shown = smoothed(values, smooth)
+                ax.plot(steps, shown, color=colour, linestyle=style, label=legend,
                         marker="o" if mode != "train" else None, markersize=3)
             for end in epoch_ends[:-1]:
                 ax.axvline(end, color=colour, alpha=0.15, linewidth=0.8)
             ax.set_ylabel(label)
-    for ax, title in zip(axes[0], titles):
+    # not strict: with no series at all there is one empty panel and no title
+    for ax, title in zip(axes[0], titles, strict=False):
         ax.set_title(title + (f" (smoothed {smooth:g})" if smooth and title == "training loss"
                               else ""))
         ax.set_xlabel("iteration")

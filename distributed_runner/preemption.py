@@ -23,7 +23,8 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import ConfigError
 

@@ -13,7 +13,8 @@ The launcher refuses a request that leaves Ray Data no CPU of its own (it would 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from . import dist
 from .errors import ConfigError
@@ -42,7 +43,7 @@ def build_ray_datasets(cfg: dict) -> dict:
 class _ShardPosition:
     """The sampler-like face of a RayDataLoader: epochs and where a resumed epoch starts."""
 
-    def __init__(self, loader: "RayDataLoader") -> None:
+    def __init__(self, loader: RayDataLoader) -> None:
         self.loader = loader
         self.epoch = 0
 

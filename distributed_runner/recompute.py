@@ -31,7 +31,7 @@ from .log import LOGGER_NAME
 # append to the cache a second time, so (as transformers' own gradient checkpointing does) a
 # recomputed layer trains without one: these become None, ``use_cache`` False
 CACHE_ARGS = ("past_key_values", "past_key_value", "layer_past")
-OFF = {**{name: None for name in CACHE_ARGS}, "use_cache": False}
+OFF = {**dict.fromkeys(CACHE_ARGS), "use_cache": False}
 
 
 def check_module_classes(model: nn.Module, names: list[str], key: str) -> None:

@@ -12,8 +12,8 @@ built first (``config=dict(type='transformers.GPT2Config', ...)`` arrives as a G
 they cannot build configs themselves; registered classes (ours, MMEngine-style ones) keep
 receiving nested dicts unbuilt, as MMEngine's models expect.
 
-``build`` checks the keyword arguments against the constructor's signature *before* calling it, so an
-unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
+``build`` checks the keyword arguments against the constructor's signature *before* calling it, so
+an unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
 ``TypeError`` from deep inside a constructor.
 
 Scopes, as MMEngine's: a downstream project makes its own registry under ours,
@@ -28,14 +28,13 @@ import importlib
 import inspect
 import logging
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from .errors import ArgumentError, ConfigError, closest, did_you_mean
-from .external import check_downloads, import_path, is_import_path, is_installed, \
-    missing_package
+from .external import check_downloads, import_path, is_import_path, is_installed, missing_package
 from .log import LOGGER_NAME
-
 
 _BUILTIN_PACKAGES = ("hooks", "distributed_runner")
 _default_scope: str | None = None
@@ -43,7 +42,7 @@ _default_scope: str | None = None
 
 def set_default_scope(scope: str | None) -> None:
     """A config's ``default_scope``: plain names look in that scope's registries first."""
-    global _default_scope
+    global _default_scope  # noqa: PLW0603 - one per process, as MMEngine's DefaultScope
     if scope is not None and not isinstance(scope, str):
         raise ConfigError("default_scope", f"expected a scope name such as 'mmdet', got "
                                            f"{type(scope).__name__}")
@@ -54,7 +53,7 @@ class Registry:
     """A name -> class (or function) table with optional fallback modules."""
 
     def __init__(self, name: str, var: str | None = None, fallbacks: Iterable[str] = (),
-                 builtins: Iterable[str] = (), *, parent: "Registry | None" = None,
+                 builtins: Iterable[str] = (), *, parent: Registry | None = None,
                  scope: str | None = None, locations: Iterable[str] = ()) -> None:
         self.name = name
         if parent is not None and scope is None:  # MMEngine's rule: the creating package
@@ -87,16 +86,16 @@ class Registry:
                 logging.getLogger(LOGGER_NAME).warning("%s: cannot import %s (%s)", self.var,
                                                        module, e)
 
-    def _root(self) -> "Registry":
+    def _root(self) -> Registry:
         return self if self.parent is None else self.parent._root()
 
-    def _subtree(self) -> Iterator["Registry"]:
+    def _subtree(self) -> Iterator[Registry]:
         """This registry and every registry under it, depth first."""
         yield self
         for child in self._children.values():
             yield from child._subtree()
 
-    def _in_scope(self, scope: str) -> "Registry | None":
+    def _in_scope(self, scope: str) -> Registry | None:
         """The registry of ``scope`` in this registry's tree (depth first), or None."""
         return next((r for r in self._subtree() if r.scope == scope), None)
 
@@ -129,9 +128,9 @@ class Registry:
             if existing is not None and existing is not obj and not force:
                 # Re-importing a module (e.g. a config's custom_imports run twice) re-creates the
                 # class; treat a same-named class from the same module as the same registration.
-                same_origin = (getattr(existing, "__module__", None) == getattr(obj, "__module__", 1)
-                               and getattr(existing, "__qualname__", None)
-                               == getattr(obj, "__qualname__", 2))
+                same_origin = (
+                    getattr(existing, "__module__", None) == getattr(obj, "__module__", 1)
+                    and getattr(existing, "__qualname__", None) == getattr(obj, "__qualname__", 2))
                 builtin = _is_builtin(existing)
                 if not same_origin and _is_builtin(obj) and not builtin:
                     return obj  # built-ins loaded after the user's replacement: the user's stays
@@ -280,10 +279,10 @@ class Registry:
         except (ValueError, TypeError) as e:
             # a constructor rejecting its arguments is a config mistake; `drun --debug` shows
             # the traceback kept in __cause__
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) rejected its "
-                                   f"arguments: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                              ) from e
-        except Exception as e:  # noqa: BLE001 - anything else the user's constructor raised
+                                   f"arguments: {reason}") from e
+        except Exception as e:  # anything else the user's constructor raised
             raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) raised "
                                    f"{type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else '(no message)'} "
@@ -332,7 +331,8 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
                     supplied: Iterable[str] = ()) -> None:
     """Raise a one-line error for an unknown or a missing keyword argument of ``fn``.
 
-    ``supplied`` names arguments the caller passes itself (positionally), e.g. an optimizer's params.
+    ``supplied`` names arguments the caller passes itself (positionally), e.g. an optimizer's
+    params.
     """
     sig = _signature(fn)
     if sig is None:
@@ -347,8 +347,9 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
     if not has_var_kw:
         for arg in args:
             if arg not in named:
+                takes = ", ".join(named) or "nothing"
                 raise ConfigError(f"{key}.{arg}", f"{name} has no argument {arg!r}"
-                                  f"{did_you_mean(arg, named)}; it takes: {', '.join(named) or 'nothing'}")
+                                  f"{did_you_mean(arg, named)}; it takes: {takes}")
     given = set(args) | set(supplied)
     for n, p in params.items():
         if p.default is inspect.Parameter.empty and n not in given and p.kind in (
@@ -362,7 +363,8 @@ MODELS = Registry("model", "MODELS", fallbacks=["torch.nn"],
                             "distributed_runner.classifier"])
 DATASETS = Registry("dataset", "DATASETS")
 TRANSFORMS = Registry("transform", "TRANSFORMS", builtins=["distributed_runner.tta"])
-COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS", builtins=["distributed_runner.data"])
+COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS",
+                             builtins=["distributed_runner.data"])
 DATA_SAMPLERS = Registry("sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.data"],
                          builtins=["distributed_runner.data"])
 OPTIMIZERS = Registry("optimizer", "OPTIMIZERS", fallbacks=["torch.optim"])

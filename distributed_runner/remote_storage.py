@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import shutil
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ArgumentError
 from .redact import redact_url
@@ -161,12 +162,12 @@ def copy_run_files(work_dir: Path, out_dir: str, suffixes: tuple[str, ...], keep
     target = run_folder(out_dir, work_dir)
     if is_remote(out_dir):
         remote = RemoteCopies(target, backend_args, logger)
-        for file, name in zip(files, names):
+        for file, name in zip(files, names, strict=True):
             remote.put(file, name)
         failed = remote.wait()
     else:
         failed = []
-        for file, name in zip(files, names):
+        for file, name in zip(files, names, strict=True):
             destination = Path(target).expanduser() / name
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(file, destination)

@@ -23,8 +23,9 @@ Ray's checkpoint, or a newer one already persisted under the run's storage that 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 

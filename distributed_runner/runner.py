@@ -30,6 +30,9 @@ from torch import nn
 
 from . import dist
 from .checkpoint import load_file, point_at, read_pointer
+from .checkpoint_parts import CheckpointSubject
+from .checkpoint_state import load_model_weights, restore_training_state
+from .checkpoint_writer import CheckpointWriter
 from .config import Config
 from .config_check import all_or_none
 from .config_prep import RUNNER_KEYS, prepare_config
@@ -45,15 +48,12 @@ from .message_hub import MessageHub
 from .model_setup import default_device, setup_model
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
-from .redact import redact
 from .randomness import set_random_seed
+from .redact import redact
 from .registry import LOOPS, check_arguments
+from .resume_choice import choose_start, newest_everywhere, require_training_checkpoint
 from .schedulers import build_param_schedulers
 from .sharding import parse_strategy
-from .checkpoint_parts import CheckpointSubject
-from .checkpoint_state import load_model_weights, restore_training_state
-from .resume_choice import choose_start, newest_everywhere, require_training_checkpoint
-from .checkpoint_writer import CheckpointWriter
 from .sinks import SinkSet
 from .train_state import TrainState
 from .version import __version__
@@ -122,7 +122,7 @@ class Runner:
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_cfg(cls, cfg: dict) -> "Runner":
+    def from_cfg(cls, cfg: dict) -> Runner:
         """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker).
 
         The config is prepared by the same function the Ray driver checks it with

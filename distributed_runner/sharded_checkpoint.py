@@ -54,8 +54,10 @@ def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path:
     future (None when written already)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultSavePlanner
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
-        get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     token = dist.broadcast_object(f"{time.time_ns():x}" if rank == 0 else None)
     folder = path.parent / f"{path.stem}.{token}.dcp"
@@ -129,8 +131,12 @@ def load_shards(model: nn.Module, optimizer: Optimizer | None, ckpt: dict, path:
     """Read the shards into ``model`` (and ``optimizer`` unless None, if they hold its state),
     resharded to this run's ranks; every rank calls it."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
-        get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     entry = ckpt[SHARDED]
     state: dict[str, Any] = {"model": get_model_state_dict(model)}

@@ -26,7 +26,8 @@ load into DDP, into one process, or into FSDP on another world size. With one pr
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -35,8 +36,8 @@ from .errors import ConfigError, did_you_mean
 from .recompute import check_module_classes
 
 STRATEGIES = ("ddp", "fsdp")
-FSDP_DEFAULTS = dict(shard_modules=[], mixed_precision=None, reshard_after_forward=True,
-                     cpu_offload=False, checkpoint="sharded", activation_checkpointing=[])
+FSDP_DEFAULTS = {"shard_modules": [], "mixed_precision": None, "reshard_after_forward": True,
+                     "cpu_offload": False, "checkpoint": "sharded", "activation_checkpointing": []}
 DDP_OPTIONS = ("activation_checkpointing",)
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
@@ -47,7 +48,7 @@ def parse_strategy(spec: Any) -> dict:
     if spec is None:
         spec = "ddp"
     if isinstance(spec, str):
-        spec = dict(type=spec)
+        spec = {"type": spec}
     if not isinstance(spec, dict):
         raise ConfigError("strategy", f"got {spec!r:.60}; takes 'ddp', 'fsdp' or "
                                       f"dict(type='fsdp', shard_modules=[...], ...)")
@@ -65,8 +66,8 @@ def parse_strategy(spec: Any) -> dict:
                                                      f"takes activation_checkpointing, and its "
                                                      f"own arguments from "
                                                      f"model_wrapper_cfg=dict(...)")
-        return dict(type="ddp", activation_checkpointing=_class_names(
-            args.get("activation_checkpointing", []), "activation_checkpointing"))
+        return {"type": "ddp", "activation_checkpointing": _class_names(
+            args.get("activation_checkpointing", []), "activation_checkpointing")}
     for key in args:
         if key not in FSDP_DEFAULTS:
             raise ConfigError(f"strategy.{key}", f"FSDP has no option {key!r}"
@@ -125,8 +126,8 @@ def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Mo
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    options: dict[str, Any] = dict(mesh=mesh,
-                                   reshard_after_forward=strategy["reshard_after_forward"])
+    options: dict[str, Any] = {"mesh": mesh,
+                                   "reshard_after_forward": strategy["reshard_after_forward"]}
     if strategy["mixed_precision"]:
         options["mp_policy"] = MixedPrecisionPolicy(
             **{k: DTYPES[v] if v else None for k, v in strategy["mixed_precision"].items()})
@@ -228,7 +229,7 @@ class ShardedCopy:
     def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self._buffers.items())
 
-    def requires_grad_(self, requires_grad: bool = True) -> "ShardedCopy":
+    def requires_grad_(self, requires_grad: bool = True) -> ShardedCopy:
         return self  # detached copies: never part of a graph
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -15,7 +15,8 @@ straight through, so a TTA model never changes training.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,7 +58,7 @@ def _merge(outputs: list, how: str) -> Any:
     if isinstance(first, dict):
         return {k: _merge([o[k] for o in outputs], how) for k in first}
     if isinstance(first, (list, tuple)):
-        return type(first)(_merge(list(parts), how) for parts in zip(*outputs))
+        return type(first)(_merge(list(parts), how) for parts in zip(*outputs, strict=True))
     if not torch.is_tensor(first) or not first.is_floating_point():
         return first  # ids, labels: the same in every view
     stacked = torch.stack(outputs)

@@ -4,14 +4,14 @@ MMEngine's meaning, so such a hook runs after changing that import line."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .log import print_log
 
 __all__ = ["is_list_of", "is_seq_of", "is_tuple_of", "mkdir_or_exist", "print_log"]
 
 
-def is_seq_of(seq: Any, expected_type: type | tuple, seq_type: Optional[type] = None) -> bool:
+def is_seq_of(seq: Any, expected_type: type | tuple, seq_type: type | None = None) -> bool:
     """Whether ``seq`` is a sequence (of ``seq_type``, if given) whose items are all of
     ``expected_type``."""
     from collections.abc import Sequence

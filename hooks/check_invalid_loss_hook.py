@@ -1,7 +1,7 @@
 """CheckInvalidLossHook: the seeds' example, shipped — fail fast when the loss is inf or NaN."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,7 +27,7 @@ class CheckInvalidLossHook(Hook):
 
     priority = "NORMAL"
 
-    def __init__(self, interval: Union[int, str] = 50) -> None:
+    def __init__(self, interval: int | str = 50) -> None:
         self.every = Interval.parse(interval, by_epoch=False,
                                     key="interval")
 
@@ -35,7 +35,7 @@ class CheckInvalidLossHook(Hook):
         self.every.start_clock()
 
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs: dict | None = None) -> None:
         if not self.every.due_after_iter(runner):
             return
         loss = (outputs or {}).get("loss")

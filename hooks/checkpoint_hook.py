@@ -5,21 +5,36 @@ import hashlib
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING
 
-from distributed_runner.checkpoint import atomic_save, checksum_path, load_file, point_at, \
-    remove_checkpoint, remove_stale_temporaries
+from distributed_runner.checkpoint import (
+    atomic_save,
+    checksum_path,
+    load_file,
+    point_at,
+    remove_checkpoint,
+    remove_stale_temporaries,
+)
 from distributed_runner.checkpoint_parts import PUBLISHABLE_KEYS
 from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
-from distributed_runner.registry import HOOKS
 from distributed_runner.redact import redact_url
-from distributed_runner.remote_storage import RemoteCopies, check_storage_options, is_remote, \
-    run_folder
-from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_orphan_shards, \
-    shard_folders
+from distributed_runner.registry import HOOKS
+from distributed_runner.remote_storage import (
+    RemoteCopies,
+    check_storage_options,
+    is_remote,
+    run_folder,
+)
+from distributed_runner.sharded_checkpoint import (
+    SHARDED,
+    full_weights,
+    remove_orphan_shards,
+    shard_folders,
+)
 
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
@@ -32,18 +47,18 @@ if TYPE_CHECKING:
 CHECKPOINT_KEYS = PUBLISHABLE_KEYS
 
 
-def _as_list(value: Union[str, Sequence[str], None]) -> list:
+def _as_list(value: str | Sequence[str] | None) -> list:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
 
 
-def _check_numbers(interval: Union[int, str], max_keep_ckpts: int, save_begin: int,
+def _check_numbers(interval: int | str, max_keep_ckpts: int, save_begin: int,
                    save_topk: int, by_epoch: bool, async_save: bool) -> None:
     """Refuse, one line naming the argument, what would otherwise misbehave silently later (a
     float interval, save_topk=0, by_epoch='no')."""
-    if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
-            interval != int(interval) or interval == 0 or interval < -1):
+    if isinstance(interval, bool) or (isinstance(interval, (int, float)) and (
+            interval != int(interval) or interval == 0 or interval < -1)):
         raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
                                         f"periodic checkpoints) or a spec like '500it', "
                                         f"'2ep', '30min'")
@@ -56,7 +71,7 @@ def _check_numbers(interval: Union[int, str], max_keep_ckpts: int, save_begin: i
             raise ArgumentError(name, f"got {flag!r}; takes True or False")
 
 
-def _published_keys(keys: Union[str, Sequence[str], None]) -> list:
+def _published_keys(keys: str | Sequence[str] | None) -> list:
     """``published_keys`` checked against the checkpoint's parts (a typo would publish a file
     without them); the weights must be among them."""
     keys = _as_list(keys)
@@ -111,19 +126,19 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     priority = "VERY_LOW"
 
-    def __init__(self, interval: Union[int, str] = -1, by_epoch: bool = True,
+    def __init__(self, interval: int | str = -1, by_epoch: bool = True,
                  save_optimizer: bool = True,
-                 save_param_scheduler: bool = True, out_dir: Optional[str] = None,
+                 save_param_scheduler: bool = True, out_dir: str | None = None,
                  max_keep_ckpts: int = -1, save_last: bool = True,
-                 save_best: Union[str, Sequence[str], None] = None,
-                 rule: Union[str, Sequence[str], None] = None,
-                 greater_keys: Optional[Sequence[str]] = None,
-                 less_keys: Optional[Sequence[str]] = None,
-                 filename_tmpl: Optional[str] = None,
-                 published_keys: Union[str, Sequence[str], None] = None,
+                 save_best: str | Sequence[str] | None = None,
+                 rule: str | Sequence[str] | None = None,
+                 greater_keys: Sequence[str] | None = None,
+                 less_keys: Sequence[str] | None = None,
+                 filename_tmpl: str | None = None,
+                 published_keys: str | Sequence[str] | None = None,
                  save_begin: int = 0, save_topk: int = 1, async_save: bool = False,
-                 backend_args: Optional[dict] = None, file_client_args: Optional[dict] = None,
-                 create_symlink: Optional[bool] = None) -> None:
+                 backend_args: dict | None = None, file_client_args: dict | None = None,
+                 create_symlink: bool | None = None) -> None:
         _check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
         self.async_save = async_save
         # what a save's commit does (rank 0), by file name: move the pointer, remove old files
@@ -141,7 +156,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                           "work_dir/last_checkpoint names the newest checkpoint", UserWarning,
                           stacklevel=2)
         self.backend_args = backend_args
-        self.remote: Optional[RemoteCopies] = None
+        self.remote: RemoteCopies | None = None
         self.max_keep_ckpts = int(max_keep_ckpts)
         self.save_last = save_last
         self.save_begin = int(save_begin)
@@ -159,12 +174,12 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.best_files: dict[str, str] = {}
         self.top: dict[str, list] = {}  # key -> [[score, file], ...], best first (save_topk)
         self.kept: list[str] = []
-        self.last_file: Optional[str] = None
+        self.last_file: str | None = None
         self.last_saved_iter = -1
         self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
-    def _best_rules(self, rules: list) -> list[Optional[str]]:
+    def _best_rules(self, rules: list) -> list[str | None]:
         """One rule per ``save_best`` key: given once for all, one each, or inferred from the
         key's name ('auto' waits for the first metric's)."""
         if "auto" in self.save_best and len(self.save_best) > 1:
@@ -179,7 +194,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                 raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
         rules = rules or [None] * len(self.save_best)
         return [self._infer_rule(key) if key != "auto" and r is None else r
-                for key, r in zip(self.save_best, rules)]
+                for key, r in zip(self.save_best, rules, strict=True)]
 
     def _infer_rule(self, key: str) -> str:
         rule = infer_rule(key, self.greater_keys, self.less_keys)
@@ -222,7 +237,7 @@ class CheckpointHook(Hook, CheckpointSaver):
             self._save_periodic(runner, self.filename_tmpl.format(runner.epoch + 1))
 
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs: dict | None = None) -> None:
         if self.async_save:
             runner.checkpoints.poll()  # commits a background save every rank has finished
         if self.every.kind == "time":  # rank 0's clock decides; the request makes ranks agree
@@ -243,7 +258,7 @@ class CheckpointHook(Hook, CheckpointSaver):
             runner.logger.info("saved %s (%s)", name, reason)
         return self.out_dir / name
 
-    def _save(self, runner: RunnerAPI, filename: str, meta: Optional[dict] = None,
+    def _save(self, runner: RunnerAPI, filename: str, meta: dict | None = None,
               point: bool = False, remove: Sequence[str] = ()) -> Path:
         """Save ``filename``; when it commits, point ``last_checkpoint`` at it (``point``) and
         remove the files it replaces (``remove``): never before it is safely written."""
@@ -281,13 +296,13 @@ class CheckpointHook(Hook, CheckpointSaver):
         self._save(runner, filename, point=True, remove=removed)
 
     # -- best ----------------------------------------------------------------------------------
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         if not self.save_best or not metrics or runner.train_loop is None:
             return
         if self.save_best == ["auto"]:
             first = next(iter(metrics))
             self.save_best, self.rules = [first], [self.rules[0] or self._infer_rule(first)]
-        for key, rule in zip(self.save_best, self.rules):
+        for key, rule in zip(self.save_best, self.rules, strict=True):
             require_metric("save_best", key, metrics)
             value = float(metrics[key])
             top = self.top.setdefault(key, [[self.best_scores[key], self.best_files[key]]]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from distributed_runner.errors import ArgumentError
 from distributed_runner.metric_rules import infer_rule, require_metric
@@ -20,7 +20,8 @@ class EarlyStoppingHook(Hook):
     """After each validation, compare ``monitor`` with the best value so far.
 
     * ``rule``: ``'greater'``/``'less'``; inferred from the key as CheckpointHook's save_best
-      does (:func:`~distributed_runner.metric_rules.infer_rule`: ``acc``, ``mAP``... greater; ``loss`` less).
+      does (:func:`~distributed_runner.metric_rules.infer_rule`: ``acc``, ``mAP``... greater;
+      ``loss`` less).
     * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
       training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
       ``check_finite`` stops when it is NaN or infinite.
@@ -36,9 +37,9 @@ class EarlyStoppingHook(Hook):
 
     priority = "LOWEST"  # MMEngine's: after every other hook has seen the metrics
 
-    def __init__(self, monitor: str, rule: Optional[str] = None, min_delta: float = 0.1,
+    def __init__(self, monitor: str, rule: str | None = None, min_delta: float = 0.1,
                  strict: bool = False, check_finite: bool = True, patience: int = 5,
-                 stopping_threshold: Optional[float] = None) -> None:
+                 stopping_threshold: float | None = None) -> None:
         if rule is None:
             rule = infer_rule(monitor)
             if rule is None:
@@ -72,7 +73,7 @@ class EarlyStoppingHook(Hook):
         # a monitor the metrics do not report would never stop anything: say so now
         require_metric("monitor", self.monitor, runner.val_metric_names())
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         if runner.train_loop is None or metrics is None:
             return
         if self.monitor not in metrics:

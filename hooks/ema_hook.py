@@ -1,7 +1,7 @@
 """EMAHook: evaluate and test with a weight average of the model being trained."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -10,7 +10,6 @@ from distributed_runner.errors import ArgumentError, argument_errors
 from distributed_runner.registry import HOOKS, MODELS, check_arguments
 
 from .hook import DataBatch, Hook
-
 
 EMA_IN_STATE_DICT = "ema_in_state_dict"  # meta flag: state_dict holds the average (MMEngine)
 
@@ -118,7 +117,7 @@ class EMAHook(Hook):
         return runner.iter + 1 >= self.begin_iter
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs: dict | None = None) -> None:
         if self._ema_started(runner):
             self.ema_model.update_parameters(runner.model)
         else:
@@ -138,7 +137,7 @@ class EMAHook(Hook):
         self._copy_if_pending(runner)
         self._swap_ema_parameters()
 
-    def _swap_back(self, runner, metrics: Optional[dict] = None) -> None:
+    def _swap_back(self, runner, metrics: dict | None = None) -> None:
         if self._swapped:  # at after_val/after_test: only when the evaluation raised
             self._swap_ema_parameters()
 

@@ -35,7 +35,8 @@ extension point in use. The ``runner`` every mount point receives is typed
 :class:`~distributed_runner.runner_api.RunnerAPI`: the part of the Runner a hook may rely on.
 
 Counters follow MMEngine: inside a hook ``runner.epoch`` and ``runner.iter`` are 0-based and count
-the epoch / iteration in progress; they advance *after* ``after_train_epoch`` / ``after_train_iter``.
+the epoch / iteration in progress; they advance *after* ``after_train_epoch`` /
+``after_train_iter``.
 So the helpers below count from 1: ``every_n_train_iters(runner, 5)`` is true after the 5th,
 10th, ... iteration.
 """
@@ -43,8 +44,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.counting import every_nth
 from distributed_runner.errors import ConfigError, did_you_mean
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
 
 
-DataBatch = Optional[Union[dict, tuple, list]]
+DataBatch = dict | tuple | list | None
 
 MMENGINE_MOUNT_POINTS: tuple[str, ...] = (
     "before_run", "after_run",
@@ -131,7 +133,7 @@ class Hook:
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="train")
 
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs: dict | None = None) -> None:
         """After each training step; ``outputs`` holds the detached losses (``outputs['loss']``)."""
         self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
                          mode="train")
@@ -147,7 +149,7 @@ class Hook:
         """Before the pass over the validation data."""
         self._before_epoch(runner, mode="val")
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         """After validation; ``metrics`` are identical on every rank."""
         self._after_epoch(runner, mode="val")
 
@@ -157,7 +159,7 @@ class Hook:
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="val")
 
     def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                       outputs: Optional[Sequence] = None) -> None:
+                       outputs: Sequence | None = None) -> None:
         """After each validation batch; ``outputs`` are the model's predictions."""
         self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
                          mode="val")
@@ -173,7 +175,7 @@ class Hook:
         """Before the pass over the test data."""
         self._before_epoch(runner, mode="test")
 
-    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         """After testing; ``metrics`` are identical on every rank."""
         self._after_epoch(runner, mode="test")
 
@@ -183,7 +185,7 @@ class Hook:
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="test")
 
     def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                        outputs: Optional[Sequence] = None) -> None:
+                        outputs: Sequence | None = None) -> None:
         """After each test batch; ``outputs`` are the model's predictions."""
         self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
                          mode="test")

@@ -16,12 +16,13 @@ if TYPE_CHECKING:
 @HOOKS.register_module()
 class MLflowCheckpointHook(Hook):
     """After training, upload the last, best and published checkpoints (CheckpointHook's
-    ``saved_files()``) to the MLflow run of the run's MLflow sink (``runner.sinks``), under ``checkpoints/``, so
-    the run is complete in MLflow alone. ``kinds`` picks which (default all three).
+    ``saved_files()``) to the MLflow run of the run's MLflow sink (``runner.sinks``), under
+    ``checkpoints/``, so the run is complete in MLflow alone. ``kinds`` picks which (default all
+    three).
 
-    Needs an ``mlflow`` sink (LoggerHook's ``sinks=``) and ``checkpoint`` to be a CheckpointHook. Runs after
-    CheckpointHook (LOWEST), on rank 0 only. The weights are plain ``state_dict`` checkpoints (no
-    pickled model class), loadable with ``torch.load(weights_only=True)`` anywhere.
+    Needs an ``mlflow`` sink (LoggerHook's ``sinks=``) and ``checkpoint`` to be a CheckpointHook.
+    Runs after CheckpointHook (LOWEST), on rank 0 only. The weights are plain ``state_dict``
+    checkpoints (no pickled model class), loadable with ``torch.load(weights_only=True)`` anywhere.
     """
 
     priority = "LOWEST"

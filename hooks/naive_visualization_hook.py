@@ -2,7 +2,8 @@
 arguments (``interval``, ``draw_gt``, ``draw_pred``) and defaults."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.registry import HOOKS
 
@@ -39,14 +40,14 @@ class NaiveVisualizationHook(VisualizationHook):
             self._active = runner.rank == 0 and "val" in self.stages
 
     def _every_nth_batch(self, batch_idx: int, data_batch: DataBatch,
-                         outputs: Optional[Sequence]) -> None:
+                         outputs: Sequence | None) -> None:
         if (batch_idx + 1) % self.interval == 0:
             self._collect(data_batch, outputs)
 
     def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                       outputs: Optional[Sequence] = None) -> None:
+                       outputs: Sequence | None = None) -> None:
         self._every_nth_batch(batch_idx, data_batch, outputs)
 
     def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                        outputs: Optional[Sequence] = None) -> None:
+                        outputs: Sequence | None = None) -> None:
         self._every_nth_batch(batch_idx, data_batch, outputs)

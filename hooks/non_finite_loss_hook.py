@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
 import torch
 
 from distributed_runner.errors import ArgumentError
@@ -58,7 +59,8 @@ class NonFiniteLossHook(Hook, StepGuard):
 
     def reject_step(self, runner: RunnerAPI, loss: torch.Tensor) -> str:
         self.events += 1
-        where = f"non-finite loss at iteration {runner.iter + 1} (rank {runner.rank}: {loss.item()})"
+        where = (f"non-finite loss at iteration {runner.iter + 1} "
+                 f"(rank {runner.rank}: {loss.item()})")
         if self.policy == "raise" or self.events > self.max_events:
             limit = "" if self.policy == "raise" else f" after {self.max_events} events"
             raise FloatingPointError(f"{where}{limit}; lower the learning rate or clip gradients")

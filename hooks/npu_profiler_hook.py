@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
@@ -76,7 +76,7 @@ class NPUProfilerHook(Hook):
                                self.begin, self.end - 1, self.result_path)
 
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs: dict | None = None) -> None:
         if runner.iter != self.end - 1:
             return
         if self.profiling:

@@ -1,10 +1,10 @@
 """PrepareTTAHook: test with test-time augmentation."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import MODELS, HOOKS, check_arguments
+from distributed_runner.registry import HOOKS, MODELS, check_arguments
 from distributed_runner.tta import TTAModel
 
 from .hook import Hook
@@ -24,7 +24,7 @@ class PrepareTTAHook(Hook):
 
     priority = "NORMAL"
 
-    def __init__(self, tta_cfg: Optional[dict] = None) -> None:
+    def __init__(self, tta_cfg: dict | None = None) -> None:
         self.tta_cfg = dict(tta_cfg or {"type": "TTAModel"})
         self.tta_cfg.setdefault("type", "TTAModel")
         with argument_errors():

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Union
 
 from distributed_runner.errors import ConfigError, did_you_mean
 
@@ -21,7 +20,7 @@ class Priority(IntEnum):
     LOWEST = 100
 
 
-PriorityLike = Union[Priority, str, int]
+PriorityLike = Priority | str | int
 
 
 def get_priority(priority: PriorityLike, key: str = "priority") -> int:
@@ -38,8 +37,8 @@ def get_priority(priority: PriorityLike, key: str = "priority") -> int:
         member = Priority.__members__.get(priority.strip().upper())
         if member is not None:
             return int(member)
-        raise ConfigError(key, f"unknown priority {priority!r}"
-                               f"{did_you_mean(priority.upper(), Priority.__members__)}; use one of "
+        near = did_you_mean(priority.upper(), Priority.__members__)
+        raise ConfigError(key, f"unknown priority {priority!r}{near}; use one of "
                                f"{levels} or an int in 0..100")
     raise ConfigError(key, f"priority must be a Priority, a level name or an int in 0..100, got "
                            f"{type(priority).__name__} {priority!r}")
@@ -52,7 +51,7 @@ IMIX_LEVELS = {"HIGHEST": 0, "HIGHER": 10, "HIGH": 20, "NORMAL": 30, "LOW": 40, 
 _IMIX_TO_OURS = {0: 0, 10: 10, 20: 30, 30: 50, 40: 70, 50: 90, 60: 100}
 
 
-def imix_level(level: Union[str, int], key: str = "level") -> int:
+def imix_level(level: str | int, key: str = "level") -> int:
     """Our priority for an iMIX hook config's ``level``: one of its level names, an int in 0..60
     on its scale, or its ``PriorityStatus`` enum member (``level='HIGHER'`` -> 10,
     ``level=30`` -> NORMAL's 50)."""

@@ -1,9 +1,11 @@
-"""ProfilerHook: torch.profiler over the first epochs or iterations, traces and an operator table."""
+"""ProfilerHook: torch.profiler over the first epochs or iterations, traces and an operator
+table."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,12 +61,12 @@ class ProfilerHook(Hook):
     on_error = "warn"  # a profiling problem never stops training
 
     def __init__(self, by_epoch: bool = True, profile_times: int = 1,
-                 activity_with_cpu: bool = True, activity_with_cuda: Optional[bool] = False,
-                 schedule: Optional[dict] = None,
-                 on_trace_ready: Union[Callable, dict, None] = None,
+                 activity_with_cpu: bool = True, activity_with_cuda: bool | None = False,
+                 schedule: dict | None = None,
+                 on_trace_ready: Callable | dict | None = None,
                  record_shapes: bool = False, profile_memory: bool = False,
                  with_stack: bool = False, with_flops: bool = False,
-                 json_trace_path: Optional[str] = None, sort_by: Optional[str] = None,
+                 json_trace_path: str | None = None, sort_by: str | None = None,
                  row_limit: int = 20) -> None:
         if int(profile_times) < 1:
             raise ArgumentError("profile_times", "must be >= 1")
@@ -80,12 +82,12 @@ class ProfilerHook(Hook):
         self.by_epoch, self.profile_times = bool(by_epoch), int(profile_times)
         self.activity_with_cpu, self.activity_with_cuda = activity_with_cpu, activity_with_cuda
         self.schedule, self.on_trace_ready = schedule, on_trace_ready
-        self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory,
-                            with_stack=with_stack, with_flops=with_flops)
+        self.options = {"record_shapes": record_shapes, "profile_memory": profile_memory,
+                            "with_stack": with_stack, "with_flops": with_flops}
         self.json_trace_path, self.sort_by, self.row_limit = json_trace_path, sort_by, row_limit
         self.profiler: Any = None
         self.table: str = ""
-        self.trace_dir: Optional[Path] = None
+        self.trace_dir: Path | None = None
         self.worker_name = ""
         self._steps = 0
 
@@ -105,7 +107,7 @@ class ProfilerHook(Hook):
                                    "activity_with_cuda")
         return acts
 
-    def _trace_handler(self, runner: RunnerAPI) -> Optional[Callable]:
+    def _trace_handler(self, runner: RunnerAPI) -> Callable | None:
         spec = self.on_trace_ready
         if callable(spec):
             return spec
@@ -138,7 +140,7 @@ class ProfilerHook(Hook):
             self._stop(runner)
 
     def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs: dict | None = None) -> None:
         if not self.by_epoch:
             self._step(runner)
 

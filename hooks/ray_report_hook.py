@@ -59,12 +59,12 @@ class RayReportHook(Hook):
         # an asynchronous save is uploaded asynchronously too: Ray copies the folder to
         # storage in the background and deletes it afterwards
         background = bool(meta.get("async_save"))
-        upload = dict(checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-                      delete_local_checkpoint_after_upload=True) if background else {}
+        upload = {"checkpoint_upload_mode": ray.train.CheckpointUploadMode.ASYNC,
+                      "delete_local_checkpoint_after_upload": True} if background else {}
         tmp = tempfile.mkdtemp(prefix="drun-report-")
         try:
-            for source, target in self._files(runner.rank, path, shards):
-                target = Path(tmp) / target
+            for source, relative in self._files(runner.rank, path, shards):
+                target = Path(tmp) / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     os.link(source, target)  # same filesystem: no copy before Ray persists it

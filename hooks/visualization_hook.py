@@ -1,8 +1,9 @@
 """VisualizationHook: a grid of input images with predicted and true labels, per evaluation."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,7 +45,8 @@ class VisualizationHook(Hook):
     ``p:<predicted>`` and ``t:<true label>`` (``label_key``/``label_index``) in green when right,
     red when wrong — as one grid, and write it
 
-    * to TensorBoard (``<stage>/predictions``) when the run has a ``tensorboard`` sink (``runner.sinks``),
+    * to TensorBoard (``<stage>/predictions``) when the run has a ``tensorboard`` sink
+      (``runner.sinks``),
     * to MLflow as ``visualizations/<stage>_iter_<N>.png`` when it has an ``mlflow`` sink,
     * to ``work_dir/<out_dir>/<stage>_iter_<N>.png`` always.
 
@@ -76,7 +78,7 @@ class VisualizationHook(Hook):
         self.out_dir, self.stages = out_dir, tuple(stages)
         self.draw_gt, self.draw_pred = bool(draw_gt), bool(draw_pred)
         self.written: list[Path] = []
-        self._samples: list[tuple[torch.Tensor, int, Optional[int]]] = []
+        self._samples: list[tuple[torch.Tensor, int, int | None]] = []
         self._active = False
         self._evaluations = 0
 
@@ -109,17 +111,17 @@ class VisualizationHook(Hook):
         self._begin(runner, "test")
 
     def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                       outputs: Optional[Sequence] = None) -> None:
+                       outputs: Sequence | None = None) -> None:
         self._collect(data_batch, outputs)
 
     def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                        outputs: Optional[Sequence] = None) -> None:
+                        outputs: Sequence | None = None) -> None:
         self._collect(data_batch, outputs)
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._publish(runner, "val")
 
-    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._publish(runner, "test")
 
     # -- drawing and writing -------------------------------------------------------------------
@@ -129,13 +131,13 @@ class VisualizationHook(Hook):
 
         tiles = [_tile(img, self.scale) for img, _, _ in self._samples]
         h = max(t.shape[0] for t in tiles)
-        w = max(max(t.shape[1] for t in tiles), 48)
+        w = max(48, *(t.shape[1] for t in tiles))
         cols = min(len(tiles), 8)
         rows = -(-len(tiles) // cols)
         caption = 12
         canvas = Image.new("RGB", (cols * (w + 2), rows * (h + caption + 2)), "white")
         pen = ImageDraw.Draw(canvas)
-        for n, (tile, (_, pred, label)) in enumerate(zip(tiles, self._samples)):
+        for n, (tile, (_, pred, label)) in enumerate(zip(tiles, self._samples, strict=True)):
             x, y = (n % cols) * (w + 2), (n // cols) * (h + caption + 2)
             canvas.paste(Image.fromarray(tile), (x, y))
             shown = ([f"p:{pred}"] if self.draw_pred else []) + \

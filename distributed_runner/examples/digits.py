@@ -42,7 +42,7 @@ class DigitsDataset(Dataset):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
         images, labels = load_digits_arrays()
         order = np.random.default_rng(split_seed).permutation(len(labels))
-        n_val = int(round(len(labels) * val_fraction))
+        n_val = round(len(labels) * val_fraction)
         keep = {"train": order[n_val:], "val": order[:n_val], "all": order}[split]
         self.images = torch.from_numpy(images[keep])
         self.labels = torch.from_numpy(labels[keep])

@@ -16,6 +16,17 @@ from .tensorboard import TensorBoardSink
 from .terminal import TerminalSink
 from .wandb import WandbSink
 
-__all__ = ["LogRecord", "LogSink", "SinkSet", "build_sink", "validate_sink_spec", "JsonlSink",
-           "MLflowSink", "ParquetSink", "TensorBoardSink", "TerminalSink", "WandbSink",
-           "read_scalars"]
+__all__ = [
+           "JsonlSink",
+           "LogRecord",
+           "LogSink",
+           "MLflowSink",
+           "ParquetSink",
+           "SinkSet",
+           "TensorBoardSink",
+           "TerminalSink",
+           "WandbSink",
+           "build_sink",
+           "read_scalars",
+           "validate_sink_spec",
+]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, closest
 from ..registry import LOG_SINKS, check_arguments
@@ -30,7 +30,7 @@ class LogRecord:
     epoch: int
     scalars: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
-    metric_step: Optional[int] = None
+    metric_step: int | None = None
 
     @property
     def chart_step(self) -> int:
@@ -73,7 +73,8 @@ def validate_sink_spec(spec: Any, key: str) -> None:
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or "type" not in spec:
-        raise ConfigError(key, "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink")
+        raise ConfigError(key,
+                          "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink")
     name = spec["type"]
     if isinstance(name, str) and name not in _ALIASES and LOG_SINKS.get(name) is None:
         near = closest(name, list(_ALIASES) + LOG_SINKS.keys())[:1]

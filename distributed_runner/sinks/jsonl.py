@@ -5,7 +5,7 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, IO
+from typing import IO, TYPE_CHECKING
 
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink

@@ -42,8 +42,9 @@ import queue
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..config import to_plain
 from ..log import LOGGER_NAME
@@ -71,7 +72,7 @@ def _ray_job_id() -> str | None:
         import ray
         if ray.is_initialized():
             return ray.get_runtime_context().get_job_id()
-    except Exception:
+    except Exception:  # noqa: BLE001 - the job id only labels the run: no Ray, no label
         return None
     return None
 
@@ -224,7 +225,7 @@ class MLflowSink(LogSink):
 
     def _adopt(self, run_id: str | None) -> None:
         """Record the run id the sender reports (in LoggerHook's state and work_dir)."""
-        if run_id is None or run_id == self.run_id and (self.work_dir / RUN_FILE).is_file():
+        if run_id is None or (run_id == self.run_id and (self.work_dir / RUN_FILE).is_file()):
             return
         self.run_id = run_id
         (self.work_dir / RUN_FILE).write_text(json.dumps(

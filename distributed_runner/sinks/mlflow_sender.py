@@ -94,7 +94,9 @@ class _Sender:
         try:
             if todo:
                 self.client.log_batch(self.run_id, metrics=todo)
-        except Exception as e:
+        # any exception: whatever the client raises (HTTP, connection, MLflow errors), training
+        # goes on and the batch waits in the buffer; the warning names the error
+        except Exception as e:  # noqa: BLE001
             self.buffer.extendleft(reversed(batch))
             while len(self.buffer) > self.max_buffer:
                 self.buffer.pop()
@@ -116,7 +118,7 @@ class _Sender:
             try:
                 self.ensure_run(*self.failed_open)
                 self.failed_open = None
-            except Exception:
+            except Exception:  # noqa: BLE001 - still down (warned once): the next flush retries
                 pass
 
     def drain(self, deadline: float) -> bool:
@@ -202,7 +204,7 @@ def _answer(sender: _Sender, message: tuple, outbox: Any) -> bool:
             outbox.put((request_id, True, sender.close(timeout, outcome)))
             return True
         outbox.put((request_id, True, _run_command(sender, command, args)))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure is answered to the caller, which raises
         outbox.put((request_id, False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
                     if str(e) else type(e).__name__))
     return False

@@ -54,8 +54,8 @@ class ParquetSink(LogSink):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        columns = list(zip(*self._rows))
-        table = pa.table({name: pa.array(col) for name, col in zip(COLUMNS, columns)})
+        columns = list(zip(*self._rows, strict=True))
+        table = pa.table({name: pa.array(col) for name, col in zip(COLUMNS, columns, strict=True)})
         final = self.path / f"part-{self._attempt}-{self._part:05d}.parquet"
         tmp = final.with_name(f".{final.name}.tmp")
         pq.write_table(table, tmp)
@@ -82,7 +82,7 @@ def read_scalars(work_dir: str | os.PathLike, folder: str = "logs/scalars") -> A
     table = table.sort_by([("attempt", "descending")])
     keys = [f"{m}\x00{t}\x00{s}" for m, t, s in zip(table["mode"].to_pylist(),
                                                       table["tag"].to_pylist(),
-                                                      table["step"].to_pylist())]
+                                                      table["step"].to_pylist(), strict=True)]
     seen: set[str] = set()
     keep = []
     for i, key in enumerate(keys):

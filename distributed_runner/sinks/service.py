@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..log import LOGGER_NAME
@@ -39,7 +40,7 @@ class SinkSet:
         self._open: list[tuple[str, LogSink]] = []
 
     @classmethod
-    def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> "SinkSet":
+    def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> SinkSet:
         """Validate every ``(config key, spec)``; build them when ``build`` (rank 0; building
         validates each first, so a bad spec is the same one-line error either way)."""
         if not build:
@@ -86,7 +87,7 @@ class SinkSet:
 
     # -- lifecycle (the Runner's) ----------------------------------------------------------------
     @contextlib.contextmanager
-    def opened(self, runner: RunnerAPI) -> Iterator["SinkSet"]:
+    def opened(self, runner: RunnerAPI) -> Iterator[SinkSet]:
         """Open every sink for one ``train()``/``val()``/``test()``; close them at the end, also
         when it raised (buffered records are flushed)."""
         self._open = []
@@ -134,6 +135,7 @@ class SinkSet:
                 for _, sink in self._sinks]
 
     def load_state_dict(self, states: Sequence[Any]) -> None:
-        for (_, sink), state in zip(self._sinks, states):
+        # not strict: a resumed run may name more sinks than its checkpoint (those start fresh)
+        for (_, sink), state in zip(self._sinks, states, strict=False):
             if state is not None and hasattr(sink, "load_state_dict"):
                 sink.load_state_dict(state)

@@ -31,7 +31,7 @@ def _scalar_template(keys: tuple) -> tuple[tuple[str, ...], str]:
     order = tuple([k for k in _FIRST if k in keys] + [k for k in keys if k not in _FIRST])
     specs = (".4e" if k == "lr" or k.startswith("lr_") else ".4f" for k in order)
     return order, "  ".join(f"{k.replace('{', '{{').replace('}', '}}')}: {{:{spec}}}"
-                            for k, spec in zip(order, specs))
+                            for k, spec in zip(order, specs, strict=True))
 
 
 def format_scalars(scalars: dict[str, Any]) -> str:
@@ -40,7 +40,8 @@ def format_scalars(scalars: dict[str, Any]) -> str:
     values = [scalars[k] for k in order]
     for value in values:
         if type(value) is not float:  # ints, numpy scalars: each as format_value shows it
-            return "  ".join(f"{k}: {format_value(k, v)}" for k, v in zip(order, values))
+            return "  ".join(f"{k}: {format_value(k, v)}"
+                             for k, v in zip(order, values, strict=True))
     return template.format(*values)
 
 
@@ -136,8 +137,14 @@ class TerminalSink(LogSink):
 def _live_bar(console: Any, state: Any) -> Any:
     """A rich Progress that, before each refresh, reads its position from ``state``."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     class StateProgress(Progress):
         values = ""
