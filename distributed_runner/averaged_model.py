@@ -35,17 +35,21 @@ class BaseAveragedModel:
             raise ConfigError("device", "an FSDP-sharded model's average stays on its shards' "
                                         "device: leave the averaged model's device unset")
         # an FSDP-sharded model cannot be deep-copied: its shards are copied instead
-        self.module = ShardedCopy(model) if is_sharded(model) else \
-            copy.deepcopy(model).requires_grad_(False)
-        if device is not None:
-            self.module.to(device)
+        self.module: nn.Module | ShardedCopy
+        if is_sharded(model):
+            self.module = ShardedCopy(model)
+        else:
+            self.module = copy.deepcopy(model).requires_grad_(False)
+            if device is not None:  # (refused above for a sharded model)
+                self.module.to(device)
         self.interval = int(interval)
         self.update_buffers = bool(update_buffers)
         self.steps = 0
         self._averaged = self._tensors(self.module, averaged_only=True)
         self._copied = self._tensors(self.module, averaged_only=False)
 
-    def _tensors(self, module: nn.Module, averaged_only: bool) -> dict[str, torch.Tensor]:
+    def _tensors(self, module: nn.Module | ShardedCopy, averaged_only: bool
+                 ) -> dict[str, torch.Tensor]:
         """The tensors that are averaged (``averaged_only``) or copied from the source."""
         params = dict(module.named_parameters())
         buffers = dict(module.named_buffers())

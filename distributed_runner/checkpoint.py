@@ -51,7 +51,7 @@ import threading
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -99,7 +99,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             writer = _ChecksumWriter(f)
-            torch.save(obj, writer)
+            torch.save(obj, cast(IO[bytes], writer))  # it needs write() and flush() only
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -118,7 +118,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def _out_of_space(exc: BaseException) -> bool:
+def _out_of_space(exc: BaseException | None) -> bool:
     """ENOSPC, also when torch's zip writer reports it as 'unexpected pos' (the OSError is
     its context)."""
     while exc is not None:
@@ -277,7 +277,9 @@ def read_pointer(folder: str | os.PathLike) -> Path | None:
 
 def capture_rng() -> dict:
     """This process's generator states, as tensors and plain containers."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    # the global generator is MT19937, whose legacy state is a tuple (a dict is for others)
+    assert isinstance(np_state, tuple)
     state = {
         "python": random.getstate(),
         "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),

@@ -68,8 +68,8 @@ def staged_copy(obj: Any, reuse: Any = None) -> Any:
         before = reuse if isinstance(reuse, dict) else {}
         return type(obj)((k, staged_copy(v, before.get(k))) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        before = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(staged_copy(v, b) for v, b in zip(obj, before, strict=True))
+        olds = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
+        return type(obj)(staged_copy(v, b) for v, b in zip(obj, olds, strict=True))
     return copy.deepcopy(obj)
 
 

@@ -64,7 +64,8 @@ class ControlRequests:
     # -- how often ranks agree after iterations (train_cfg.agree_every) -------------------------
     def set_agree_every(self, agree_every: int | str) -> None:
         self.agree_every = agree_every
-        self.agree_n = 1 if agree_every == "auto" else agree_every  # the interval in force
+        # the interval in force (config_check allows a positive int or 'auto')
+        self.agree_n = 1 if agree_every == "auto" else int(agree_every)
         self._probing = agree_every == "auto"  # timing the first iterations to choose N
         self._probe: list[tuple[float, float]] = []  # (step seconds, agreement seconds)
         self._last_agreed = 0.0
@@ -119,14 +120,14 @@ class ControlRequests:
             return {}
         mine = {k: list(v) for k, v in self._reasons.items() if v}
         self.clear()
-        agreed: dict[str, list[str]] = {}
+        gathered: dict[str, list[str]] = {}
         for rank, theirs in enumerate(dist.all_gather_object(mine)):
             for kind, reasons in theirs.items():
                 for reason in reasons:
                     text = f"{reason} (rank {rank})"
-                    if text not in agreed.setdefault(kind, []):
-                        agreed[kind].append(text)
-        return {k: tuple(agreed.get(k, ()))
+                    if text not in gathered.setdefault(kind, []):
+                        gathered[kind].append(text)
+        return {k: tuple(gathered.get(k, ()))
                 for k, flag in zip(KINDS, flags.tolist(), strict=True) if flag}
 
     def clear(self) -> None:

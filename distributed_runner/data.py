@@ -17,7 +17,7 @@ import functools
 import math
 import random
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 from . import dist
 from .errors import ConfigError
 from .registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS, accepts, check_arguments
+
+if TYPE_CHECKING:
+    from .ray_data import RayDataLoader
 
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
@@ -146,7 +149,7 @@ def _build_sampler(spec: Any, dataset: Dataset, seed: int, key: str) -> Any:
     return cls(**{data_arg: dataset}, **args)
 
 
-def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
+def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader | RayDataLoader:
     """A ``DataLoader`` from a config dict (or the user's own ``DataLoader``, unchanged).
 
     Keys: ``dataset`` (config or object), ``batch_size``, ``sampler`` (default
@@ -186,7 +189,7 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
 
 
 def seeded_dataloader(dataloader: Any, seed: int | None = None, diff_rank_seed: bool = False,
-                      key: str = "dataloader") -> DataLoader:
+                      key: str = "dataloader") -> DataLoader | RayDataLoader:
     """MMEngine's ``Runner.build_dataloader(cfg, seed=..., diff_rank_seed=...)``, which
     downstream hooks call to rebuild a loader mid-run (mmyolo's YOLOXModeSwitchHook); assign the
     result to ``runner.train_dataloader`` to train on it. ``seed=None`` is 0; ``diff_rank_seed``

@@ -171,8 +171,11 @@ class GlobalBatchLoader:
     batch_size = None
 
     def __init__(self, loader: DataLoader, plan: GlobalBatchPlan) -> None:
+        if not isinstance(loader.batch_sampler, GlobalBatchSampler):
+            raise TypeError("GlobalBatchLoader needs a DataLoader whose batch_sampler is a "
+                            "GlobalBatchSampler (see regroup)")
         self.loader, self.plan = loader, plan
-        self.sampler = loader.batch_sampler
+        self.sampler: GlobalBatchSampler = loader.batch_sampler
         self.dataset = loader.dataset
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -165,7 +166,9 @@ def translate_imix_hooks(cfg: dict) -> list[str]:
     if not isinstance(hooks, (list, tuple)):
         return []
     from .registry import HOOKS
-    kept, notes, added = [], [], []
+    kept: list[Any] = []
+    notes: list[str] = []
+    added: list[str] = []
     for i, spec in enumerate(hooks):
         kind = spec.get("type") if isinstance(spec, dict) else None
         if kind in NO_EQUIVALENT and HOOKS.get(kind) is None:

@@ -37,6 +37,8 @@ class Interval:
 
     def __init__(self, kind: str, every: float, text: str) -> None:
         self.kind, self.every, self.text = kind, every, text
+        # iterations or epochs are counted in whole numbers (``parse`` refuses '1.5it')
+        self._count = int(every) if kind in ("iter", "epoch") else 0
         self._last: float | None = None
 
     @classmethod
@@ -72,14 +74,14 @@ class Interval:
     def due_after_iter(self, runner: RunnerAPI, start: int = 0) -> bool:
         """At ``after_train_iter``: an iteration interval or a wall-time interval is due."""
         if self.kind == "iter":
-            return every_nth(runner.iter + 1 - start, self.every)
+            return every_nth(runner.iter + 1 - start, self._count)
         if self.kind == "time":
             return self.time_due()
         return False
 
     def due_after_epoch(self, runner: RunnerAPI, start: int = 0) -> bool:
         """At ``after_train_epoch``: an epoch interval is due."""
-        return self.kind == "epoch" and every_nth(runner.epoch + 1 - start, self.every)
+        return self.kind == "epoch" and every_nth(runner.epoch + 1 - start, self._count)
 
     def start_clock(self) -> None:
         """Start (or restart) a wall-time interval now — call it at ``before_train``."""

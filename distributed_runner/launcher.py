@@ -260,7 +260,10 @@ class RayLauncher:
             train_loop_config={"cfg": plain, "source": source, "env": env},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=self.opts["num_workers"], use_gpu=self.opts["use_gpu"],
-                elastic_resize_monitor_interval_s=self.opts["elastic_resize_monitor_interval_s"],
+                # Ray 2.60 binds ray.train.ScalingConfig to Train v2's (RAY_TRAIN_V2_ENABLED is
+                # on by default), which takes this; mypy reads the v1 class bound first
+                elastic_resize_monitor_interval_s=self.opts[  # type: ignore[call-arg]
+                    "elastic_resize_monitor_interval_s"],
                 resources_per_worker=self.opts["resources_per_worker"],
                 placement_strategy=self.opts["placement_strategy"]),
             run_config=ray.train.RunConfig(

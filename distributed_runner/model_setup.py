@@ -4,7 +4,7 @@ compiled."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -81,7 +81,10 @@ def compile_model(wrapped: nn.Module, spec: Any) -> nn.Module:
     wrapper itself is compiled, as PyTorch recommends (graph breaks at gradient buckets).
     """
     args = check_compile(spec)
-    return wrapped if args is None else torch.compile(wrapped, **args)
+    if args is None:
+        return wrapped
+    # torch.compile of a module is an OptimizedModule (a Module); typed as any callable's
+    return cast(nn.Module, torch.compile(wrapped, **args))
 
 
 def _compiled_inner(model: Any) -> Any:

@@ -88,8 +88,10 @@ class OptimWrapper:
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Run the forward pass under this: it skips DDP's gradient all-reduce on accumulating
         passes (and enables autocast in :class:`AmpOptimWrapper`)."""
-        if self.accumulative_counts > 1 and not self.should_update() and hasattr(model, "no_sync"):
-            return model.no_sync()
+        if self.accumulative_counts > 1 and not self.should_update():
+            no_sync = getattr(model, "no_sync", None)  # DDP's
+            if no_sync is not None:
+                return no_sync()
         # FSDP2 has no no_sync: its gradients are reduce-scattered on every pass, so they stay
         # sharded in p.grad, where a checkpoint inside an accumulation window finds them
         # (set_requires_gradient_sync(False) would hold them in FSDP's private buffers instead)
@@ -100,8 +102,8 @@ class OptimWrapper:
         """The forward context of one micro-batch of an elastic global batch (step.py's
         ElasticStep): DDP skips its all-reduce unless ``sync`` (the last), plus
         :meth:`optim_context`'s."""
-        skip = not sync and hasattr(model, "no_sync")
-        with model.no_sync() if skip else NO_CONTEXT, self.optim_context(model):
+        no_sync = None if sync else getattr(model, "no_sync", None)
+        with no_sync() if no_sync is not None else NO_CONTEXT, self.optim_context(model):
             yield
 
     @contextlib.contextmanager
@@ -145,10 +147,10 @@ class OptimWrapper:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _clip(self) -> None:
+    def _clip(self, clip_grad: dict) -> None:
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if params:
-            norm = nn.utils.clip_grad_norm_(params, **self.clip_grad)
+            norm = nn.utils.clip_grad_norm_(params, **clip_grad)
             # sharded gradients (FSDP) give a DTensor norm: the full value, for the logs
             self.last_grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
@@ -156,7 +158,7 @@ class OptimWrapper:
         if self._averaging:
             self._average_gradients()
         if self.clip_grad is not None:
-            self._clip()
+            self._clip(self.clip_grad)
         self.optimizer.step()
 
     def zero_grad(self) -> None:
@@ -242,7 +244,7 @@ class AmpOptimWrapper(OptimWrapper):
             self._average_gradients()
         if self.clip_grad is not None:
             self.scaler.unscale_(self.optimizer)
-            self._clip()
+            self._clip(self.clip_grad)
         self.scaler.step(self.optimizer)
         self.scaler.update()
 

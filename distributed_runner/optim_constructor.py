@@ -34,7 +34,7 @@ Imports go one way: this module imports :mod:`distributed_runner.optim`, never t
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -168,7 +168,8 @@ class DefaultOptimWrapperConstructor:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
-        model = model.module if is_model_wrapper(model) else model
+        if is_model_wrapper(model):  # nn.Module's attributes are typed Tensor | Module
+            model = cast(nn.Module, model.module)
         params: Any = model.parameters()
         if self.paramwise_cfg:
             params = []

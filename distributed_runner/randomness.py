@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ def set_random_seed(randomness: dict | None) -> int:
                                                    f"{', '.join(_KNOWN)}")
     seed = cfg.get("seed")
     if seed is None:
-        seed = dist.broadcast_object(int(np.random.SeedSequence().entropy % 2**31))
+        seed = dist.broadcast_object(secrets.randbits(31))  # the OS entropy
     seed = int(seed)
     rank_seed = seed + dist.get_rank() if cfg.get("diff_rank_seed") else seed
     random.seed(rank_seed)

@@ -40,7 +40,8 @@ def running_clusters() -> list[str]:
         from ray._private.services import find_gcs_addresses
     except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
         return []
-    find_gcs_addresses.cache_clear()
+    # Ray 2.60 sets this attribute on the function (its cache of non-empty results)
+    find_gcs_addresses.cache_clear()  # type: ignore[attr-defined]
     return sorted(find_gcs_addresses())
 
 

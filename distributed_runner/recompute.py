@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import types
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -54,7 +54,8 @@ def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward = type(self).forward
     if not (self.training and torch.is_grad_enabled()):  # validation, inference, no_grad
         return forward(self, *args, **kwargs)
-    for name, index in self._recompute_cache_args:
+    # set on the instance by apply_activation_checkpointing (Module attributes type as Tensor)
+    for name, index in cast(list[tuple[str, int]], self._recompute_cache_args):
         if index < len(args) and args[index] is not None:
             args = (*args[:index], OFF[name], *args[index + 1:])
         elif kwargs.get(name) is not None:
@@ -75,7 +76,8 @@ def apply_activation_checkpointing(model: nn.Module, names: list[str]) -> list[s
     """Recompute the forward of each module of a class in ``names``, in place; the qualified
     names of those modules. A module inside another recomputed one is left as it is (the outer
     recomputation already covers it; nesting would recompute it twice)."""
-    wanted, done, warned = set(names), [], False
+    wanted, warned = set(names), False
+    done: list[str] = []
     for qualified, module in model.named_modules():
         if type(module).__name__ not in wanted or is_recomputed(module):
             continue

@@ -58,9 +58,12 @@ class Registry:
         self.name = name
         if parent is not None and scope is None:  # MMEngine's rule: the creating package
             scope = sys._getframe(1).f_globals.get("__name__", "").split(".")[0] or None
+            if scope is None:
+                raise ArgumentError("scope", f"cannot tell which package creates the child "
+                                             f"registry {name!r}: pass scope='your_package'")
         self.scope, self.parent = scope, parent
         self._children: dict[str, Registry] = {}
-        if parent is not None:
+        if parent is not None and scope is not None:
             parent._children[scope] = self
         # the registry's importable name, for error messages
         self.var = var or (f"{name} registry of scope {scope!r}" if parent else name.upper())

@@ -13,6 +13,7 @@ those of ``pyarrow.fs.S3FileSystem`` (``endpoint_override``, ``region``, ``acces
 """
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import warnings
@@ -108,7 +109,7 @@ class RemoteCopies:
     def upload(self, paths: list[Path]) -> None:
         """Copy files and folders (recursively) to the remote folder, under their names."""
         for path in paths:
-            self._run(lambda p=path: self._copy(p), f"upload of {path.name}")
+            self._run(functools.partial(self._copy, path), f"upload of {path.name}")
 
     def _copy(self, source: Path) -> None:
         files = sorted(f for f in source.rglob("*") if f.is_file()) if source.is_dir() \
@@ -139,7 +140,7 @@ class RemoteCopies:
             elif kind == pafs.FileType.File:
                 self.fs.delete_file(target)
         for name in names:
-            self._run(lambda n=name: delete(n), f"removal of {name}")
+            self._run(functools.partial(delete, name), f"removal of {name}")
 
     def wait(self) -> list[str]:
         """Block until everything submitted is done; the failures so far."""

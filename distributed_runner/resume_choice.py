@@ -148,13 +148,13 @@ def newest_everywhere(work_dir: Path, logger: logging.Logger, rank: int,
     """What a rollback restores: :func:`choose_checkpoint`'s choice and its path on every rank
     (rank 0 reads the file and broadcasts it, so ranks on other machines need not see
     ``work_dir``). Call on every rank."""
-    path, ckpt = choose_checkpoint(work_dir, logger, "rollback") if rank == 0 else (None, None)
-    path = dist.broadcast_object(str(path or "") if rank == 0 else None)
+    found, ckpt = choose_checkpoint(work_dir, logger, "rollback") if rank == 0 else (None, None)
+    path = dist.broadcast_object(str(found or "") if rank == 0 else "")  # rank 0's
     if not path:
         raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
                                  f"save earlier (default_hooks.checkpoint.interval) or use "
                                  f"policy='skip'")
-    return dist.broadcast_object(ckpt), path
+    return dist.broadcast_object(ckpt or {}), path  # rank 0 found one: path is not empty
 
 
 def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:

@@ -38,7 +38,7 @@ from .config_check import all_or_none
 from .config_prep import RUNNER_KEYS, prepare_config
 from .control import ControlRequests
 from .data import build_dataloader, seeded_dataloader
-from .elastic import elastic_training
+from .elastic import GlobalBatchPlan, elastic_training
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
@@ -93,7 +93,8 @@ class Runner:
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
         self._load_from, self._resume = load_from, resume
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
-        self._has_loaded, self.loading_for = False, None  # loading_for: see _after_load
+        self._has_loaded = False
+        self.loading_for: str | None = None  # see _after_load
         for key, path in (("load_from", load_from),
                           ("resume", resume if isinstance(resume, (str, Path)) else None)):
             if path and not Path(path).expanduser().is_file():
@@ -105,7 +106,8 @@ class Runner:
         self._model, self.wrapped_model = setup_model(model, model_wrapper_cfg, compile,
                                                       self.device, self.strategy)
         self.val_dataloader = self.test_dataloader = None
-        self.train_loop = self.elastic_plan = None  # elastic_plan: elastic.py's GlobalBatchPlan
+        self.train_loop: Any = None  # a LOOPS class's loop (EpochBasedTrainLoop by default)
+        self.elastic_plan: GlobalBatchPlan | None = None
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
@@ -146,7 +148,7 @@ class Runner:
         loader, optim_wrapper, self.elastic_plan = elastic_training(  # elastic.py, else as is
             build_dataloader(dataloader, "train_dataloader", self.seed), optim_wrapper,
             self.launcher, self.world_size, self.rank)
-        self.train_loop = self._build_train_loop(dict(train_cfg), loader)
+        self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)
         self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
         state = self.train_state
@@ -172,7 +174,7 @@ class Runner:
             return None
         loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
         setattr(self, f"{stage}_dataloader", loader)
-        loop_args = dict(loop_cfg)
+        loop_args = dict(loop_cfg or {})
         loop_cls = LOOPS.resolve(loop_args.pop("type"), f"{stage}_cfg") \
             if "type" in loop_args else default_loop
         check_arguments(loop_cls, loop_args, f"{stage}_cfg",
@@ -193,6 +195,9 @@ class Runner:
 
     @train_dataloader.setter
     def train_dataloader(self, loader: Any) -> None:
+        if self.train_loop is None:
+            raise ConfigError("train_dataloader", "this Runner does not train: it needs "
+                                                  "train_dataloader, train_cfg and optim_wrapper")
         self.train_loop.dataloader = loader
 
     build_dataloader = staticmethod(seeded_dataloader)  # MMEngine's Runner.build_dataloader
@@ -291,12 +296,13 @@ class Runner:
         ckpt, path = newest_everywhere(self.work_dir, self.logger, self.rank, reason)
         self.logger.warning("rolling back to %s: %s", path, reason)
         self._restore(ckpt, path)
-        self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+        if self.optim_wrapper is not None:  # None only in a Runner that does not train
+            self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
         return Path(path)
 
     # -- entry points --------------------------------------------------------------------------
     def train(self) -> nn.Module:
-        if self.train_loop is None:
+        if self.train_loop is None or self.optim_wrapper is None:  # both or neither
             raise ConfigError("train_dataloader", "train() needs train_dataloader, train_cfg and "
                                                   "optim_wrapper in the config")
         with preemption_signals(self._preemption, self.requests, self.logger), \
@@ -333,6 +339,8 @@ class Runner:
             self._has_loaded = True
             how, path, ckpt = choose_start(self._load_from, self._resume, self.work_dir,
                                            self.logger)  # resume_choice.py decides
+            if path is None:  # a fresh start
+                return
             if how == "resume":
                 self.resume(path, ckpt)
             elif how == "load_from":

@@ -140,15 +140,15 @@ def load_shards(model: nn.Module, optimizer: Optimizer | None, ckpt: dict, path:
 
     entry = ckpt[SHARDED]
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    use_optimizer = optimizer is not None and "optimizer" in entry["keys"]
-    if use_optimizer:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    loaded_optimizer = optimizer if "optimizer" in entry["keys"] else None
+    if loaded_optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, loaded_optimizer)
     with warnings.catch_warnings():  # one process: DCP says it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(Path(path).parent / entry["dir"]))
     set_model_state_dict(model, state["model"])
-    if use_optimizer:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    if loaded_optimizer is not None:
+        set_optimizer_state_dict(model, loaded_optimizer, state["optimizer"])
 
 
 def full_weights(path: Path, ckpt: dict) -> dict:

@@ -36,8 +36,9 @@ from .errors import ConfigError, did_you_mean
 from .recompute import check_module_classes
 
 STRATEGIES = ("ddp", "fsdp")
-FSDP_DEFAULTS = {"shard_modules": [], "mixed_precision": None, "reshard_after_forward": True,
-                     "cpu_offload": False, "checkpoint": "sharded", "activation_checkpointing": []}
+FSDP_DEFAULTS: dict[str, Any] = {
+    "shard_modules": [], "mixed_precision": None, "reshard_after_forward": True,
+    "cpu_offload": False, "checkpoint": "sharded", "activation_checkpointing": []}
 DDP_OPTIONS = ("activation_checkpointing",)
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
@@ -129,8 +130,9 @@ def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Mo
     options: dict[str, Any] = {"mesh": mesh,
                                    "reshard_after_forward": strategy["reshard_after_forward"]}
     if strategy["mixed_precision"]:
-        options["mp_policy"] = MixedPrecisionPolicy(
-            **{k: DTYPES[v] if v else None for k, v in strategy["mixed_precision"].items()})
+        policy: dict[str, Any] = {k: DTYPES[v] if v else None
+                                  for k, v in strategy["mixed_precision"].items()}
+        options["mp_policy"] = MixedPrecisionPolicy(**policy)
     if strategy["cpu_offload"]:
         options["offload_policy"] = CPUOffloadPolicy()
     wanted = set(strategy["shard_modules"])
@@ -185,11 +187,11 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """``local`` (this rank's part) as a tensor shaped and placed like ``param``."""
-    if hasattr(param, "device_mesh"):
+    mesh, placements = getattr(param, "device_mesh", None), getattr(param, "placements", None)
+    if mesh is not None:  # a DTensor (FSDP2's parameter)
         from torch.distributed.tensor import DTensor
-        return DTensor.from_local(local.to(param.device, param.dtype), param.device_mesh,
-                                  param.placements, run_check=False, shape=param.shape,
-                                  stride=param.stride())
+        return DTensor.from_local(local.to(param.device, param.dtype), mesh, placements,
+                                  run_check=False, shape=param.shape, stride=param.stride())
     return local.to(param.device, param.dtype)
 
 
@@ -201,9 +203,10 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``full`` (the same on every rank) cut into ``like``'s shards, with no communication."""
     full = full.to(like.device, like.dtype)
-    if hasattr(like, "device_mesh"):
+    mesh, placements = getattr(like, "device_mesh", None), getattr(like, "placements", None)
+    if mesh is not None:  # a DTensor (FSDP2's parameter)
         from torch.distributed.tensor import distribute_tensor
-        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+        return distribute_tensor(full, mesh, placements, src_data_rank=None)
     return full
 
 

@@ -46,9 +46,9 @@ class Flip:
         if self.key in kwargs:
             return args, {**kwargs, self.key: torch.flip(kwargs[self.key], self.dims)}
         if len(args) > self.index:
-            args = list(args)
-            args[self.index] = torch.flip(args[self.index], self.dims)
-            return tuple(args), kwargs
+            flipped = list(args)
+            flipped[self.index] = torch.flip(args[self.index], self.dims)
+            return tuple(flipped), kwargs
         raise KeyError(f"Flip: the batch has no input {self.key!r} nor positional input "
                        f"{self.index}")
 

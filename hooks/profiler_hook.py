@@ -82,8 +82,9 @@ class ProfilerHook(Hook):
         self.by_epoch, self.profile_times = bool(by_epoch), int(profile_times)
         self.activity_with_cpu, self.activity_with_cuda = activity_with_cpu, activity_with_cuda
         self.schedule, self.on_trace_ready = schedule, on_trace_ready
-        self.options = {"record_shapes": record_shapes, "profile_memory": profile_memory,
-                            "with_stack": with_stack, "with_flops": with_flops}
+        self.options: dict[str, Any] = {"record_shapes": record_shapes,
+                                        "profile_memory": profile_memory,
+                                        "with_stack": with_stack, "with_flops": with_flops}
         self.json_trace_path, self.sort_by, self.row_limit = json_trace_path, sort_by, row_limit
         self.profiler: Any = None
         self.table: str = ""
@@ -122,7 +123,7 @@ class ProfilerHook(Hook):
     def before_train(self, runner: RunnerAPI) -> None:
         schedule = torch.profiler.schedule(**self.schedule) if self.schedule else None
         # acc_events: the table covers every active cycle of the schedule, not just the last
-        extra = {"acc_events": True} if schedule is not None and accepts(
+        extra: dict[str, Any] = {"acc_events": True} if schedule is not None and accepts(
             torch.profiler.profile, "acc_events") else {}
         self.profiler = torch.profiler.profile(
             activities=self._activities(runner), schedule=schedule,

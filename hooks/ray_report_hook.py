@@ -55,7 +55,7 @@ class RayReportHook(Hook):
         path = Path(path)
         name = f"{path.stem}-{time.time_ns()}"
         if shards:  # every rank uploads its own shard files into the one checkpoint folder
-            name = dist.broadcast_object(name if runner.rank == 0 else None)
+            name = dist.broadcast_object(name if runner.rank == 0 else "")  # rank 0's
         # an asynchronous save is uploaded asynchronously too: Ray copies the folder to
         # storage in the background and deletes it afterwards
         background = bool(meta.get("async_save"))

@@ -76,5 +76,7 @@ class DigitsCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         logits = self.fc2(self.drop(F.relu(self.fc1(x.flatten(1)))))
         if mode == "loss":
+            if labels is None:
+                raise ValueError("DigitsCNN: mode='loss' needs labels (the dataset's 'labels')")
             return {"loss": F.cross_entropy(logits, labels)}
         return logits

@@ -165,6 +165,9 @@ class _Sender:
 
     def artifact(self, path: str, *rest: Any) -> None:
         """Log a file, or a folder (a checkpoint's shards), to the run."""
+        if self.run_id is None:
+            raise RuntimeError("no MLflow run to log to: the server did not answer when the run "
+                               "was to start")
         log = self.client.log_artifacts if os.path.isdir(path) else self.client.log_artifact
         log(self.run_id, path, *rest)
 

@@ -141,6 +141,7 @@ def _live_bar(console: Any, state: Any) -> Any:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskID,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -148,7 +149,7 @@ def _live_bar(console: Any, state: Any) -> Any:
 
     class StateProgress(Progress):
         values = ""
-        task = None
+        task: TaskID | None = None
 
         def sync(self) -> None:
             if self.task is None:  # add_task refreshes before it returns the task's id

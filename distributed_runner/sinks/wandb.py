@@ -89,12 +89,12 @@ class WandbSink(LogSink):
         """Start (or resume) the run at the first record: a run that never logs opens none."""
         import wandb
 
-        settings = {k: v for k, v in self.settings.items() if v is not None}
+        settings: dict[str, Any] = {k: v for k, v in self.settings.items() if v is not None}
         settings.setdefault("dir", str(self.work_dir))
         settings.setdefault("project", self._experiment)
         settings.setdefault("name", self._runner_name)
         Path(settings["dir"]).mkdir(parents=True, exist_ok=True)
-        resume = {"id": self.run_id, "resume": "allow"} if self.run_id else {}
+        resume: dict[str, Any] = {"id": self.run_id, "resume": "allow"} if self.run_id else {}
         self._run = wandb.init(config=self._config, **settings, **resume, **self.init_kwargs)
         if self.run_id != self._run.id:
             self.run_id = self._run.id
