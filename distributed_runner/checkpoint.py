@@ -43,7 +43,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -53,7 +52,6 @@ import zlib
 from pathlib import Path
 from typing import IO, Any, cast
 
-import numpy as np
 import torch
 
 from .errors import CheckpointWriteError, ConfigError
@@ -273,37 +271,6 @@ def read_pointer(folder: str | os.PathLike) -> Path | None:
     candidates.append(Path(folder) / target.name)
     found = next((c for c in candidates if c.is_file()), None)
     return found.resolve() if found is not None else None
-
-
-def capture_rng() -> dict:
-    """This process's generator states, as tensors and plain containers."""
-    np_state = np.random.get_state(legacy=True)
-    # the global generator is MT19937, whose legacy state is a tuple (a dict is for others)
-    assert isinstance(np_state, tuple)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                  "cached_gaussian": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    """Inverse of :func:`capture_rng`."""
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
 
 
 def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.PathLike,

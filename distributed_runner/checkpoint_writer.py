@@ -37,8 +37,8 @@ import torch
 
 from . import dist
 from .checkpoint import atomic_save
-from .checkpoint_parts import CheckpointSubject, SaveOptions
 from .checkpoint_state import collect_training_state
+from .checkpoint_types import CheckpointSubject, SaveOptions
 from .sharded_checkpoint import (
     SHARDED,
     after_manifest_written,

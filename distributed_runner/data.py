@@ -26,7 +26,8 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 
 from . import dist
 from .errors import ConfigError
-from .registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS, accepts, check_arguments
+from .registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS
+from .signatures import accepts, check_arguments
 
 if TYPE_CHECKING:
     from .ray_data import RayDataLoader

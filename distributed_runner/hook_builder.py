@@ -30,7 +30,8 @@ from hooks.priority import imix_level
 
 from .config_check import show_value
 from .errors import ConfigError
-from .registry import HOOKS, accepts
+from .registry import HOOKS
+from .signatures import accepts
 
 DEFAULT_HOOKS: dict[str, dict] = {
     "runtime_info": {"type": "RuntimeInfoHook"},

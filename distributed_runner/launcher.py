@@ -45,7 +45,7 @@ from .ray_connect import (
     start_local_ray,
 )
 from .redact import redact_url
-from .registry import check_arguments
+from .signatures import check_arguments
 
 RAY_DEFAULTS: dict[str, Any] = {
     "type": "ray", "num_workers": 1, "use_gpu": False, "resources_per_worker": None,

@@ -12,8 +12,9 @@ from torch import nn
 from . import dist
 from .errors import ConfigError
 from .recompute import apply_activation_checkpointing
-from .registry import MODELS, accepts, check_arguments
+from .registry import MODELS
 from .sharding import check_shard_modules, shard_model
+from .signatures import accepts, check_arguments
 
 
 def default_device() -> torch.device:

@@ -25,8 +25,9 @@ from torch import nn
 from . import dist
 from .config_check import positive_int
 from .errors import ConfigError
-from .registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
+from .registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 from .sharding import like_param, local_tensor
+from .signatures import check_arguments
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 

@@ -25,16 +25,16 @@ entries too. A config's ``default_scope='mmdet'`` makes plain names look in that
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
 from .errors import ArgumentError, ConfigError, closest, did_you_mean
 from .external import check_downloads, import_path, is_import_path, is_installed, missing_package
 from .log import LOGGER_NAME
+from .signatures import accepts, check_arguments
 
 _BUILTIN_PACKAGES = ("hooks", "distributed_runner")
 _default_scope: str | None = None
@@ -297,67 +297,6 @@ class Registry:
 
 def _is_builtin(obj: Any) -> bool:
     return str(getattr(obj, "__module__", "")).split(".")[0] in _BUILTIN_PACKAGES
-
-
-def _signature(fn: Callable) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):  # builtins without a signature: nothing to check
-        return None
-
-
-def _wrapper_takes_any_keyword(fn: Callable) -> bool:
-    """Whether ``fn`` (or its ``__init__``) is a wrapper taking ``**kwargs`` around a narrower
-    signature: Hugging Face's config classes declare their fields but take any keyword (an
-    ``__init__(*args, **kwargs)`` wrapper stores the rest), so an extra keyword is theirs to
-    judge."""
-    try:
-        raw = inspect.signature(fn, follow_wrapped=False)
-    except (TypeError, ValueError):
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in raw.parameters.values())
-
-
-def accepts(fn: Callable, name: str) -> bool:
-    """Whether ``fn`` takes a keyword argument called ``name`` (explicitly or via ``**kwargs``)."""
-    sig = _signature(fn)
-    if sig is None:
-        return False
-    params = sig.parameters
-    if name in params and params[name].kind not in (inspect.Parameter.POSITIONAL_ONLY,
-                                                     inspect.Parameter.VAR_POSITIONAL):
-        return True
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def check_arguments(fn: Callable, args: dict[str, Any], key: str,
-                    supplied: Iterable[str] = ()) -> None:
-    """Raise a one-line error for an unknown or a missing keyword argument of ``fn``.
-
-    ``supplied`` names arguments the caller passes itself (positionally), e.g. an optimizer's
-    params.
-    """
-    sig = _signature(fn)
-    if sig is None:
-        return
-    params = dict(sig.parameters)
-    params.pop("self", None)
-    name = getattr(fn, "__name__", repr(fn))
-    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
-        or _wrapper_takes_any_keyword(fn)
-    named = [n for n, p in params.items()
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    if not has_var_kw:
-        for arg in args:
-            if arg not in named:
-                takes = ", ".join(named) or "nothing"
-                raise ConfigError(f"{key}.{arg}", f"{name} has no argument {arg!r}"
-                                  f"{did_you_mean(arg, named)}; it takes: {takes}")
-    given = set(args) | set(supplied)
-    for n, p in params.items():
-        if p.default is inspect.Parameter.empty and n not in given and p.kind in (
-                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
-            raise ConfigError(f"{key}.{n}", f"{name} needs argument {n!r}: add {n}=... to {key}")
 
 
 # One registry per kind of thing a config can name. HOOKS is re-exported as ``hooks.HOOKS``.

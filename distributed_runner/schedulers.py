@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
-from .registry import PARAM_SCHEDULERS, accepts, check_arguments
+from .registry import PARAM_SCHEDULERS
+from .signatures import accepts, check_arguments
 
 # torch arguments measured in scheduler steps, converted with convert_to_iter_based
 _LENGTH_ARGS = ("T_max", "total_iters", "step_size", "T_0")

@@ -1,8 +1,6 @@
 """CheckpointHook: periodic, best, last and published checkpoints (the seeds' parameters)."""
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -10,15 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distributed_runner.checkpoint import (
-    atomic_save,
     checksum_path,
-    load_file,
     point_at,
     remove_checkpoint,
     remove_stale_temporaries,
 )
-from distributed_runner.checkpoint_parts import PUBLISHABLE_KEYS
-from distributed_runner.errors import ArgumentError, argument_errors
+from distributed_runner.errors import ArgumentError
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
 from distributed_runner.redact import redact_url
@@ -30,59 +25,22 @@ from distributed_runner.remote_storage import (
     run_folder,
 )
 from distributed_runner.sharded_checkpoint import (
-    SHARDED,
-    full_weights,
     remove_orphan_shards,
     shard_folders,
 )
 
+from .checkpoint_args import (
+    as_list,
+    best_rules,
+    check_numbers,
+    checked_published_keys,
+)
+from .checkpoint_publish import publish_checkpoint
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
 
 if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
-
-# the keys published_keys may name: the checkpoint's parts (checkpoint_parts.PARTS) that a file
-# of its own can hold
-CHECKPOINT_KEYS = PUBLISHABLE_KEYS
-
-
-def _as_list(value: str | Sequence[str] | None) -> list:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _check_numbers(interval: int | str, max_keep_ckpts: int, save_begin: int,
-                   save_topk: int, by_epoch: bool, async_save: bool) -> None:
-    """Refuse, one line naming the argument, what would otherwise misbehave silently later (a
-    float interval, save_topk=0, by_epoch='no')."""
-    if isinstance(interval, bool) or (isinstance(interval, (int, float)) and (
-            interval != int(interval) or interval == 0 or interval < -1)):
-        raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
-                                        f"periodic checkpoints) or a spec like '500it', "
-                                        f"'2ep', '30min'")
-    for name, value, low in (("max_keep_ckpts", max_keep_ckpts, -1),
-                             ("save_begin", save_begin, 0), ("save_topk", save_topk, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
-    for name, flag in (("by_epoch", by_epoch), ("async_save", async_save)):
-        if not isinstance(flag, bool):
-            raise ArgumentError(name, f"got {flag!r}; takes True or False")
-
-
-def _published_keys(keys: str | Sequence[str] | None) -> list:
-    """``published_keys`` checked against the checkpoint's parts (a typo would publish a file
-    without them); the weights must be among them."""
-    keys = _as_list(keys)
-    for k in keys:
-        if k not in CHECKPOINT_KEYS:
-            raise ArgumentError("published_keys", f"unknown checkpoint key {k!r}; "
-                                                  f"choose from {', '.join(CHECKPOINT_KEYS)}")
-    if keys and "state_dict" not in keys:
-        raise ArgumentError("published_keys", "must include 'state_dict' (the weights)")
-    return keys
-
 
 @HOOKS.register_module()
 class CheckpointHook(Hook, CheckpointSaver):
@@ -139,7 +97,7 @@ class CheckpointHook(Hook, CheckpointSaver):
                  save_begin: int = 0, save_topk: int = 1, async_save: bool = False,
                  backend_args: dict | None = None, file_client_args: dict | None = None,
                  create_symlink: bool | None = None) -> None:
-        _check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
+        check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
         self.async_save = async_save
         # what a save's commit does (rank 0), by file name: move the pointer, remove old files
         self._on_commit: dict[str, tuple[bool, list[str]]] = {}
@@ -166,9 +124,9 @@ class CheckpointHook(Hook, CheckpointSaver):
             raise ArgumentError("filename_tmpl", "needs a '{}' for the epoch/iteration number")
         self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
         self.less_keys = list(less_keys) if less_keys is not None else LESS_KEYS
-        self.save_best = _as_list(save_best)
-        self.rules = self._best_rules(_as_list(rule))
-        self.published_keys = _published_keys(published_keys)
+        self.save_best = as_list(save_best)
+        self.rules = best_rules(self.save_best, as_list(rule), self._infer_rule)
+        self.published_keys = checked_published_keys(published_keys)
         # state that survives resume (state_dict below)
         self.best_scores: dict[str, float] = {}
         self.best_files: dict[str, str] = {}
@@ -179,23 +137,6 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
-    def _best_rules(self, rules: list) -> list[str | None]:
-        """One rule per ``save_best`` key: given once for all, one each, or inferred from the
-        key's name ('auto' waits for the first metric's)."""
-        if "auto" in self.save_best and len(self.save_best) > 1:
-            raise ArgumentError("save_best", "'auto' cannot be combined with other keys")
-        if len(rules) == 1 and len(self.save_best) > 1:
-            rules = rules * len(self.save_best)
-        if rules and len(rules) != len(self.save_best):
-            raise ArgumentError("rule", f"give one rule or one per save_best key "
-                                        f"({len(self.save_best)})")
-        for r in rules:
-            if r not in ("greater", "less"):
-                raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
-        rules = rules or [None] * len(self.save_best)
-        return [self._infer_rule(key) if key != "auto" and r is None else r
-                for key, r in zip(self.save_best, rules, strict=True)]
-
     def _infer_rule(self, key: str) -> str:
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
@@ -356,20 +297,7 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     def publish(self, path: Path) -> Path:
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
-        with argument_errors():  # raised at after_train: the dispatcher names the config key
-            ckpt = load_file(path, "published_keys")
-        if SHARDED in ckpt and "state_dict" in self.published_keys:
-            ckpt["state_dict"] = full_weights(path, ckpt)  # one deployable file from the shards
-            average = ckpt.get("ema_state_dict", {})  # deploy the average, as MMEngine's layout
-            ckpt["state_dict"].update({k: average[f"module.{k}"] for k in ckpt["state_dict"]
-                                       if f"module.{k}" in average})
-        slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
-        tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
-        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]
-        final = path.with_name(f"{path.stem}-{digest}.pth")
-        os.replace(tmp, final)
-        os.replace(checksum_path(tmp), checksum_path(final))
-        return final
+        return publish_checkpoint(path, self.published_keys)
 
     def saved_files(self) -> dict[str, list[Path]]:
         """The checkpoints a finished run keeps: ``last``, ``best`` and ``published`` (rank 0)."""

@@ -7,7 +7,8 @@ import torch
 
 import distributed_runner.averaged_model  # noqa: F401  (registers the averages in MODELS)
 from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import HOOKS, MODELS, check_arguments
+from distributed_runner.registry import HOOKS, MODELS
+from distributed_runner.signatures import check_arguments
 
 from .hook import DataBatch, Hook
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import HOOKS, MODELS, check_arguments
+from distributed_runner.registry import HOOKS, MODELS
+from distributed_runner.signatures import check_arguments
 from distributed_runner.tta import TTAModel
 
 from .hook import Hook

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS, accepts
+from distributed_runner.registry import HOOKS
+from distributed_runner.signatures import accepts
 
 from .hook import DataBatch, Hook
 

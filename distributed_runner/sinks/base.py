@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, closest
-from ..registry import LOG_SINKS, check_arguments
+from ..registry import LOG_SINKS
+from ..signatures import check_arguments
 
 if TYPE_CHECKING:
     from ..runner_api import RunnerAPI
