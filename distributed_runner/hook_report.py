@@ -13,6 +13,7 @@ the dispatcher's docstring.
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,3 +125,39 @@ def plan_text(entries: Sequence[HookEntry], tables: Mapping[str, Sequence[SlotRe
             text = " -> ".join(e.name for e in found)
         lines.append(f"  {point:<22} {text}")
     return "\n".join(lines)
+
+
+def _marks(entry: HookEntry) -> str:
+    """What sets a hook apart in the short plan: a non-default error policy, a disabled hook."""
+    marks = [f"on_error={entry.on_error}"] if entry.on_error != "raise" else []
+    marks += ["DISABLED"] if entry.disabled else []
+    return f" [{', '.join(marks)}]" if marks else ""
+
+
+def plan_summary(entries: Sequence[HookEntry], sink_specs: Sequence[tuple[str, Any]],
+                 where: str | None, width: int = 80) -> str:
+    """The hook plan for the terminal (:mod:`distributed_runner.quiet_log`): the hooks in call
+    order with their priorities, the log sinks, and the file holding the whole plan
+    (:func:`plan_text`: every mount point and extension point). ``width`` leaves room for the
+    log line's time and level."""
+    hooks = ", ".join(f"{e.name} {priority_name(e.priority)}{_marks(e)}" for e in entries)
+    text = f"Hooks in call order: {hooks or 'none'}"
+    if sink_specs:
+        text += f"; log sinks: {', '.join(_sink_name(spec) for _, spec in sink_specs)}"
+    if where:
+        text += f". Mount points and extension points: {where}"
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def timing_summary(rows: Sequence[HookTiming], where: str | None, top: int = 3) -> str:
+    """The end-of-training hook time for the terminal: the total, the ``top`` slowest (hook,
+    mount point) pairs and any errors, and the file holding the whole table."""
+    total = sum(t.seconds for t in rows)
+    slowest = ", ".join(f"{t.name}.{t.mount} {t.seconds:.3f} s" for t in rows[:top])
+    text = f"Hook time: {total:.3f} s in {len(rows)} (hook, mount point) pairs"
+    text += f"; slowest: {slowest}" if slowest else ""
+    errors = sum(t.errors for t in rows)
+    text += f"; {errors} errors" if errors else ""
+    if where:
+        text += f". Full table: {where}"
+    return text

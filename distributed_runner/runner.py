@@ -41,12 +41,14 @@ from .elastic import GlobalBatchPlan, elastic_training
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
+from .hook_report import plan_summary
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .model_setup import default_device, setup_model
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
+from .quiet_log import log_brief_and_full, run_log_file
 from .randomness import set_random_seed
 from .redact import redact
 from .registry import LOOPS
@@ -121,7 +123,10 @@ class Runner(RunnerSurface):
                          "%d | work_dir %s", __version__, torch.__version__, self.device,
                          self.world_size, f" ({self.elastic_plan.describe()})" if
                          self.elastic_plan else "", self.seed, self.work_dir)
-        self.logger.info(self._hooks.plan_text())
+        # the whole hook plan to the log file, a short one to the terminal (quiet_log.py)
+        plan = plan_summary(self._hooks.entries, self._hooks.sink_specs(),
+                            run_log_file(self.logger))
+        log_brief_and_full(self.logger, plan, self._hooks.plan_text())
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
