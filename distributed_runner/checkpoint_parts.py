@@ -17,6 +17,7 @@ Collect and restore functions receive a :class:`~.checkpoint_types.CheckpointSub
 things they act on, read from the Runner in one place (``CheckpointSubject.of``) — never the
 Runner itself.
 """
+
 from __future__ import annotations
 
 import platform
@@ -46,11 +47,19 @@ def _ranks(ckpt: dict, key: str) -> list | None:
 
 # -- collect ------------------------------------------------------------------------------------
 def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
-    info = {**s.position(), "seed": s.seed, "world_size": s.world_size,
-            "experiment_name": s.experiment_name, "time": time.time(),
-            "config": dumps_json(redact(s.cfg)),
-            "versions": {"distributed_runner": __version__, "torch": str(torch.__version__),
-                         "python": platform.python_version()}}
+    info = {
+        **s.position(),
+        "seed": s.seed,
+        "world_size": s.world_size,
+        "experiment_name": s.experiment_name,
+        "time": time.time(),
+        "config": dumps_json(redact(s.cfg)),
+        "versions": {
+            "distributed_runner": __version__,
+            "torch": str(torch.__version__),
+            "python": platform.python_version(),
+        },
+    }
     info.update(o.meta or {})
     return info
 
@@ -65,8 +74,11 @@ def _collect_weights(s: CheckpointSubject, o: SaveOptions) -> Any:
 def _collect_optimizer(s: CheckpointSubject, o: SaveOptions) -> Any:
     if s.optim_wrapper is None or not (o.save_optimizer and o.with_weights):
         return ABSENT
-    return full_optimizer_state(s.model, s.optim_wrapper.optimizer) if is_sharded(s.model) \
+    return (
+        full_optimizer_state(s.model, s.optim_wrapper.optimizer)
+        if is_sharded(s.model)
         else s.optim_wrapper.state_dict()
+    )
 
 
 def _collect_window_grads(s: CheckpointSubject, o: SaveOptions) -> Any:
@@ -104,8 +116,9 @@ def _restore_optimizer(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None
     elif "optimizer" in ckpt:
         s.optim_wrapper.load_state_dict(ckpt["optimizer"])
     else:
-        s.logger.warning("%s has no optimizer state (save_optimizer=False): the optimizer "
-                         "starts fresh", c.path)
+        s.logger.warning(
+            "%s has no optimizer state (save_optimizer=False): the optimizer starts fresh", c.path
+        )
 
 
 def _restore_scaler(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
@@ -116,8 +129,12 @@ def _restore_scaler(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
 def _restore_schedulers(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     states = ckpt.get("param_schedulers", [])
     if len(states) != len(s.param_schedulers):
-        s.logger.warning("%s has %d scheduler states for %d schedulers: schedulers start fresh",
-                         c.path, len(states), len(s.param_schedulers))
+        s.logger.warning(
+            "%s has %d scheduler states for %d schedulers: schedulers start fresh",
+            c.path,
+            len(states),
+            len(s.param_schedulers),
+        )
         return
     for sched, state in zip(s.param_schedulers, states, strict=True):
         sched.load_state_dict(state)
@@ -165,8 +182,11 @@ def _restore_window_grads(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> N
     if c.same_world:
         s.optim_wrapper.restore_pending_grads(s.model, grads[s.rank])
     else:
-        s.logger.warning("%s was saved inside a gradient-accumulation window with another "
-                         "world size: the window's gradients are dropped", c.path)
+        s.logger.warning(
+            "%s was saved inside a gradient-accumulation window with another "
+            "world size: the window's gradients are dropped",
+            c.path,
+        )
 
 
 def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
@@ -174,48 +194,124 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     if c.same_world and states:
         restore_rng(states[s.rank])
     elif states:
-        s.logger.warning("%s was saved with %s ranks, this run has %d: random states are not "
-                         "restored (the run continues, not bit-exactly)", c.path,
-                         ckpt["meta"].get("world_size"), s.world_size)
+        s.logger.warning(
+            "%s was saved with %s ranks, this run has %d: random states are not "
+            "restored (the run continues, not bit-exactly)",
+            c.path,
+            ckpt["meta"].get("world_size"),
+            s.world_size,
+        )
 
 
 # -- the table ----------------------------------------------------------------------------------
 PARTS: tuple[Part, ...] = (
-    Part("meta", "epoch, iter, iter_in_epoch, val_pending, seed, world_size, experiment_name, "
-         "time, config (JSON text), versions; the saver's additions: best, async_save, "
-         "ema_in_state_dict", "always", _collect_meta),
-    Part("state_dict", "the model's weights (unwrapped)", "unless sharded", _collect_weights,
-         _restore_weights),
-    Part(SHARDED, "the shards' manifest: their folder, keys and files with sizes",
-         "sharded FSDP checkpoints", None, _restore_shards,
-         written_by="the checkpoint writer (sharded_checkpoint.start_shards)",
-         publishable=False),  # names shard folders of the saved file: no stand-alone file
-    Part("optimizer", "the optimizer's state", "with save_optimizer (in the shards if sharded)",
-         _collect_optimizer, _restore_optimizer),
-    Part("scaler", "the AMP GradScaler's state, or None", "when training",
-         lambda s, o: ABSENT if s.optim_wrapper is None else s.optim_wrapper.scaler_state_dict(),
-         _restore_scaler),
-    Part("param_schedulers", "one state per scheduler", "with save_param_scheduler",
-         lambda s, o: [x.state_dict() for x in s.param_schedulers] if o.save_param_scheduler
-         else ABSENT, _restore_schedulers),
-    Part("message_hub", "runtime info and scalar histories", "always",
-         lambda s, o: s.message_hub.state_dict(), _restore_hub),
-    Part("hooks", "each stateful hook's state_dict(), keyed by its registered name", "always",
-         lambda s, o: {name: hook.state_dict() for name, hook in s.hooks.items()},
-         _restore_hooks),
-    Part("sinks", "the log sinks' state (the MLflow run id)", "always",
-         lambda s, o: s.sinks.state_dict(), _restore_sinks),
-    Part("sampler", "epoch and batches consumed in it; restoring it resumes training at "
-         "meta's position", "always", _collect_sampler, _restore_position, per_rank=True),
-    Part("rank_buffers", "the model's buffers (BN statistics differ between syncs)",
-         "with several ranks", _collect_buffers, _restore_buffers, per_rank=True),
-    Part("accumulated_grads", "gradients of an unfinished accumulation window",
-         "saved inside one", _collect_window_grads, _restore_window_grads, per_rank=True),
-    Part("rng", "python, numpy, torch (and cuda) generator states", "always",
-         lambda s, o: capture_rng(), _restore_random, per_rank=True),
-    Part("ema_state_dict", "the training weights under 'module.' (state_dict then holds the "
-         "average) or, if sharded, the average", "with EMAHook",
-         written_by="EMAHook.before_save_checkpoint, read by its after_load_checkpoint"),
+    Part(
+        "meta",
+        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, experiment_name, "
+        "time, config (JSON text), versions; the saver's additions: best, async_save, "
+        "ema_in_state_dict",
+        "always",
+        _collect_meta,
+    ),
+    Part(
+        "state_dict",
+        "the model's weights (unwrapped)",
+        "unless sharded",
+        _collect_weights,
+        _restore_weights,
+    ),
+    Part(
+        SHARDED,
+        "the shards' manifest: their folder, keys and files with sizes",
+        "sharded FSDP checkpoints",
+        None,
+        _restore_shards,
+        written_by="the checkpoint writer (sharded_checkpoint.start_shards)",
+        publishable=False,
+    ),  # names shard folders of the saved file: no stand-alone file
+    Part(
+        "optimizer",
+        "the optimizer's state",
+        "with save_optimizer (in the shards if sharded)",
+        _collect_optimizer,
+        _restore_optimizer,
+    ),
+    Part(
+        "scaler",
+        "the AMP GradScaler's state, or None",
+        "when training",
+        lambda s, o: ABSENT if s.optim_wrapper is None else s.optim_wrapper.scaler_state_dict(),
+        _restore_scaler,
+    ),
+    Part(
+        "param_schedulers",
+        "one state per scheduler",
+        "with save_param_scheduler",
+        lambda s, o: (
+            [x.state_dict() for x in s.param_schedulers] if o.save_param_scheduler else ABSENT
+        ),
+        _restore_schedulers,
+    ),
+    Part(
+        "message_hub",
+        "runtime info and scalar histories",
+        "always",
+        lambda s, o: s.message_hub.state_dict(),
+        _restore_hub,
+    ),
+    Part(
+        "hooks",
+        "each stateful hook's state_dict(), keyed by its registered name",
+        "always",
+        lambda s, o: {name: hook.state_dict() for name, hook in s.hooks.items()},
+        _restore_hooks,
+    ),
+    Part(
+        "sinks",
+        "the log sinks' state (the MLflow run id)",
+        "always",
+        lambda s, o: s.sinks.state_dict(),
+        _restore_sinks,
+    ),
+    Part(
+        "sampler",
+        "epoch and batches consumed in it; restoring it resumes training at meta's position",
+        "always",
+        _collect_sampler,
+        _restore_position,
+        per_rank=True,
+    ),
+    Part(
+        "rank_buffers",
+        "the model's buffers (BN statistics differ between syncs)",
+        "with several ranks",
+        _collect_buffers,
+        _restore_buffers,
+        per_rank=True,
+    ),
+    Part(
+        "accumulated_grads",
+        "gradients of an unfinished accumulation window",
+        "saved inside one",
+        _collect_window_grads,
+        _restore_window_grads,
+        per_rank=True,
+    ),
+    Part(
+        "rng",
+        "python, numpy, torch (and cuda) generator states",
+        "always",
+        lambda s, o: capture_rng(),
+        _restore_random,
+        per_rank=True,
+    ),
+    Part(
+        "ema_state_dict",
+        "the training weights under 'module.' (state_dict then holds the "
+        "average) or, if sharded, the average",
+        "with EMAHook",
+        written_by="EMAHook.before_save_checkpoint, read by its after_load_checkpoint",
+    ),
 )
 
 PUBLISHABLE_KEYS: tuple[str, ...] = tuple(p.key for p in PARTS if p.publishable)
@@ -227,9 +323,17 @@ def layout_text(indent: int = 4, width: int = 96) -> str:
     lines = []
     for part in PARTS:
         by = f"; written by {part.written_by}" if part.written_by else ""
-        text = f"{part.key:<19}{'per rank: ' if part.per_rank else ''}{part.description} " \
-               f"[{part.present}{by}]"
-        lines.append(textwrap.fill(text, width, initial_indent=" " * indent,
-                                   subsequent_indent=" " * (indent + 19),
-                                   break_on_hyphens=False))
+        text = (
+            f"{part.key:<19}{'per rank: ' if part.per_rank else ''}{part.description} "
+            f"[{part.present}{by}]"
+        )
+        lines.append(
+            textwrap.fill(
+                text,
+                width,
+                initial_indent=" " * indent,
+                subsequent_indent=" " * (indent + 19),
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join(lines)

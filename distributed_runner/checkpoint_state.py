@@ -6,6 +6,7 @@ writes the result. They act on a :class:`~.checkpoint_types.CheckpointSubject` (
 hands over), not on the Runner: which checkpoint to load is :mod:`.resume_choice`'s decision,
 taken before any of this runs.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,8 +43,9 @@ def restore_training_state(subject: CheckpointSubject, ckpt: dict, path: str | P
             part.restore(subject, ckpt, context)
 
 
-def load_model_weights(subject: CheckpointSubject, ckpt: dict, path: str | Path, key: str,
-                       strict: bool = True) -> None:
+def load_model_weights(
+    subject: CheckpointSubject, ckpt: dict, path: str | Path, key: str, strict: bool = True
+) -> None:
     """Only the checkpoint's weights into ``subject.model`` (``load_from``): from its shards or
     its ``state_dict``."""
     if SHARDED in ckpt:

@@ -60,13 +60,23 @@ class CheckpointSubject:
     @classmethod
     def of(cls, runner: RunnerAPI) -> CheckpointSubject:
         """The one place that reads a Runner for checkpoints."""
-        return cls(model=runner.model, optim_wrapper=runner.optim_wrapper,
-                   param_schedulers=runner.param_schedulers, message_hub=runner.message_hub,
-                   hooks=runner.stateful_hooks(), sinks=runner.sinks,
-                   train_loop=runner.train_loop, train_state=runner.train_state,
-                   rank=runner.rank, world_size=runner.world_size, logger=runner.logger,
-                   seed=runner.seed, experiment_name=runner.experiment_name, cfg=runner.cfg,
-                   strategy=runner.strategy)
+        return cls(
+            model=runner.model,
+            optim_wrapper=runner.optim_wrapper,
+            param_schedulers=runner.param_schedulers,
+            message_hub=runner.message_hub,
+            hooks=runner.stateful_hooks(),
+            sinks=runner.sinks,
+            train_loop=runner.train_loop,
+            train_state=runner.train_state,
+            rank=runner.rank,
+            world_size=runner.world_size,
+            logger=runner.logger,
+            seed=runner.seed,
+            experiment_name=runner.experiment_name,
+            cfg=runner.cfg,
+            strategy=runner.strategy,
+        )
 
     def position(self) -> dict:
         """What training has completed (empty when nothing trains)."""

@@ -15,6 +15,7 @@ imports.
   a plain process and on every Ray worker, which never loaded the file) and the Ray driver's
   ``validate_config`` share.
 """
+
 from __future__ import annotations
 
 import ast
@@ -101,13 +102,18 @@ def _read_python(path: Path) -> dict:
         exec(code, namespace)  # the config is the user's own code, like MMEngine's .py configs
     except Exception as e:  # a config that raises is the user's to fix: one line
         line = _failing_line(e, str(path))
-        raise ConfigError(str(path), f"raised {type(e).__name__}"
-                                     f"{f' on line {line}' if line else ''}: "
-                                     f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))\
-            from e
-    return {k: v for k, v in namespace.items()
-            if (not k.startswith("_") or k == BASE_KEY)
-            and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
+        raise ConfigError(
+            str(path),
+            f"raised {type(e).__name__}"
+            f"{f' on line {line}' if line else ''}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "),
+        ) from e
+    return {
+        k: v
+        for k, v in namespace.items()
+        if (not k.startswith("_") or k == BASE_KEY)
+        and not isinstance(v, (types.ModuleType, types.FunctionType, type))
+    }
 
 
 def _failing_line(exc: BaseException, filename: str) -> int | None:
@@ -122,6 +128,7 @@ def _failing_line(exc: BaseException, filename: str) -> int | None:
 
 def _read_yaml(path: Path) -> dict:
     import yaml
+
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -156,9 +163,16 @@ def _load_raw(path: Path, seen: tuple[Path, ...]) -> dict:
 
 def _git_commit(folder: Path) -> str | None:
     import subprocess
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -168,8 +182,12 @@ class Config(ConfigDict):
     """A loaded config; ``filename`` is where it came from (None for one built from a dict)."""
 
     @classmethod
-    def fromfile(cls, path: str | os.PathLike, cfg_options: Iterable[str] | dict | None = None,
-                 import_custom: bool = True) -> Config:
+    def fromfile(
+        cls,
+        path: str | os.PathLike,
+        cfg_options: Iterable[str] | dict | None = None,
+        import_custom: bool = True,
+    ) -> Config:
         """Load ``path`` (with its ``_base_`` files), apply ``cfg_options``, import custom
         modules."""
         path = Path(path).expanduser().resolve()
@@ -190,8 +208,11 @@ class Config(ConfigDict):
         """The commit of the git checkout holding the config file (None outside one). Ray workers
         get the driver's answer (:meth:`with_source`): the file may not exist on their node."""
         if not hasattr(self, "_git_commit"):
-            object.__setattr__(self, "_git_commit",
-                               _git_commit(Path(self.filename).parent) if self.filename else None)
+            object.__setattr__(
+                self,
+                "_git_commit",
+                _git_commit(Path(self.filename).parent) if self.filename else None,
+            )
         return self._git_commit
 
     def source(self) -> dict:
@@ -212,8 +233,9 @@ class Config(ConfigDict):
 
     def apply_options(self, options: Iterable[str] | dict) -> None:
         """Set dotted keys: ``['a.b=1', 'x=[1,2]']`` or ``{'a.b': 1}``."""
-        pairs = (options.items() if isinstance(options, dict)
-                 else (_split_option(o) for o in options))
+        pairs = (
+            options.items() if isinstance(options, dict) else (_split_option(o) for o in options)
+        )
         for dotted, value in pairs:
             set_dotted(self, dotted, value)
 
@@ -222,28 +244,35 @@ class Config(ConfigDict):
 
     def pretty_text(self) -> str:
         """The config as a Python file (what ``work_dir/config.py`` holds)."""
-        return "\n".join(f"{k} = {pprint.pformat(v, sort_dicts=False, width=100)}"
-                         for k, v in to_plain(self).items()) + "\n"
+        return (
+            "\n".join(
+                f"{k} = {pprint.pformat(v, sort_dicts=False, width=100)}"
+                for k, v in to_plain(self).items()
+            )
+            + "\n"
+        )
 
 
 def _split_option(option: str) -> tuple[str, Any]:
     if "=" not in option:
-        raise ConfigError("--cfg-options", f"{option!r} is not KEY=VALUE (e.g. "
-                                           f"train_cfg.max_epochs=5)")
+        raise ConfigError(
+            "--cfg-options", f"{option!r} is not KEY=VALUE (e.g. train_cfg.max_epochs=5)"
+        )
     key, raw = option.split("=", 1)
     key, raw = key.strip(), raw.strip()
     parts = key.split(".")
     if not key or any(not p for p in parts):
-        raise ConfigError("--cfg-options", f"{option!r} has an empty key part: write "
-                                           f"a.b.c=VALUE")
+        raise ConfigError("--cfg-options", f"{option!r} has an empty key part: write a.b.c=VALUE")
     if any(p.startswith("__") for p in parts):
-        raise ConfigError("--cfg-options", f"{key!r}: names starting with '__' are not config "
-                                           f"keys")
+        raise ConfigError("--cfg-options", f"{key!r}: names starting with '__' are not config keys")
     value = parse_value(raw)
     closing = {"[": "]", "(": ")", "{": "}"}
     if isinstance(value, str) and raw[:1] in closing and not raw.endswith(closing[raw[0]]):
-        raise ConfigError("--cfg-options", f"{key}={raw}: the value opens {raw[0]!r} but does "
-                                           f"not close it (quote the whole option in the shell)")
+        raise ConfigError(
+            "--cfg-options",
+            f"{key}={raw}: the value opens {raw[0]!r} but does "
+            f"not close it (quote the whole option in the shell)",
+        )
     return key, value
 
 
@@ -276,8 +305,9 @@ def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
         try:
             node[int(last)] = to_config_dict(value)
         except (ValueError, IndexError):
-            raise ConfigError(dotted, f"{last!r} is not an index of a list of "
-                                      f"{len(node)}") from None
+            raise ConfigError(
+                dotted, f"{last!r} is not an index of a list of {len(node)}"
+            ) from None
     elif isinstance(node, dict):
         node[last] = to_config_dict(value)
     else:
@@ -289,8 +319,9 @@ def _child(node: Any, part: str, dotted: str, create: bool) -> Any:
         try:
             return node[int(part)]
         except (ValueError, IndexError):
-            raise ConfigError(dotted, f"{part!r} is not an index of a list of "
-                                      f"{len(node)}") from None
+            raise ConfigError(
+                dotted, f"{part!r} is not an index of a list of {len(node)}"
+            ) from None
     if isinstance(node, dict):
         if part not in node or node[part] is None:
             if not create:
@@ -321,9 +352,11 @@ def import_custom_modules(custom_imports: Any) -> list[types.ModuleType]:
         except ImportError as e:
             if allow_failed:
                 continue
-            raise ConfigError("custom_imports.imports",
-                              f"cannot import {name!r} ({e}); check the module name and that its "
-                              f"folder is on PYTHONPATH") from None
+            raise ConfigError(
+                "custom_imports.imports",
+                f"cannot import {name!r} ({e}); check the module name and that its "
+                f"folder is on PYTHONPATH",
+            ) from None
     return modules
 
 

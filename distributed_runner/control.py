@@ -21,6 +21,7 @@ waits a few more iterations instead of slowing every one.
 Acted in this order: checkpoint, validation, stop; ``preempt`` (SIGTERM, see
 :mod:`distributed_runner.preemption`) writes a checkpoint and ends the run unfinished.
 """
+
 from __future__ import annotations
 
 import logging
@@ -91,8 +92,10 @@ class ControlRequests:
         if deciding:
             self.agree_n = max(1, self.agreed_extra)
             self._probing = False
-            logger.info("ranks agree on requests every %d iteration(s) "
-                        "(train_cfg.agree_every='auto')", self.agree_n)
+            logger.info(
+                "ranks agree on requests every %d iteration(s) (train_cfg.agree_every='auto')",
+                self.agree_n,
+            )
         else:
             if self._last_agreed:
                 self._probe.append((start - self._last_agreed, end - start))
@@ -111,8 +114,9 @@ class ControlRequests:
             agreed = {k: tuple(v) for k, v in self._reasons.items() if v}
             self.clear()
             return agreed
-        flags = torch.tensor([1 if self._reasons[k] else 0 for k in KINDS] + [int(extra)],
-                             dtype=torch.int32)
+        flags = torch.tensor(
+            [1 if self._reasons[k] else 0 for k in KINDS] + [int(extra)], dtype=torch.int32
+        )
         flags = dist.all_reduce(flags, "max")
         self.agreed_extra = int(flags[-1])
         flags = flags[:-1]
@@ -127,8 +131,11 @@ class ControlRequests:
                     text = f"{reason} (rank {rank})"
                     if text not in gathered.setdefault(kind, []):
                         gathered[kind].append(text)
-        return {k: tuple(gathered.get(k, ()))
-                for k, flag in zip(KINDS, flags.tolist(), strict=True) if flag}
+        return {
+            k: tuple(gathered.get(k, ()))
+            for k, flag in zip(KINDS, flags.tolist(), strict=True)
+            if flag
+        }
 
     def clear(self) -> None:
         """Forget this rank's unresolved requests (they were resolved, or are dropped)."""
@@ -136,8 +143,9 @@ class ControlRequests:
             reasons.clear()
         self.unresolved = False
 
-    def record(self, iteration: int, kind: str, reasons: tuple[str, ...],
-               logger: logging.Logger | Any) -> None:
+    def record(
+        self, iteration: int, kind: str, reasons: tuple[str, ...], logger: logging.Logger | Any
+    ) -> None:
         """Keep and log what the loop did and why."""
         self.log.append((iteration, kind, reasons))
         logger.info("%s at iteration %d, requested by: %s", kind, iteration, "; ".join(reasons))

@@ -4,6 +4,7 @@ A user mistake (bad config key, unknown ``type``, unreadable file, a checkpoint 
 reported as one line that names where the problem is and what to do about it. The CLI prints these
 without a traceback; everything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import contextlib

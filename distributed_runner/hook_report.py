@@ -11,6 +11,7 @@ The functions read the dispatcher's per-(hook, mount point) slots through :class
 does not import the dispatcher. Timing semantics (sampled, scaled to all calls) are explained in
 the dispatcher's docstring.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -64,13 +65,21 @@ def timings(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]) -> list
     for slot in slots:
         calls, entry = slot_calls(slot, mount_calls), slot.entry
         if calls or entry.errors:
-            out.append(HookTiming(entry.name, slot.mount, slot_seconds(slot, calls), calls,
-                                  entry.errors.get(slot.mount, 0)))
+            out.append(
+                HookTiming(
+                    entry.name,
+                    slot.mount,
+                    slot_seconds(slot, calls),
+                    calls,
+                    entry.errors.get(slot.mount, 0),
+                )
+            )
     return sorted(out, key=lambda t: -t.seconds)
 
 
-def seconds_by_hook(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
-                    ) -> dict[str, float]:
+def seconds_by_hook(
+    slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
+) -> dict[str, float]:
     """Cumulative time per hook name over all its mount points (estimated)."""
     total: dict[str, float] = {}
     for slot in slots:
@@ -81,8 +90,11 @@ def seconds_by_hook(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
 
 def plan(tables: Mapping[str, Sequence[SlotRecord]]) -> dict[str, list[tuple[str, int]]]:
     """Mount point -> [(hook name, priority)] in call order, only non-empty mount points."""
-    return {mount: [(s.entry.name, s.entry.priority) for s in tables[mount]]
-            for mount in MOUNT_POINTS if tables.get(mount)}
+    return {
+        mount: [(s.entry.name, s.entry.priority) for s in tables[mount]]
+        for mount in MOUNT_POINTS
+        if tables.get(mount)
+    }
 
 
 def _hook_lines(entries: Sequence[HookEntry]) -> list[str]:
@@ -93,8 +105,10 @@ def _hook_lines(entries: Sequence[HookEntry]) -> list[str]:
         extra += [f"after={','.join(e.after)}"] if e.after else []
         extra += [f"before={','.join(e.before)}"] if e.before else []
         extra += ["DISABLED"] if e.disabled else []
-        lines.append(f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
-                     f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip())
+        lines.append(
+            f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
+            f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip()
+        )
     return lines
 
 
@@ -104,9 +118,12 @@ def _sink_name(spec: Any) -> str:
     return str(spec.get("type", "?")) if isinstance(spec, dict) else type(spec).__name__
 
 
-def plan_text(entries: Sequence[HookEntry], tables: Mapping[str, Sequence[SlotRecord]],
-              extensions: Mapping[str, Sequence[HookEntry]],
-              sink_specs: Sequence[tuple[str, Any]]) -> str:
+def plan_text(
+    entries: Sequence[HookEntry],
+    tables: Mapping[str, Sequence[SlotRecord]],
+    extensions: Mapping[str, Sequence[HookEntry]],
+    sink_specs: Sequence[tuple[str, Any]],
+) -> str:
     """The hook plan as the Runner logs it and ``drun hooks`` prints it: the hooks, who runs at
     each mount point, and the extension points in use (``sink_specs``: the named log sinks)."""
     lines = _hook_lines(entries)
@@ -134,8 +151,12 @@ def _marks(entry: HookEntry) -> str:
     return f" [{', '.join(marks)}]" if marks else ""
 
 
-def plan_summary(entries: Sequence[HookEntry], sink_specs: Sequence[tuple[str, Any]],
-                 where: str | None, width: int = 80) -> str:
+def plan_summary(
+    entries: Sequence[HookEntry],
+    sink_specs: Sequence[tuple[str, Any]],
+    where: str | None,
+    width: int = 80,
+) -> str:
     """The hook plan for the terminal (:mod:`distributed_runner.quiet_log`): the hooks in call
     order with their priorities, the log sinks, and the file holding the whole plan
     (:func:`plan_text`: every mount point and extension point). ``width`` leaves room for the

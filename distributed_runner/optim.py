@@ -13,6 +13,7 @@ The training loop does not always call :meth:`OptimWrapper.update_params`: when
 :meth:`OptimWrapper.is_plain` (one update per step, no clipping, nothing overridden) it steps the
 optimizer itself (``distributed_runner/step.py``, the plain step), which is the same update.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,16 +37,22 @@ NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 class OptimWrapper:
     """Backward + (accumulated) step + optional gradient clipping around a torch optimizer."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accumulative_counts: int = 1,
-                 clip_grad: dict | None = None) -> None:
-        positive_int({"accumulative_counts": accumulative_counts}, "accumulative_counts",
-                     "optim_wrapper")  # the config's rule, also for a wrapper built in Python
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        accumulative_counts: int = 1,
+        clip_grad: dict | None = None,
+    ) -> None:
+        positive_int(
+            {"accumulative_counts": accumulative_counts}, "accumulative_counts", "optim_wrapper"
+        )  # the config's rule, also for a wrapper built in Python
         self.optimizer = optimizer
         self.accumulative_counts = int(accumulative_counts)
         self.clip_grad = dict(clip_grad) if clip_grad else None
         if self.clip_grad is not None and "max_norm" not in self.clip_grad:
-            raise ConfigError("optim_wrapper.clip_grad", "needs max_norm, e.g. "
-                                                         "clip_grad=dict(max_norm=1.0)")
+            raise ConfigError(
+                "optim_wrapper.clip_grad", "needs max_norm, e.g. clip_grad=dict(max_norm=1.0)"
+            )
         self._inner_count = 0
         self._max_counts = 0
         self._remainder = 0
@@ -60,9 +67,15 @@ class OptimWrapper:
         optimizer itself (step.py's plain step), the cheapest iteration. (The update counter is
         then not advanced: with one update per step no decision reads it.)"""
         cls = type(self)
-        return (self.accumulative_counts == 1 and self.clip_grad is None and not self._averaging
-                and all(getattr(cls, name) is getattr(OptimWrapper, name) for name in
-                        ("update_params", "backward", "step", "zero_grad", "optim_context")))
+        return (
+            self.accumulative_counts == 1
+            and self.clip_grad is None
+            and not self._averaging
+            and all(
+                getattr(cls, name) is getattr(OptimWrapper, name)
+                for name in ("update_params", "backward", "step", "zero_grad", "optim_context")
+            )
+        )
 
     # -- accumulation bookkeeping ----------------------------------------------------------------
     def initialize_count_status(self, done: int, max_counts: int) -> None:
@@ -174,8 +187,11 @@ class OptimWrapper:
         """
         if self._inner_count % self.accumulative_counts == 0:
             return None
-        return {n: local_tensor(p.grad.detach()).cpu().clone()
-                for n, p in model.named_parameters() if p.grad is not None}
+        return {
+            n: local_tensor(p.grad.detach()).cpu().clone()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
 
     def restore_pending_grads(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
         for n, p in model.named_parameters():
@@ -206,15 +222,26 @@ class OptimWrapper:
 class AmpOptimWrapper(OptimWrapper):
     """Mixed precision: autocast in ``optim_context``; fp16 adds a GradScaler (bf16 needs none)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, dtype: str = "float16",
-                 loss_scale: str | float = "dynamic", device_type: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        dtype: str = "float16",
+        loss_scale: str | float = "dynamic",
+        device_type: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(optimizer, **kwargs)
-        dtypes = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-                  "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+        dtypes = {
+            "float16": torch.float16,
+            "fp16": torch.float16,
+            "half": torch.float16,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+        }
         if dtype not in dtypes:
-            raise ConfigError("optim_wrapper.dtype", f"unknown dtype {dtype!r}: use 'float16' or "
-                                                     f"'bfloat16'")
+            raise ConfigError(
+                "optim_wrapper.dtype", f"unknown dtype {dtype!r}: use 'float16' or 'bfloat16'"
+            )
         self.dtype = dtypes[dtype]
         self.device_type = device_type or self._param_device_type()
         self.scaler: torch.amp.GradScaler | None = None
@@ -257,8 +284,9 @@ class AmpOptimWrapper(OptimWrapper):
             self.scaler.load_state_dict(state)
 
 
-def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper",
-                        params: Any = None) -> OptimWrapper:
+def build_optim_wrapper(
+    spec: Any, model: nn.Module, key: str = "optim_wrapper", params: Any = None
+) -> OptimWrapper:
     """An OptimWrapper from ``dict(type=..., optimizer=dict(type='SGD', lr=...), ...)``, over
     ``params`` (default: all of the model's); ``paramwise_cfg`` or ``constructor`` hand the
     spec to an optimizer constructor (:func:`constructor_for`)."""

@@ -7,6 +7,7 @@ rank); samplers always use the shared seed so the ranks' shards stay disjoint.
 A checkpoint keeps every generator's state (:func:`capture_rng`, per rank) so a resumed run
 draws the same numbers the uninterrupted one would (:func:`restore_rng`).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ def set_random_seed(randomness: dict | None) -> int:
     cfg = dict(randomness or {})
     for key in cfg:
         if key not in _KNOWN:
-            raise ConfigError(f"randomness.{key}", f"unknown option; randomness takes "
-                                                   f"{', '.join(_KNOWN)}")
+            raise ConfigError(
+                f"randomness.{key}", f"unknown option; randomness takes {', '.join(_KNOWN)}"
+            )
     seed = cfg.get("seed")
     if seed is None:
         seed = dist.broadcast_object(secrets.randbits(31))  # the OS entropy
@@ -52,9 +54,13 @@ def capture_rng() -> dict:
     assert isinstance(np_state, tuple)
     state = {
         "python": random.getstate(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                  "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "name": np_state[0],
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -67,8 +73,15 @@ def restore_rng(state: dict) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        (
+            n["name"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]

@@ -13,6 +13,7 @@ the same; module hooks (FSDP2's gathering of a unit's parameters) stay outside t
 region and run once, as ``nn.Module.__call__`` calls them around ``forward``; and
 ``torch.compile`` traces the checkpoint as it traces any non-reentrant one.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -40,8 +41,10 @@ def check_module_classes(model: nn.Module, names: list[str], key: str) -> None:
     present = {type(m).__name__ for m in model.modules()}
     for name in names:
         if name not in present:
-            raise ConfigError(key, f"the model has no module of class {name!r}"
-                                   f"{did_you_mean(name, sorted(present))}")
+            raise ConfigError(
+                key,
+                f"the model has no module of class {name!r}{did_you_mean(name, sorted(present))}",
+            )
 
 
 def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -57,7 +60,7 @@ def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # set on the instance by apply_activation_checkpointing (Module attributes type as Tensor)
     for name, index in cast(list[tuple[str, int]], self._recompute_cache_args):
         if index < len(args) and args[index] is not None:
-            args = (*args[:index], OFF[name], *args[index + 1:])
+            args = (*args[:index], OFF[name], *args[index + 1 :])
         elif kwargs.get(name) is not None:
             kwargs[name] = OFF[name]
     return checkpoint(forward, self, *args, use_reentrant=False, **kwargs)
@@ -88,7 +91,9 @@ def apply_activation_checkpointing(model: nn.Module, names: list[str]) -> list[s
             warned = True
             logging.getLogger(LOGGER_NAME).info(
                 "strategy.activation_checkpointing: %s trains without its key/value cache "
-                "(recomputing its forward would fill the cache twice)", type(module).__name__)
+                "(recomputing its forward would fill the cache twice)",
+                type(module).__name__,
+            )
         module.forward = types.MethodType(_recomputed_forward, module)
         done.append(qualified)
     return done

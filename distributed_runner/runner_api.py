@@ -22,6 +22,7 @@ which PrepareTTAHook swaps; ``train_dataloader``) are plain attributes. The Runn
 modules that themselves take a ``runner``. Adding to the Runner's public surface means adding here
 too; the list mirrors the Runner module's docstring.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -149,16 +150,23 @@ class RunnerAPI(Protocol):
         """Validate after the current iteration, on every rank."""
 
     # -- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
-                        save_param_scheduler: bool = True, meta: dict | None = None,
-                        asynchronous: bool = False) -> Path:
+    def save_checkpoint(
+        self,
+        out_dir: str | Path,
+        filename: str,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: dict | None = None,
+        asynchronous: bool = False,
+    ) -> Path:
         """Assemble and write a checkpoint; call it on every rank."""
 
     def save_requested_checkpoint(self, reason: str) -> Path:
         """Save a checkpoint for a request (through the CheckpointSaver, if any)."""
 
-    def load_checkpoint(self, path: str | Path, strict: bool = True,
-                        map_location: Any = "cpu") -> dict:
+    def load_checkpoint(
+        self, path: str | Path, strict: bool = True, map_location: Any = "cpu"
+    ) -> dict:
         """Load model weights only."""
 
     def resume(self, path: str | Path, checkpoint: dict | None = None) -> dict:

@@ -44,8 +44,11 @@ class RunnerSurface:
     @train_dataloader.setter
     def train_dataloader(self, loader: Any) -> None:
         if self.train_loop is None:
-            raise ConfigError("train_dataloader", "this Runner does not train: it needs "
-                                                  "train_dataloader, train_cfg and optim_wrapper")
+            raise ConfigError(
+                "train_dataloader",
+                "this Runner does not train: it needs "
+                "train_dataloader, train_cfg and optim_wrapper",
+            )
         self.train_loop.dataloader = loader
 
     @property
@@ -60,8 +63,10 @@ class RunnerSurface:
     iter = property(attrgetter("_state.iter"))
     max_epochs = property(attrgetter("_state.max_epochs"))
     max_iters = property(attrgetter("_state.max_iters"))
-    by_epoch = property(attrgetter("_state.by_epoch"),
-                        doc="Whether training is epoch-based (True also when nothing trains).")
+    by_epoch = property(
+        attrgetter("_state.by_epoch"),
+        doc="Whether training is epoch-based (True also when nothing trains).",
+    )
 
     @property
     def mount_callers(self) -> dict:
@@ -76,8 +81,10 @@ class RunnerSurface:
         per iteration.)"""
         return self._hooks.call
 
-    step_guards = property(attrgetter("_hooks.step_guards"),
-                           doc="The StepGuard hooks (hooks.extension_points), in call order.")
+    step_guards = property(
+        attrgetter("_hooks.step_guards"),
+        doc="The StepGuard hooks (hooks.extension_points), in call order.",
+    )
 
     def hook_bracket(self, before: str, after: str):
         """Context manager: ``before`` now, ``after`` at exit — also when the body raises."""
@@ -88,8 +95,11 @@ class RunnerSurface:
 
     def stateful_hooks(self) -> dict[str, Any]:
         """Registered name -> hook, for the hooks whose state a checkpoint keeps."""
-        return {e.name: e.hook for e in self._hooks.entries
-                if callable(getattr(e.hook, "state_dict", None))}
+        return {
+            e.name: e.hook
+            for e in self._hooks.entries
+            if callable(getattr(e.hook, "state_dict", None))
+        }
 
     def val_metric_names(self) -> list[str] | None:
         """The keys validation will report, if its metrics declare them (else None): hooks that

@@ -16,6 +16,7 @@ never picks and the next run removes. The folder name carries a token so that re
 file the manifest lists is there with its size (a torn copy is refused like a damaged file), and
 DCP reshards: a checkpoint written by 2 ranks resumes on another number (tested: 2 -> 1).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -44,9 +45,15 @@ def shard_folders(path: Path) -> list[Path]:
     return sorted(Path(path).parent.glob(f"{Path(path).stem}.*.dcp"))
 
 
-def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path: Path,
-                 asynchronous: bool = False, group: Any = None,
-                 stager: Any = None) -> tuple[dict, Any]:
+def start_shards(
+    model: nn.Module,
+    optimizer: Optimizer | None,
+    rank: int,
+    path: Path,
+    asynchronous: bool = False,
+    group: Any = None,
+    stager: Any = None,
+) -> tuple[dict, Any]:
     """Every rank writes its shards of the model (and of ``optimizer``, unless None) next to
     ``path``, now or (with
     ``asynchronous``) in DCP's background thread after copying them to host memory. Returns the
@@ -67,8 +74,13 @@ def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path:
     entry = {"dir": folder.name, "keys": list(state), "files": {}}
     if asynchronous:  # the same shards every time: the global plan is kept, not re-agreed
         planner = DefaultSavePlanner(enable_plan_caching=True)
-        return entry, dcp.async_save(state, checkpoint_id=str(folder), process_group=group,
-                                     async_stager=stager, planner=planner)
+        return entry, dcp.async_save(
+            state,
+            checkpoint_id=str(folder),
+            process_group=group,
+            async_stager=stager,
+            planner=planner,
+        )
     dcp.save(state, checkpoint_id=str(folder))
     return entry, None
 
@@ -77,8 +89,9 @@ def finish_shards(rank: int, path: Path, entry: dict) -> None:
     """Once written: every rank's files with their sizes into ``entry`` (each rank lists its own:
     on several machines each sees only those). A collective."""
     folder = Path(path).parent / entry["dir"]
-    mine = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
-            if is_ranks_file(f.name, rank)}
+    mine = {
+        f.name: f.stat().st_size for f in sorted(folder.iterdir()) if is_ranks_file(f.name, rank)
+    }
     entry["files"] = {k: v for part in dist.all_gather_object(mine) for k, v in part.items()}
 
 
@@ -122,8 +135,10 @@ def missing_shards(path: Path, ckpt: dict) -> str | None:
         if not f.is_file():
             return f"its shard file {entry['dir']}/{name} is missing"
         if f.stat().st_size != size:
-            return (f"its shard file {entry['dir']}/{name} has {f.stat().st_size} bytes, "
-                    f"{size} when it was written")
+            return (
+                f"its shard file {entry['dir']}/{name} has {f.stat().st_size} bytes, "
+                f"{size} when it was written"
+            )
     return None
 
 

@@ -42,14 +42,17 @@ def accepts(fn: Callable, name: str) -> bool:
     if sig is None:
         return False
     params = sig.parameters
-    if name in params and params[name].kind not in (inspect.Parameter.POSITIONAL_ONLY,
-                                                     inspect.Parameter.VAR_POSITIONAL):
+    if name in params and params[name].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.VAR_POSITIONAL,
+    ):
         return True
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def check_arguments(fn: Callable, args: dict[str, Any], key: str,
-                    supplied: Iterable[str] = ()) -> None:
+def check_arguments(
+    fn: Callable, args: dict[str, Any], key: str, supplied: Iterable[str] = ()
+) -> None:
     """Raise a one-line error for an unknown or a missing keyword argument of ``fn``.
 
     ``supplied`` names arguments the caller passes itself (positionally), e.g. an optimizer's
@@ -61,18 +64,27 @@ def check_arguments(fn: Callable, args: dict[str, Any], key: str,
     params = dict(sig.parameters)
     params.pop("self", None)
     name = getattr(fn, "__name__", repr(fn))
-    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
-        or _wrapper_takes_any_keyword(fn)
-    named = [n for n, p in params.items()
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    has_var_kw = any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    ) or _wrapper_takes_any_keyword(fn)
+    named = [
+        n
+        for n, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
     if not has_var_kw:
         for arg in args:
             if arg not in named:
                 takes = ", ".join(named) or "nothing"
-                raise ConfigError(f"{key}.{arg}", f"{name} has no argument {arg!r}"
-                                  f"{did_you_mean(arg, named)}; it takes: {takes}")
+                raise ConfigError(
+                    f"{key}.{arg}",
+                    f"{name} has no argument {arg!r}{did_you_mean(arg, named)}; it takes: {takes}",
+                )
     given = set(args) | set(supplied)
     for n, p in params.items():
-        if p.default is inspect.Parameter.empty and n not in given and p.kind in (
-                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+        if (
+            p.default is inspect.Parameter.empty
+            and n not in given
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ):
             raise ConfigError(f"{key}.{n}", f"{name} needs argument {n!r}: add {n}=... to {key}")

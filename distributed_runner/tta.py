@@ -13,6 +13,7 @@ index=0)`` (flips the keyword input ``key`` or, for tuple batches, the positiona
 A transform is any callable ``(args, kwargs) -> (args, kwargs)``. Other modes (``'loss'``) pass
 straight through, so a TTA model never changes training.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -49,8 +50,9 @@ class Flip:
             flipped = list(args)
             flipped[self.index] = torch.flip(args[self.index], self.dims)
             return tuple(flipped), kwargs
-        raise KeyError(f"Flip: the batch has no input {self.key!r} nor positional input "
-                       f"{self.index}")
+        raise KeyError(
+            f"Flip: the batch has no input {self.key!r} nor positional input {self.index}"
+        )
 
 
 def _merge(outputs: list, how: str) -> Any:
@@ -76,20 +78,25 @@ class TTAModel(nn.Module):
 
     is_model_wrapper = True  # the user's model is .module (MMEngine registers it a wrapper)
 
-    def __init__(self, module: nn.Module, transforms: Sequence[Any] = ("Identity",),
-                 merge: str = "mean") -> None:
+    def __init__(
+        self, module: nn.Module, transforms: Sequence[Any] = ("Identity",), merge: str = "mean"
+    ) -> None:
         super().__init__()
         if merge not in MERGES:
-            raise ConfigError("tta_cfg.merge", f"unknown merge {merge!r}: use "
-                                               f"{', '.join(map(repr, MERGES))}")
+            raise ConfigError(
+                "tta_cfg.merge", f"unknown merge {merge!r}: use {', '.join(map(repr, MERGES))}"
+            )
         if not transforms:
-            raise ConfigError("tta_cfg.transforms", "give at least one transform, e.g. "
-                                                    "['Identity', dict(type='Flip')]")
+            raise ConfigError(
+                "tta_cfg.transforms",
+                "give at least one transform, e.g. ['Identity', dict(type='Flip')]",
+            )
         self.module = module
         self.merge = merge
         self.transforms: list[Callable] = [
             TRANSFORMS.build({"type": t} if isinstance(t, str) else t, f"tta_cfg.transforms[{i}]")
-            for i, t in enumerate(transforms)]
+            for i, t in enumerate(transforms)
+        ]
 
     def forward(self, *args: Any, mode: str = "predict", **kwargs: Any) -> Any:
         if mode != "predict":

@@ -1,6 +1,7 @@
 """Small helpers downstream OpenMMLab hooks import from ``mmengine`` / ``mmengine.utils``
 (``is_seq_of``, ``is_list_of``, ``is_tuple_of``, ``mkdir_or_exist``, ``print_log``), here with
 MMEngine's meaning, so such a hook runs after changing that import line."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -12,8 +13,9 @@ from .log import print_log
 __all__ = ["is_list_of", "is_seq_of", "is_tuple_of", "mkdir_or_exist", "print_log"]
 
 
-def is_seq_of(seq: Any, expected_type: type | tuple,
-              seq_type: type[Iterable[Any]] | None = None) -> bool:
+def is_seq_of(
+    seq: Any, expected_type: type | tuple, seq_type: type[Iterable[Any]] | None = None
+) -> bool:
     """Whether ``seq`` is a sequence (of ``seq_type``, if given) whose items are all of
     ``expected_type``."""
     if not isinstance(seq, seq_type if seq_type is not None else Sequence):

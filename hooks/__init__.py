@@ -5,6 +5,7 @@ as ``distributed_runner.registry.HOOKS``. The built-in hooks are imported on fir
 hooks import CheckpointHook``, or the first look-up of a name in ``HOOKS``), so ``import hooks`` or
 ``import hooks.hook`` loads neither them nor the Runner.
 """
+
 from __future__ import annotations
 
 import importlib

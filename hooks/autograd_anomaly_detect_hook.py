@@ -1,4 +1,5 @@
 """AutogradAnomalyDetectHook (iMIX): find the operation that produced a NaN in backward."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

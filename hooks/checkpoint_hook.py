@@ -1,4 +1,5 @@
 """CheckpointHook: periodic, best, last and published checkpoints (the seeds' parameters)."""
+
 from __future__ import annotations
 
 import re
@@ -42,6 +43,7 @@ from .hook import DataBatch, Hook
 if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
 
+
 @HOOKS.register_module()
 class CheckpointHook(Hook, CheckpointSaver):
     """Save checkpoints; only rank 0 touches files, every rank takes part in assembling them.
@@ -84,19 +86,28 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     priority = "VERY_LOW"
 
-    def __init__(self, interval: int | str = -1, by_epoch: bool = True,
-                 save_optimizer: bool = True,
-                 save_param_scheduler: bool = True, out_dir: str | None = None,
-                 max_keep_ckpts: int = -1, save_last: bool = True,
-                 save_best: str | Sequence[str] | None = None,
-                 rule: str | Sequence[str] | None = None,
-                 greater_keys: Sequence[str] | None = None,
-                 less_keys: Sequence[str] | None = None,
-                 filename_tmpl: str | None = None,
-                 published_keys: str | Sequence[str] | None = None,
-                 save_begin: int = 0, save_topk: int = 1, async_save: bool = False,
-                 backend_args: dict | None = None, file_client_args: dict | None = None,
-                 create_symlink: bool | None = None) -> None:
+    def __init__(
+        self,
+        interval: int | str = -1,
+        by_epoch: bool = True,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        out_dir: str | None = None,
+        max_keep_ckpts: int = -1,
+        save_last: bool = True,
+        save_best: str | Sequence[str] | None = None,
+        rule: str | Sequence[str] | None = None,
+        greater_keys: Sequence[str] | None = None,
+        less_keys: Sequence[str] | None = None,
+        filename_tmpl: str | None = None,
+        published_keys: str | Sequence[str] | None = None,
+        save_begin: int = 0,
+        save_topk: int = 1,
+        async_save: bool = False,
+        backend_args: dict | None = None,
+        file_client_args: dict | None = None,
+        create_symlink: bool | None = None,
+    ) -> None:
         check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
         self.async_save = async_save
         # what a save's commit does (rank 0), by file name: move the pointer, remove old files
@@ -110,9 +121,12 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.out_dir_arg = out_dir
         check_storage_options("CheckpointHook", out_dir, backend_args, file_client_args)
         if create_symlink is not None:
-            warnings.warn("CheckpointHook: create_symlink (MMCV's) is ignored: "
-                          "work_dir/last_checkpoint names the newest checkpoint", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "CheckpointHook: create_symlink (MMCV's) is ignored: "
+                "work_dir/last_checkpoint names the newest checkpoint",
+                UserWarning,
+                stacklevel=2,
+            )
         self.backend_args = backend_args
         self.remote: RemoteCopies | None = None
         self.max_keep_ckpts = int(max_keep_ckpts)
@@ -141,8 +155,10 @@ class CheckpointHook(Hook, CheckpointSaver):
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
             return rule
-        raise ArgumentError("rule", f"cannot tell whether a larger {key!r} is better: set "
-                                         f"rule='greater' or rule='less'")
+        raise ArgumentError(
+            "rule",
+            f"cannot tell whether a larger {key!r} is better: set rule='greater' or rule='less'",
+        )
 
     def before_train(self, runner: RunnerAPI) -> None:
         names = runner.val_metric_names()  # checked now, not after the first epoch
@@ -153,23 +169,34 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.out_dir_arg and is_remote(self.out_dir_arg):  # copies go there, files stay here
             self.out_dir = work_dir
             if runner.rank == 0 and self.remote is None:
-                self.remote = RemoteCopies(run_folder(self.out_dir_arg, work_dir),
-                                           self.backend_args, runner.logger)
+                self.remote = RemoteCopies(
+                    run_folder(self.out_dir_arg, work_dir), self.backend_args, runner.logger
+                )
         else:
-            self.out_dir = Path(run_folder(self.out_dir_arg, work_dir)).expanduser().resolve() \
-                if self.out_dir_arg else work_dir
+            self.out_dir = (
+                Path(run_folder(self.out_dir_arg, work_dir)).expanduser().resolve()
+                if self.out_dir_arg
+                else work_dir
+            )
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             # a write that a crash or SIGKILL interrupted left a checkpoint-sized temporary
             count, size = remove_stale_temporaries(self.out_dir)
             count += remove_orphan_shards(self.out_dir)  # shards no manifest names
             if count:
-                runner.logger.info("removed %d interrupted checkpoint write(s) from %s (%.1f "
-                                   "MB)", count, self.out_dir, size / 1e6)
+                runner.logger.info(
+                    "removed %d interrupted checkpoint write(s) from %s (%.1f MB)",
+                    count,
+                    self.out_dir,
+                    size / 1e6,
+                )
         if self.every.kind == "epoch" and not runner.by_epoch:
-            runner.logger.warning("CheckpointHook: by_epoch is True but training is "
-                                  "iteration-based: set by_epoch=False to save every %s "
-                                  "iterations", self.interval)
+            runner.logger.warning(
+                "CheckpointHook: by_epoch is True but training is "
+                "iteration-based: set by_epoch=False to save every %s "
+                "iterations",
+                self.interval,
+            )
         self.every.start_clock()
 
     # -- periodic ------------------------------------------------------------------------------
@@ -177,8 +204,13 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.every.due_after_epoch(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.epoch + 1))
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: dict | None = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if self.async_save:
             runner.checkpoints.poll()  # commits a background save every rank has finished
         if self.every.kind == "time":  # rank 0's clock decides; the request makes ranks agree
@@ -199,14 +231,25 @@ class CheckpointHook(Hook, CheckpointSaver):
             runner.logger.info("saved %s (%s)", name, reason)
         return self.out_dir / name
 
-    def _save(self, runner: RunnerAPI, filename: str, meta: dict | None = None,
-              point: bool = False, remove: Sequence[str] = ()) -> Path:
+    def _save(
+        self,
+        runner: RunnerAPI,
+        filename: str,
+        meta: dict | None = None,
+        point: bool = False,
+        remove: Sequence[str] = (),
+    ) -> Path:
         """Save ``filename``; when it commits, point ``last_checkpoint`` at it (``point``) and
         remove the files it replaces (``remove``): never before it is safely written."""
         self._on_commit[filename] = (point, list(remove))
-        return runner.save_checkpoint(self.out_dir, filename, save_optimizer=self.save_optimizer,
-                                      save_param_scheduler=self.save_param_scheduler, meta=meta,
-                                      asynchronous=self.async_save)
+        return runner.save_checkpoint(
+            self.out_dir,
+            filename,
+            save_optimizer=self.save_optimizer,
+            save_param_scheduler=self.save_param_scheduler,
+            meta=meta,
+            asynchronous=self.async_save,
+        )
 
     def after_save_checkpoint(self, runner: RunnerAPI, path: Path, checkpoint: dict) -> None:
         point, remove = self._on_commit.pop(Path(path).name, (False, []))
@@ -216,8 +259,9 @@ class CheckpointHook(Hook, CheckpointSaver):
             point_at(path, self.out_dir, runner.work_dir)
         if self.remote is not None:
             self.remote.upload(self._parts(Path(path)))
-            self.remote.remove([part.name for name in remove
-                                for part in self._parts(self.out_dir / name)])
+            self.remote.remove(
+                [part.name for name in remove for part in self._parts(self.out_dir / name)]
+            )
         for name in remove:
             remove_checkpoint(self.out_dir / name)
 
@@ -246,8 +290,10 @@ class CheckpointHook(Hook, CheckpointSaver):
         for key, rule in zip(self.save_best, self.rules, strict=True):
             require_metric("save_best", key, metrics)
             value = float(metrics[key])
-            top = self.top.setdefault(key, [[self.best_scores[key], self.best_files[key]]]
-                                      if key in self.best_files else [])
+            top = self.top.setdefault(
+                key,
+                [[self.best_scores[key], self.best_files[key]]] if key in self.best_files else [],
+            )
             better = (lambda a, b: a > b) if rule == "greater" else (lambda a, b: a < b)
             if len(top) >= self.save_topk and not better(value, top[-1][0]):
                 continue
@@ -255,14 +301,19 @@ class CheckpointHook(Hook, CheckpointSaver):
             name = f"best_{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}_{unit}_{n}.pth"
             place = next((i for i, (score, _) in enumerate(top) if better(value, score)), len(top))
             top.insert(place, [value, name])
-            dropped = [f for _, f in top[self.save_topk:] if f != name]
-            del top[self.save_topk:]
+            dropped = [f for _, f in top[self.save_topk :] if f != name]
+            del top[self.save_topk :]
             self.best_scores[key], self.best_files[key] = top[0]
             runner.message_hub.update_info(f"best_score/{key}", top[0][0])
             self._save(runner, name, meta={"best": {key: value}}, remove=dropped)
             if runner.rank == 0:
-                runner.logger.info("%s %s = %.4f: saved %s", "new best" if place == 0 else
-                                   f"top-{self.save_topk}", key, value, name)
+                runner.logger.info(
+                    "%s %s = %.4f: saved %s",
+                    "new best" if place == 0 else f"top-{self.save_topk}",
+                    key,
+                    value,
+                    name,
+                )
 
     # -- end of training -----------------------------------------------------------------------
     def after_train(self, runner: RunnerAPI) -> None:
@@ -277,8 +328,9 @@ class CheckpointHook(Hook, CheckpointSaver):
             self._save(runner, "last.pth", point=True)
         runner.checkpoints.wait()  # an asynchronous save commits before anything reads it
         if self.published_keys and runner.rank == 0:
-            names = ([self.last_file] if self.save_last and self.last_file else []) \
-                + list(self.best_files.values())
+            names = ([self.last_file] if self.save_last and self.last_file else []) + list(
+                self.best_files.values()
+            )
             for name in dict.fromkeys(names):
                 published = self.publish(self.out_dir / name)
                 self.published.append(published.name)
@@ -291,9 +343,13 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.remote is not None:
             failed = self.remote.wait()
             if failed:
-                runner.logger.error("%d of the copies to out_dir %s failed (the files are in "
-                                    "%s): %s", len(failed), redact_url(self.remote.uri),
-                                    self.out_dir, "; ".join(failed[:3]))
+                runner.logger.error(
+                    "%d of the copies to out_dir %s failed (the files are in %s): %s",
+                    len(failed),
+                    redact_url(self.remote.uri),
+                    self.out_dir,
+                    "; ".join(failed[:3]),
+                )
 
     def publish(self, path: Path) -> Path:
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
@@ -301,20 +357,29 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     def saved_files(self) -> dict[str, list[Path]]:
         """The checkpoints a finished run keeps: ``last``, ``best`` and ``published`` (rank 0)."""
+
         def existing(names: list) -> list[Path]:
             return [self.out_dir / n for n in names if n and (self.out_dir / n).is_file()]
+
         best = [f for top in self.top.values() for _, f in top] or list(self.best_files.values())
-        return {"last": existing([self.last_file] if self.save_last else []),
-                "best": existing(best),
-                "published": existing(self.published)}
+        return {
+            "last": existing([self.last_file] if self.save_last else []),
+            "best": existing(best),
+            "published": existing(self.published),
+        }
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"best_scores": dict(self.best_scores), "best_files": dict(self.best_files),
-                "top": {k: [list(e) for e in v] for k, v in self.top.items()},
-                "kept": list(self.kept), "last_file": self.last_file,
-                "last_saved_iter": self.last_saved_iter, "save_best": list(self.save_best),
-                "rules": list(self.rules)}
+        return {
+            "best_scores": dict(self.best_scores),
+            "best_files": dict(self.best_files),
+            "top": {k: [list(e) for e in v] for k, v in self.top.items()},
+            "kept": list(self.kept),
+            "last_file": self.last_file,
+            "last_saved_iter": self.last_saved_iter,
+            "save_best": list(self.save_best),
+            "rules": list(self.rules),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.best_scores = dict(state.get("best_scores", {}))

@@ -27,8 +27,9 @@ def publish_checkpoint(path: Path, keys: Sequence[str]) -> Path:
     if SHARDED in ckpt and "state_dict" in keys:
         ckpt["state_dict"] = full_weights(path, ckpt)  # one deployable file from the shards
         average = ckpt.get("ema_state_dict", {})  # deploy the average, as MMEngine's layout
-        ckpt["state_dict"].update({k: average[f"module.{k}"] for k in ckpt["state_dict"]
-                                   if f"module.{k}" in average})
+        ckpt["state_dict"].update(
+            {k: average[f"module.{k}"] for k in ckpt["state_dict"] if f"module.{k}" in average}
+        )
     slim = {k: ckpt[k] for k in keys if k in ckpt}
     tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]

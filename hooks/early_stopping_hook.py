@@ -1,4 +1,5 @@
 """EarlyStoppingHook: stop training when a validation metric stops improving."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,6 @@ from .hook import Hook
 
 if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
-
 
 
 @HOOKS.register_module()
@@ -37,14 +37,24 @@ class EarlyStoppingHook(Hook):
 
     priority = "LOWEST"  # MMEngine's: after every other hook has seen the metrics
 
-    def __init__(self, monitor: str, rule: str | None = None, min_delta: float = 0.1,
-                 strict: bool = False, check_finite: bool = True, patience: int = 5,
-                 stopping_threshold: float | None = None) -> None:
+    def __init__(
+        self,
+        monitor: str,
+        rule: str | None = None,
+        min_delta: float = 0.1,
+        strict: bool = False,
+        check_finite: bool = True,
+        patience: int = 5,
+        stopping_threshold: float | None = None,
+    ) -> None:
         if rule is None:
             rule = infer_rule(monitor)
             if rule is None:
-                raise ArgumentError("rule", f"cannot tell whether a larger {monitor!r} is "
-                                                 f"better: set rule='greater' or rule='less'")
+                raise ArgumentError(
+                    "rule",
+                    f"cannot tell whether a larger {monitor!r} is "
+                    f"better: set rule='greater' or rule='less'",
+                )
         if rule not in ("greater", "less"):
             raise ArgumentError("rule", f"unknown rule {rule!r}: use 'greater' or 'less'")
         if int(patience) < 1:
@@ -66,8 +76,11 @@ class EarlyStoppingHook(Hook):
     def _reached(self, value: float) -> bool:
         if self.stopping_threshold is None:
             return False
-        return value >= self.stopping_threshold if self.rule == "greater" \
+        return (
+            value >= self.stopping_threshold
+            if self.rule == "greater"
             else value <= self.stopping_threshold
+        )
 
     def before_train(self, runner: RunnerAPI) -> None:
         # a monitor the metrics do not report would never stop anything: say so now
@@ -81,25 +94,33 @@ class EarlyStoppingHook(Hook):
                 require_metric("monitor", self.monitor, metrics)
             if not self._warned:
                 self._warned = True
-                runner.logger.warning("EarlyStoppingHook: %r is not among the validation metrics "
-                                      "(%s); not stopping early", self.monitor, ", ".join(metrics))
+                runner.logger.warning(
+                    "EarlyStoppingHook: %r is not among the validation metrics "
+                    "(%s); not stopping early",
+                    self.monitor,
+                    ", ".join(metrics),
+                )
             return
         value = float(metrics[self.monitor])
         if self.check_finite and not math.isfinite(value):
             runner.request_stop(f"early stopping: {self.monitor} is {value}")
             return
         if self._reached(value):
-            runner.request_stop(f"early stopping: {self.monitor} = {value:.4f} reached "
-                                f"stopping_threshold {self.stopping_threshold}")
+            runner.request_stop(
+                f"early stopping: {self.monitor} = {value:.4f} reached "
+                f"stopping_threshold {self.stopping_threshold}"
+            )
             return
         if self._improved(value):
             self.best_score, self.wait_count = value, 0
             return
         self.wait_count += 1
         if self.wait_count >= self.patience:
-            runner.request_stop(f"early stopping: {self.monitor} has not improved by more than "
-                                f"{self.min_delta} for {self.wait_count} validations (best "
-                                f"{self.best_score:.4f})")
+            runner.request_stop(
+                f"early stopping: {self.monitor} has not improved by more than "
+                f"{self.min_delta} for {self.wait_count} validations (best "
+                f"{self.best_score:.4f})"
+            )
 
     def state_dict(self) -> dict:
         return {"best_score": self.best_score, "wait_count": self.wait_count}

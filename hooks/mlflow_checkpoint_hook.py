@@ -1,4 +1,5 @@
 """MLflowCheckpointHook: the run's kept checkpoints as artifacts of its MLflow run."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -27,8 +28,11 @@ class MLflowCheckpointHook(Hook):
 
     priority = "LOWEST"
 
-    def __init__(self, kinds: tuple[str, ...] = ("last", "best", "published"),
-                 artifact_path: str = "checkpoints") -> None:
+    def __init__(
+        self,
+        kinds: tuple[str, ...] = ("last", "best", "published"),
+        artifact_path: str = "checkpoints",
+    ) -> None:
         self.kinds = tuple(kinds)
         self.artifact_path = artifact_path
         self.uploaded: list[str] = []
@@ -39,9 +43,11 @@ class MLflowCheckpointHook(Hook):
         checkpoint_hook = runner.get_hook("checkpoint")
         sink = runner.sinks.of_type(MLflowSink)
         if sink is None or checkpoint_hook is None or not hasattr(checkpoint_hook, "saved_files"):
-            runner.logger.warning("MLflowCheckpointHook needs an 'mlflow' sink "
-                                  "(default_hooks.logger.sinks) and default_hooks.checkpoint: "
-                                  "nothing uploaded")
+            runner.logger.warning(
+                "MLflowCheckpointHook needs an 'mlflow' sink "
+                "(default_hooks.logger.sinks) and default_hooks.checkpoint: "
+                "nothing uploaded"
+            )
             return
         files = checkpoint_hook.saved_files()
         for kind in self.kinds:

@@ -1,4 +1,5 @@
 """PrepareTTAHook: test with test-time augmentation."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,12 @@ class PrepareTTAHook(Hook):
         self.tta_cfg.setdefault("type", "TTAModel")
         with argument_errors():
             cls = MODELS.resolve(self.tta_cfg["type"], "tta_cfg")
-            check_arguments(cls, {k: v for k, v in self.tta_cfg.items() if k != "type"},
-                            "tta_cfg", supplied=["module"])
+            check_arguments(
+                cls,
+                {k: v for k, v in self.tta_cfg.items() if k != "type"},
+                "tta_cfg",
+                supplied=["module"],
+            )
         self._original: Any = None
 
     def before_test(self, runner: RunnerAPI) -> None:
@@ -42,8 +47,11 @@ class PrepareTTAHook(Hook):
             raise ArgumentError("tta_cfg", "did not build a model")
         runner.wrapped_model = wrapped
         if isinstance(wrapped, TTAModel):
-            runner.logger.info("testing with %d augmented views merged by %s",
-                               len(wrapped.transforms), wrapped.merge)
+            runner.logger.info(
+                "testing with %d augmented views merged by %s",
+                len(wrapped.transforms),
+                wrapped.merge,
+            )
 
     def after_test(self, runner: RunnerAPI) -> None:
         if self._original is not None:

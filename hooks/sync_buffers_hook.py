@@ -1,4 +1,5 @@
 """SyncBuffersHook: one set of BatchNorm statistics for all ranks."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

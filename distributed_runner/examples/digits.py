@@ -3,6 +3,7 @@
 Used by ``configs/digits_cnn.py`` through ``custom_imports``. Needs ``scikit-learn`` (the
 ``examples`` extra).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,9 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the digits example needs scikit-learn: pip install "
-                          "'distributed-runner[examples]'") from e
+        raise ImportError(
+            "the digits example needs scikit-learn: pip install 'distributed-runner[examples]'"
+        ) from e
     data = load_digits()
     images = (data.images.astype(np.float32) / 16.0)[:, None]
     return images, data.target.astype(np.int64)
@@ -36,8 +38,13 @@ class DigitsDataset(Dataset):
     classifier takes ``pixel_values``).
     """
 
-    def __init__(self, split: str = "train", val_fraction: float = 0.2, split_seed: int = 0,
-                 inputs_key: str = "inputs") -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        inputs_key: str = "inputs",
+    ) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
         images, labels = load_digits_arrays()
@@ -68,8 +75,9 @@ class DigitsCNN(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.fc2 = nn.Linear(64, num_classes)
 
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None,
-                mode: str = "predict") -> dict | torch.Tensor:
+    def forward(
+        self, inputs: torch.Tensor, labels: torch.Tensor | None = None, mode: str = "predict"
+    ) -> dict | torch.Tensor:
         if inputs.dim() == 2:  # flat 64-pixel rows (the Parquet copy of the data)
             inputs = inputs.view(-1, 1, 8, 8)
         x = F.relu(self.bn1(self.conv1(inputs)))

@@ -7,6 +7,7 @@ and renamed — so a crash cannot damage what was written, and a resumed run app
 logs again the steps between its checkpoint and the crash; :func:`read_scalars` keeps, for every
 (mode, tag, step), the row of the latest attempt (exact resume makes them equal anyway).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ class ParquetSink(LogSink):
     def write(self, record: LogRecord) -> None:
         now = time.time()
         for tag, value in record.scalars.items():
-            self._rows.append((record.mode, tag, record.step, record.epoch, float(value), now,
-                               self._attempt))
+            self._rows.append(
+                (record.mode, tag, record.step, record.epoch, float(value), now, self._attempt)
+            )
         if len(self._rows) >= self.rows_per_file:
             self.flush()
 
@@ -75,14 +77,22 @@ def read_scalars(work_dir: str | os.PathLike, folder: str = "logs/scalars") -> A
     path = Path(work_dir) / folder
     parts = sorted(path.glob("part-*.parquet"))
     if not parts:
-        raise FileNotFoundError(f"no Parquet scalars under {path}: was ParquetSink configured "
-                                f"(LoggerHook(sinks=[..., 'parquet']))?")
+        raise FileNotFoundError(
+            f"no Parquet scalars under {path}: was ParquetSink configured "
+            f"(LoggerHook(sinks=[..., 'parquet']))?"
+        )
     table = pa.concat_tables(pq.read_table(p) for p in parts)
     # latest attempt wins for every (mode, tag, step)
     table = table.sort_by([("attempt", "descending")])
-    keys = [f"{m}\x00{t}\x00{s}" for m, t, s in zip(table["mode"].to_pylist(),
-                                                      table["tag"].to_pylist(),
-                                                      table["step"].to_pylist(), strict=True)]
+    keys = [
+        f"{m}\x00{t}\x00{s}"
+        for m, t, s in zip(
+            table["mode"].to_pylist(),
+            table["tag"].to_pylist(),
+            table["step"].to_pylist(),
+            strict=True,
+        )
+    ]
     seen: set[str] = set()
     keep = []
     for i, key in enumerate(keys):

@@ -13,6 +13,7 @@ checkpoint is written, so a resumed run finds every record up to its checkpoint.
 builds real sinks; on the other ranks the set is empty and every call is free. A sink that fails
 is reported once and skipped; the others still write.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,9 +82,14 @@ class SinkSet:
     def _failed(self, i: int, key: str, sink: LogSink, exc: Exception) -> None:
         self._failures[i] = self._failures.get(i, 0) + 1
         if self._failures[i] == 1:
-            _log.warning("sink %s failed (%s: %s; configured at %s); it is skipped for this "
-                         "record and later failures are only counted", type(sink).__name__,
-                         type(exc).__name__, exc, key)
+            _log.warning(
+                "sink %s failed (%s: %s; configured at %s); it is skipped for this "
+                "record and later failures are only counted",
+                type(sink).__name__,
+                type(exc).__name__,
+                exc,
+                key,
+            )
 
     # -- lifecycle (the Runner's) ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -98,8 +104,13 @@ class SinkSet:
                 self.close("FAILED")
                 raise
             except Exception as exc:  # noqa: BLE001 - a sink that cannot open is left out
-                _log.warning("sink %s (%s) could not open (%s: %s); this run goes on without it",
-                             type(sink).__name__, key, type(exc).__name__, exc)
+                _log.warning(
+                    "sink %s (%s) could not open (%s: %s); this run goes on without it",
+                    type(sink).__name__,
+                    key,
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             self._open.append((key, sink))
         outcome = "FAILED"
@@ -118,21 +129,33 @@ class SinkSet:
             try:
                 sink.finish(outcome)
             except Exception as exc:  # noqa: BLE001
-                _log.warning("sink %s (%s) failed to record the outcome %s: %s: %s",
-                             type(sink).__name__, key, outcome, type(exc).__name__, exc)
+                _log.warning(
+                    "sink %s (%s) failed to record the outcome %s: %s: %s",
+                    type(sink).__name__,
+                    key,
+                    outcome,
+                    type(exc).__name__,
+                    exc,
+                )
         for key, sink in self._open:
             try:
                 sink.close()
             except Exception as exc:  # noqa: BLE001
-                _log.warning("sink %s (%s) failed to close: %s: %s", type(sink).__name__, key,
-                             type(exc).__name__, exc)
+                _log.warning(
+                    "sink %s (%s) failed to close: %s: %s",
+                    type(sink).__name__,
+                    key,
+                    type(exc).__name__,
+                    exc,
+                )
         self._open = []
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> list:
         """Per sink, what must survive resume (the MLflow run id), or None."""
-        return [sink.state_dict() if hasattr(sink, "state_dict") else None
-                for _, sink in self._sinks]
+        return [
+            sink.state_dict() if hasattr(sink, "state_dict") else None for _, sink in self._sinks
+        ]
 
     def load_state_dict(self, states: Sequence[Any]) -> None:
         # not strict: a resumed run may name more sinks than its checkpoint (those start fresh)

@@ -24,6 +24,7 @@ backends). Optional: ``pip install wandb`` (the project's ``wandb`` extra).
   resumes, which is loaded after the sinks open): ``wandb.init`` takes 1-3 s here, once, inside
   that step. After it, ``log`` hands the values to W&B's own background process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -48,24 +49,43 @@ RUN_FILE = "wandb_run.json"
 class WandbSink(LogSink):
     """See the module docstring."""
 
-    def __init__(self, project: str | None = None, entity: str | None = None,
-                 name: str | None = None, group: str | None = None,
-                 tags: Sequence[str] | None = None, mode: str | None = None,
-                 dir: str | None = None, init_kwargs: dict | None = None) -> None:
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        tags: Sequence[str] | None = None,
+        mode: str | None = None,
+        dir: str | None = None,
+        init_kwargs: dict | None = None,
+    ) -> None:
         try:  # checked here: a config naming it fails when the Runner is built, not mid-run
             importlib.import_module("wandb")
         except ImportError as e:
-            raise ArgumentError("", "the wandb sink needs the wandb package: pip install wandb "
-                                    "(or the project's extra: pip install -e '.[wandb]')") from e
+            raise ArgumentError(
+                "",
+                "the wandb sink needs the wandb package: pip install wandb "
+                "(or the project's extra: pip install -e '.[wandb]')",
+            ) from e
         if mode not in (None, "online", "offline", "disabled"):
             raise ArgumentError("mode", f"{mode!r}: use 'online', 'offline' or 'disabled'")
-        self.settings = {"project": project, "entity": entity, "name": name, "group": group,
-                         "tags": list(tags) if tags else None, "mode": mode, "dir": dir}
+        self.settings = {
+            "project": project,
+            "entity": entity,
+            "name": name,
+            "group": group,
+            "tags": list(tags) if tags else None,
+            "mode": mode,
+            "dir": dir,
+        }
         self.init_kwargs = dict(init_kwargs or {})
         clash = sorted(set(self.init_kwargs) & (set(self.settings) | {"id", "resume", "config"}))
         if clash:
-            raise ArgumentError(f"init_kwargs.{clash[0]}", "set by the sink (or its own "
-                                                           "argument of that name): remove it")
+            raise ArgumentError(
+                f"init_kwargs.{clash[0]}",
+                "set by the sink (or its own argument of that name): remove it",
+            )
         self.run_id: str | None = None  # restored from a checkpoint through LoggerHook
         self._run: Any = None
         self._outcome = "FINISHED"
@@ -98,9 +118,15 @@ class WandbSink(LogSink):
         self._run = wandb.init(config=self._config, **settings, **resume, **self.init_kwargs)
         if self.run_id != self._run.id:
             self.run_id = self._run.id
-            (self.work_dir / RUN_FILE).write_text(json.dumps(
-                {"run_id": self.run_id, "project": settings["project"],
-                 "mode": self.settings["mode"] or "default"}))
+            (self.work_dir / RUN_FILE).write_text(
+                json.dumps(
+                    {
+                        "run_id": self.run_id,
+                        "project": settings["project"],
+                        "mode": self.settings["mode"] or "default",
+                    }
+                )
+            )
 
     def write(self, record: LogRecord) -> None:
         if self._run is None:
