@@ -9,6 +9,7 @@ only :mod:`.version`, which imports nothing; ``Runner`` and ``Config`` are impor
 Runner and, through its hook builder, ``hooks`` — which is being imported at that moment.
 ``tests/unit/test_import_layers.py`` checks both rules.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,10 @@ def __getattr__(name: str) -> Any:
     """``Runner`` and ``Config`` on first use; see the module docstring for why not eagerly."""
     if name == "Runner":
         from .runner import Runner
+
         return Runner
     if name == "Config":
         from .config import Config
+
         return Config
     raise AttributeError(f"module 'distributed_runner' has no attribute {name!r}")

@@ -13,6 +13,7 @@ Without ``update_buffers`` the buffers (BatchNorm statistics) are copied from th
 is what the averaged weights are evaluated with. All three are registered in ``MODELS``; a
 custom average subclasses :class:`BaseAveragedModel` and implements ``avg_func``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,28 +30,40 @@ from .sharding import ShardedCopy, is_sharded
 class BaseAveragedModel:
     """A frozen copy of ``model`` and the update rule; ``state_dict`` holds weights and steps."""
 
-    def __init__(self, model: nn.Module, interval: int = 1, device: Any = None,
-                 update_buffers: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, interval: int = 1, device: Any = None, update_buffers: bool = False
+    ) -> None:
         if device is not None and is_sharded(model):
-            raise ConfigError("device", "an FSDP-sharded model's average stays on its shards' "
-                                        "device: leave the averaged model's device unset")
+            raise ConfigError(
+                "device",
+                "an FSDP-sharded model's average stays on its shards' "
+                "device: leave the averaged model's device unset",
+            )
         # an FSDP-sharded model cannot be deep-copied: its shards are copied instead
-        self.module = ShardedCopy(model) if is_sharded(model) else \
-            copy.deepcopy(model).requires_grad_(False)
-        if device is not None:
-            self.module.to(device)
+        self.module: nn.Module | ShardedCopy
+        if is_sharded(model):
+            self.module = ShardedCopy(model)
+        else:
+            self.module = copy.deepcopy(model).requires_grad_(False)
+            if device is not None:  # (refused above for a sharded model)
+                self.module.to(device)
         self.interval = int(interval)
         self.update_buffers = bool(update_buffers)
         self.steps = 0
         self._averaged = self._tensors(self.module, averaged_only=True)
         self._copied = self._tensors(self.module, averaged_only=False)
 
-    def _tensors(self, module: nn.Module, averaged_only: bool) -> dict[str, torch.Tensor]:
+    def _tensors(
+        self, module: nn.Module | ShardedCopy, averaged_only: bool
+    ) -> dict[str, torch.Tensor]:
         """The tensors that are averaged (``averaged_only``) or copied from the source."""
         params = dict(module.named_parameters())
         buffers = dict(module.named_buffers())
-        averaged = {k: v for k, v in {**params, **(buffers if self.update_buffers else {})}.items()
-                    if v.is_floating_point()}
+        averaged = {
+            k: v
+            for k, v in {**params, **(buffers if self.update_buffers else {})}.items()
+            if v.is_floating_point()
+        }
         if averaged_only:
             return averaged
         return {k: v for k, v in {**params, **buffers}.items() if k not in averaged}
@@ -85,12 +98,14 @@ class BaseAveragedModel:
         return [(source[name], tensor) for name, tensor in self._averaged.items()]
 
     def state_dict(self) -> dict:
-        return {"steps": torch.tensor(self.steps),
-                **{f"module.{k}": v for k, v in self.module.state_dict().items()}}
+        return {
+            "steps": torch.tensor(self.steps),
+            **{f"module.{k}": v for k, v in self.module.state_dict().items()},
+        }
 
     def load_state_dict(self, state: dict, strict: bool = True) -> list[str]:
         """Load; returns the missing/unexpected keys (raises on them when ``strict``)."""
-        weights = {k[len("module."):]: v for k, v in state.items() if k.startswith("module.")}
+        weights = {k[len("module.") :]: v for k, v in state.items() if k.startswith("module.")}
         result = self.module.load_state_dict(weights, strict=strict)
         self.steps = int(state.get("steps", 0))
         return list(result.missing_keys) + list(result.unexpected_keys)
@@ -98,8 +113,14 @@ class BaseAveragedModel:
 
 @MODELS.register_module()
 class ExponentialMovingAverage(BaseAveragedModel):
-    def __init__(self, model: nn.Module, momentum: float = 0.0002, interval: int = 1,
-                 device: Any = None, update_buffers: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        momentum: float = 0.0002,
+        interval: int = 1,
+        device: Any = None,
+        update_buffers: bool = False,
+    ) -> None:
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"momentum must be in (0, 1), got {momentum}")
         super().__init__(model, interval, device, update_buffers)
@@ -111,8 +132,15 @@ class ExponentialMovingAverage(BaseAveragedModel):
 
 @MODELS.register_module()
 class MomentumAnnealingEMA(ExponentialMovingAverage):
-    def __init__(self, model: nn.Module, momentum: float = 0.0002, gamma: int = 100,
-                 interval: int = 1, device: Any = None, update_buffers: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        momentum: float = 0.0002,
+        gamma: int = 100,
+        interval: int = 1,
+        device: Any = None,
+        update_buffers: bool = False,
+    ) -> None:
         super().__init__(model, momentum, interval, device, update_buffers)
         if gamma <= 0:
             raise ValueError(f"gamma must be > 0, got {gamma}")

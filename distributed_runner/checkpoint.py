@@ -38,12 +38,12 @@ torch reads the file, so verifying costs little wall time. A damaged file is
 something else) loads unverified. A write that fails for lack of space is one line too
 (:class:`CheckpointWriteError`), and the previous checkpoints stay as they were.
 """
+
 from __future__ import annotations
 
 import errno
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -51,9 +51,8 @@ import threading
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
-import numpy as np
 import torch
 
 from .errors import CheckpointWriteError, ConfigError
@@ -99,12 +98,13 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             writer = _ChecksumWriter(f)
-            torch.save(obj, writer)
+            torch.save(obj, cast(IO[bytes], writer))  # it needs write() and flush() only
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        atomic_write_text(json.dumps({"crc32": f"{writer.crc:08x}", "size": writer.size}),
-                          checksum_path(path))
+        atomic_write_text(
+            json.dumps({"crc32": f"{writer.crc:08x}", "size": writer.size}), checksum_path(path)
+        )
         _sync_folder(path.parent)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
@@ -113,12 +113,13 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             raise CheckpointWriteError(
                 f"no space left on device writing {path.name} in {path.parent} ({free:.0f} MiB "
                 f"free); the checkpoints written before it are intact: free space (or lower "
-                f"max_keep_ckpts) and resume") from None
+                f"max_keep_ckpts) and resume"
+            ) from None
         raise
     return path
 
 
-def _out_of_space(exc: BaseException) -> bool:
+def _out_of_space(exc: BaseException | None) -> bool:
     """ENOSPC, also when torch's zip writer reports it as 'unexpected pos' (the OSError is
     its context)."""
     while exc is not None:
@@ -188,28 +189,42 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
     expected = _recorded_checksum(p)
     size = p.stat().st_size
     if expected is not None and size != expected["size"]:
-        raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {size} bytes, "
-                                     f"{expected['size']} when it was written (truncated?)")
+        raise CheckpointDamaged(
+            key,
+            f"{str(p)!r} is damaged: {size} bytes, "
+            f"{expected['size']} when it was written (truncated?)",
+        )
     found: dict = {}
-    verifier = threading.Thread(target=_file_crc32, args=(p, found), daemon=True) \
-        if expected is not None else None
+    verifier = (
+        threading.Thread(target=_file_crc32, args=(p, found), daemon=True)
+        if expected is not None
+        else None
+    )
     if verifier is not None:
         verifier.start()
     try:
         with warnings.catch_warnings():  # torch's pickle-protocol warning asks to file an issue
             warnings.simplefilter("ignore", UserWarning)
             ckpt = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # pickle errors, truncated files, foreign formats
-        raise CheckpointDamaged(key, f"{str(p)!r} is not a loadable checkpoint "
-                                     f"({_load_error_reason(e)}); pass a .pth written by "
-                                     f"CheckpointHook or torch.save(state_dict)") from None
+    # any exception: torch.load raises many types for a damaged file (pickle errors, EOFError,
+    # zip errors, RuntimeError for foreign formats); each becomes one CheckpointDamaged
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointDamaged(
+            key,
+            f"{str(p)!r} is not a loadable checkpoint "
+            f"({_load_error_reason(e)}); pass a .pth written by "
+            f"CheckpointHook or torch.save(state_dict)",
+        ) from None
     finally:
         if verifier is not None:
             verifier.join()
     if expected is not None and found.get("crc32") != expected["crc32"]:
-        raise CheckpointDamaged(key, f"{str(p)!r} is damaged: its CRC-32 is "
-                                     f"{found.get('crc32')}, {expected['crc32']} when it was "
-                                     f"written (bit rot or an overwrite); it was not loaded")
+        raise CheckpointDamaged(
+            key,
+            f"{str(p)!r} is damaged: its CRC-32 is "
+            f"{found.get('crc32')}, {expected['crc32']} when it was "
+            f"written (bit rot or an overwrite); it was not loaded",
+        )
     if not isinstance(ckpt, dict):
         raise ConfigError(key, f"{str(p)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
     if SHARDED in ckpt:  # a manifest: its shard files must all be there, whole
@@ -236,8 +251,7 @@ def _load_error_reason(exc: Exception) -> str:
     if glob:
         return f"it asks to run code ({glob.group(1)}), which is refused"
     if "Unpickler error" in text or "Unsupported operand" in text:
-        return "its pickle holds instructions other than tensors and plain data, which are " \
-               "refused"
+        return "its pickle holds instructions other than tensors and plain data, which are refused"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(exc).__name__]
     reason = lines[0]
     for advice in ("Please file an issue", "weights_only", "If you trust"):
@@ -273,37 +287,9 @@ def read_pointer(folder: str | os.PathLike) -> Path | None:
     return found.resolve() if found is not None else None
 
 
-def capture_rng() -> dict:
-    """This process's generator states, as tensors and plain containers."""
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                  "cached_gaussian": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    """Inverse of :func:`capture_rng`."""
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
-
-
-def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.PathLike,
-                 strict: bool = True) -> None:
+def load_weights(
+    model: torch.nn.Module, state: dict, key: str, path: str | os.PathLike, strict: bool = True
+) -> None:
     """``model.load_state_dict(state)``; a checkpoint of another model is one line naming the
     first tensors that differ (torch's message lists every one, over dozens of lines)."""
     try:
@@ -313,21 +299,28 @@ def load_weights(model: torch.nn.Module, state: dict, key: str, path: str | os.P
             model.load_state_dict(state, strict=strict)
     except RuntimeError:
         own = model.state_dict()
-        shapes = [f"{k} {list(v.shape)} in the checkpoint, {list(own[k].shape)} in the model"
-                  for k, v in state.items()
-                  if k in own and hasattr(v, "shape") and tuple(v.shape) != tuple(own[k].shape)]
+        shapes = [
+            f"{k} {list(v.shape)} in the checkpoint, {list(own[k].shape)} in the model"
+            for k, v in state.items()
+            if k in own and hasattr(v, "shape") and tuple(v.shape) != tuple(own[k].shape)
+        ]
         missing = [k for k in own if k not in state] if strict else []
         unexpected = [k for k in state if k not in own] if strict else []
 
         def first(items: list[str], n: int = 3) -> str:
-            return "; ".join(items[:n]) + (f"; ... ({len(items)} in all)" if len(items) > n
-                                           else "")
-        parts = ([f"shapes differ: {first(shapes)}"] if shapes else []) + \
-                ([f"missing in the checkpoint: {first(missing)}"] if missing else []) + \
-                ([f"not in the model: {first(unexpected)}"] if unexpected else [])
+            return "; ".join(items[:n]) + (f"; ... ({len(items)} in all)" if len(items) > n else "")
+
+        parts = (
+            ([f"shapes differ: {first(shapes)}"] if shapes else [])
+            + ([f"missing in the checkpoint: {first(missing)}"] if missing else [])
+            + ([f"not in the model: {first(unexpected)}"] if unexpected else [])
+        )
         differences = " | ".join(parts) or "load_state_dict failed"
-        raise ConfigError(key, f"{path} does not fit the model ({differences}): is it a "
-                               f"checkpoint of this config's model?") from None
+        raise ConfigError(
+            key,
+            f"{path} does not fit the model ({differences}): is it a "
+            f"checkpoint of this config's model?",
+        ) from None
 
 
 def model_state_from(ckpt: dict) -> dict:
@@ -336,12 +329,13 @@ def model_state_from(ckpt: dict) -> dict:
     # weights saved from a DDP-wrapped or a torch.compile'd model carry a prefix per wrapper
     for prefix in ("_orig_mod.", "module.", "_orig_mod."):
         if state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
+            state = {k[len(prefix) :]: v for k, v in state.items()}
     return state
 
 
-def load_state_dict(module: Any, state_dict: dict, strict: bool = False,
-                    logger: Any = None) -> None:
+def load_state_dict(
+    module: Any, state_dict: dict, strict: bool = False, logger: Any = None
+) -> None:
     """MMEngine's ``mmengine.runner.checkpoint.load_state_dict``, which downstream hooks call:
     load ``state_dict`` into ``module`` (a DDP wrapper's inner module); keys that do not match
     are an error with ``strict``, else a warning on the run's logger."""
@@ -350,12 +344,19 @@ def load_state_dict(module: Any, state_dict: dict, strict: bool = False,
 
     module = module.module if is_model_wrapper(module) else module
     result = module.load_state_dict(state_dict, strict=False)
-    problems = [f"{what}: {', '.join(keys)}" for what, keys in
-                (("missing keys", result.missing_keys), ("unexpected keys",
-                                                         result.unexpected_keys)) if keys]
+    problems = [
+        f"{what}: {', '.join(keys)}"
+        for what, keys in (
+            ("missing keys", result.missing_keys),
+            ("unexpected keys", result.unexpected_keys),
+        )
+        if keys
+    ]
     if problems and strict:
-        raise RuntimeError(f"state_dict does not fit {type(module).__name__}: "
-                           f"{'; '.join(problems)}")
+        raise RuntimeError(
+            f"state_dict does not fit {type(module).__name__}: {'; '.join(problems)}"
+        )
     if problems:
         (logger if hasattr(logger, "warning") else current_logger()).warning(
-            "state_dict does not fit %s: %s", type(module).__name__, "; ".join(problems))
+            "state_dict does not fit %s: %s", type(module).__name__, "; ".join(problems)
+        )

@@ -1,8 +1,8 @@
 """What a checkpoint holds: every part declared once, in :data:`PARTS`.
 
-Each :class:`Part` says what its key holds, whether every rank keeps its own (``per_rank``: the
-value is gathered from all ranks as ``{"ranks": [rank 0's, rank 1's, ...]}``), when it is there,
-who writes it, and how it is collected and restored. The table drives saving
+Each :class:`~.checkpoint_types.Part` says what its key holds, whether every rank keeps its own
+(``per_rank``: the value is gathered from all ranks as ``{"ranks": [rank 0's, rank 1's, ...]}``),
+when it is there, who writes it, and how it is collected and restored. The table drives saving
 (:func:`~.checkpoint_state.collect_training_state`), restoring
 (:func:`~.checkpoint_state.restore_training_state`), the keys CheckpointHook may publish
 (:data:`PUBLISHABLE_KEYS`) and the layout in :mod:`distributed_runner.checkpoint`'s docstring
@@ -13,121 +13,32 @@ The table's order is the order parts are collected and restored. It matters for 
 weights before the per-rank buffers that override them, the optimizer before the gradients of an
 unfinished accumulation window, the random states last (nothing after them draws a number).
 
-Collect and restore functions receive a :class:`CheckpointSubject` — the things they act on,
-read from the Runner in one place (:meth:`CheckpointSubject.of`) — never the Runner itself.
+Collect and restore functions receive a :class:`~.checkpoint_types.CheckpointSubject` — the
+things they act on, read from the Runner in one place (``CheckpointSubject.of``) — never the
+Runner itself.
 """
+
 from __future__ import annotations
 
-import logging
 import platform
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from .checkpoint import capture_rng, load_weights, model_state_from, restore_rng
+from .checkpoint import load_weights, model_state_from
+from .checkpoint_types import ABSENT, CheckpointSubject, LoadContext, Part, SaveOptions
 from .config import dumps_json
+from .randomness import capture_rng, restore_rng
 from .redact import redact
 from .sharded_checkpoint import SHARDED, load_shards
-from .sharding import full_model_state, full_optimizer_state, is_sharded, \
-    load_full_optimizer_state
+from .sharding import full_model_state, full_optimizer_state, is_sharded, load_full_optimizer_state
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .runner_api import RunnerAPI
-
-
-class _Absent:
-    """What a collect function returns to leave its part out of this checkpoint (None will not
-    do: the scaler's state is None without AMP, and the key is kept)."""
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT = _Absent()
-
-
-@dataclass
-class CheckpointSubject:
-    """What a checkpoint is taken of and restored into (built anew for every save and load,
-    so a hook that replaced ``runner.param_schedulers`` is seen)."""
-
-    model: nn.Module
-    optim_wrapper: Any  # OptimWrapper, None when nothing trains
-    param_schedulers: list
-    message_hub: Any
-    hooks: dict[str, Any]  # registered name -> stateful hook
-    sinks: Any
-    train_loop: Any  # None when nothing trains
-    train_state: Any  # the loop's TrainState (its position)
-    rank: int
-    world_size: int
-    logger: logging.Logger
-    seed: int
-    experiment_name: str
-    cfg: Any
-    strategy: Any  # sharded_checkpoint.writes_shards reads its 'checkpoint'
-
-    def optimizer(self) -> Any:
-        """The torch optimizer inside the wrapper, or None when nothing trains."""
-        return self.optim_wrapper.optimizer if self.optim_wrapper is not None else None
-
-    @classmethod
-    def of(cls, runner: RunnerAPI) -> CheckpointSubject:
-        """The one place that reads a Runner for checkpoints."""
-        return cls(model=runner.model, optim_wrapper=runner.optim_wrapper,
-                   param_schedulers=runner.param_schedulers, message_hub=runner.message_hub,
-                   hooks=runner.stateful_hooks(), sinks=runner.sinks,
-                   train_loop=runner.train_loop, train_state=runner.train_state,
-                   rank=runner.rank, world_size=runner.world_size, logger=runner.logger,
-                   seed=runner.seed, experiment_name=runner.experiment_name, cfg=runner.cfg,
-                   strategy=runner.strategy)
-
-    def position(self) -> dict:
-        """What training has completed (empty when nothing trains)."""
-        return self.train_state.position() if self.train_loop is not None else {}
-
-
-@dataclass(frozen=True)
-class SaveOptions:
-    """A save's choices: CheckpointHook's ``save_optimizer``/``save_param_scheduler``, its
-    ``meta`` additions, and whether the weights go in the file (not when sharded)."""
-
-    save_optimizer: bool = True
-    save_param_scheduler: bool = True
-    meta: dict | None = None
-    with_weights: bool = True
-
-
-@dataclass(frozen=True)
-class LoadContext:
-    """What every restore function may need besides the checkpoint."""
-
-    path: str | Path
-    same_world: bool  # saved with this run's number of ranks: per-rank parts apply
-
-
-Collect = Callable[[CheckpointSubject, SaveOptions], Any]
-Restore = Callable[[CheckpointSubject, dict, LoadContext], None]
-
-
-@dataclass(frozen=True)
-class Part:
-    """One key of a checkpoint; see the module docstring."""
-
-    key: str
-    description: str
-    present: str  # when it is in a checkpoint
-    collect: Collect | None = None  # None: someone else writes it (written_by)
-    restore: Restore | None = None  # None: read by another part's restore, or by written_by
-    per_rank: bool = False
-    written_by: str = ""  # empty: the Runner's collect_training_state
-    publishable: bool = True  # CheckpointHook(published_keys=) may keep it
+    pass
 
 
 def _ranks(ckpt: dict, key: str) -> list | None:
@@ -136,11 +47,19 @@ def _ranks(ckpt: dict, key: str) -> list | None:
 
 # -- collect ------------------------------------------------------------------------------------
 def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
-    info = {**s.position(), "seed": s.seed, "world_size": s.world_size,
-            "experiment_name": s.experiment_name, "time": time.time(),
-            "config": dumps_json(redact(s.cfg)),
-            "versions": {"distributed_runner": __version__, "torch": str(torch.__version__),
-                         "python": platform.python_version()}}
+    info = {
+        **s.position(),
+        "seed": s.seed,
+        "world_size": s.world_size,
+        "experiment_name": s.experiment_name,
+        "time": time.time(),
+        "config": dumps_json(redact(s.cfg)),
+        "versions": {
+            "distributed_runner": __version__,
+            "torch": str(torch.__version__),
+            "python": platform.python_version(),
+        },
+    }
     info.update(o.meta or {})
     return info
 
@@ -155,8 +74,11 @@ def _collect_weights(s: CheckpointSubject, o: SaveOptions) -> Any:
 def _collect_optimizer(s: CheckpointSubject, o: SaveOptions) -> Any:
     if s.optim_wrapper is None or not (o.save_optimizer and o.with_weights):
         return ABSENT
-    return full_optimizer_state(s.model, s.optim_wrapper.optimizer) if is_sharded(s.model) \
+    return (
+        full_optimizer_state(s.model, s.optim_wrapper.optimizer)
+        if is_sharded(s.model)
         else s.optim_wrapper.state_dict()
+    )
 
 
 def _collect_window_grads(s: CheckpointSubject, o: SaveOptions) -> Any:
@@ -194,8 +116,9 @@ def _restore_optimizer(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None
     elif "optimizer" in ckpt:
         s.optim_wrapper.load_state_dict(ckpt["optimizer"])
     else:
-        s.logger.warning("%s has no optimizer state (save_optimizer=False): the optimizer "
-                         "starts fresh", c.path)
+        s.logger.warning(
+            "%s has no optimizer state (save_optimizer=False): the optimizer starts fresh", c.path
+        )
 
 
 def _restore_scaler(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
@@ -206,10 +129,14 @@ def _restore_scaler(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
 def _restore_schedulers(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     states = ckpt.get("param_schedulers", [])
     if len(states) != len(s.param_schedulers):
-        s.logger.warning("%s has %d scheduler states for %d schedulers: schedulers start fresh",
-                         c.path, len(states), len(s.param_schedulers))
+        s.logger.warning(
+            "%s has %d scheduler states for %d schedulers: schedulers start fresh",
+            c.path,
+            len(states),
+            len(s.param_schedulers),
+        )
         return
-    for sched, state in zip(s.param_schedulers, states):
+    for sched, state in zip(s.param_schedulers, states, strict=True):
         sched.load_state_dict(state)
 
 
@@ -255,8 +182,11 @@ def _restore_window_grads(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> N
     if c.same_world:
         s.optim_wrapper.restore_pending_grads(s.model, grads[s.rank])
     else:
-        s.logger.warning("%s was saved inside a gradient-accumulation window with another "
-                         "world size: the window's gradients are dropped", c.path)
+        s.logger.warning(
+            "%s was saved inside a gradient-accumulation window with another "
+            "world size: the window's gradients are dropped",
+            c.path,
+        )
 
 
 def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
@@ -264,48 +194,124 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     if c.same_world and states:
         restore_rng(states[s.rank])
     elif states:
-        s.logger.warning("%s was saved with %s ranks, this run has %d: random states are not "
-                         "restored (the run continues, not bit-exactly)", c.path,
-                         ckpt["meta"].get("world_size"), s.world_size)
+        s.logger.warning(
+            "%s was saved with %s ranks, this run has %d: random states are not "
+            "restored (the run continues, not bit-exactly)",
+            c.path,
+            ckpt["meta"].get("world_size"),
+            s.world_size,
+        )
 
 
 # -- the table ----------------------------------------------------------------------------------
 PARTS: tuple[Part, ...] = (
-    Part("meta", "epoch, iter, iter_in_epoch, val_pending, seed, world_size, experiment_name, "
-         "time, config (JSON text), versions; the saver's additions: best, async_save, "
-         "ema_in_state_dict", "always", _collect_meta),
-    Part("state_dict", "the model's weights (unwrapped)", "unless sharded", _collect_weights,
-         _restore_weights),
-    Part(SHARDED, "the shards' manifest: their folder, keys and files with sizes",
-         "sharded FSDP checkpoints", None, _restore_shards,
-         written_by="the checkpoint writer (sharded_checkpoint.start_shards)",
-         publishable=False),  # names shard folders of the saved file: no stand-alone file
-    Part("optimizer", "the optimizer's state", "with save_optimizer (in the shards if sharded)",
-         _collect_optimizer, _restore_optimizer),
-    Part("scaler", "the AMP GradScaler's state, or None", "when training",
-         lambda s, o: ABSENT if s.optim_wrapper is None else s.optim_wrapper.scaler_state_dict(),
-         _restore_scaler),
-    Part("param_schedulers", "one state per scheduler", "with save_param_scheduler",
-         lambda s, o: [x.state_dict() for x in s.param_schedulers] if o.save_param_scheduler
-         else ABSENT, _restore_schedulers),
-    Part("message_hub", "runtime info and scalar histories", "always",
-         lambda s, o: s.message_hub.state_dict(), _restore_hub),
-    Part("hooks", "each stateful hook's state_dict(), keyed by its registered name", "always",
-         lambda s, o: {name: hook.state_dict() for name, hook in s.hooks.items()},
-         _restore_hooks),
-    Part("sinks", "the log sinks' state (the MLflow run id)", "always",
-         lambda s, o: s.sinks.state_dict(), _restore_sinks),
-    Part("sampler", "epoch and batches consumed in it; restoring it resumes training at "
-         "meta's position", "always", _collect_sampler, _restore_position, per_rank=True),
-    Part("rank_buffers", "the model's buffers (BN statistics differ between syncs)",
-         "with several ranks", _collect_buffers, _restore_buffers, per_rank=True),
-    Part("accumulated_grads", "gradients of an unfinished accumulation window",
-         "saved inside one", _collect_window_grads, _restore_window_grads, per_rank=True),
-    Part("rng", "python, numpy, torch (and cuda) generator states", "always",
-         lambda s, o: capture_rng(), _restore_random, per_rank=True),
-    Part("ema_state_dict", "the training weights under 'module.' (state_dict then holds the "
-         "average) or, if sharded, the average", "with EMAHook",
-         written_by="EMAHook.before_save_checkpoint, read by its after_load_checkpoint"),
+    Part(
+        "meta",
+        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, experiment_name, "
+        "time, config (JSON text), versions; the saver's additions: best, async_save, "
+        "ema_in_state_dict",
+        "always",
+        _collect_meta,
+    ),
+    Part(
+        "state_dict",
+        "the model's weights (unwrapped)",
+        "unless sharded",
+        _collect_weights,
+        _restore_weights,
+    ),
+    Part(
+        SHARDED,
+        "the shards' manifest: their folder, keys and files with sizes",
+        "sharded FSDP checkpoints",
+        None,
+        _restore_shards,
+        written_by="the checkpoint writer (sharded_checkpoint.start_shards)",
+        publishable=False,
+    ),  # names shard folders of the saved file: no stand-alone file
+    Part(
+        "optimizer",
+        "the optimizer's state",
+        "with save_optimizer (in the shards if sharded)",
+        _collect_optimizer,
+        _restore_optimizer,
+    ),
+    Part(
+        "scaler",
+        "the AMP GradScaler's state, or None",
+        "when training",
+        lambda s, o: ABSENT if s.optim_wrapper is None else s.optim_wrapper.scaler_state_dict(),
+        _restore_scaler,
+    ),
+    Part(
+        "param_schedulers",
+        "one state per scheduler",
+        "with save_param_scheduler",
+        lambda s, o: (
+            [x.state_dict() for x in s.param_schedulers] if o.save_param_scheduler else ABSENT
+        ),
+        _restore_schedulers,
+    ),
+    Part(
+        "message_hub",
+        "runtime info and scalar histories",
+        "always",
+        lambda s, o: s.message_hub.state_dict(),
+        _restore_hub,
+    ),
+    Part(
+        "hooks",
+        "each stateful hook's state_dict(), keyed by its registered name",
+        "always",
+        lambda s, o: {name: hook.state_dict() for name, hook in s.hooks.items()},
+        _restore_hooks,
+    ),
+    Part(
+        "sinks",
+        "the log sinks' state (the MLflow run id)",
+        "always",
+        lambda s, o: s.sinks.state_dict(),
+        _restore_sinks,
+    ),
+    Part(
+        "sampler",
+        "epoch and batches consumed in it; restoring it resumes training at meta's position",
+        "always",
+        _collect_sampler,
+        _restore_position,
+        per_rank=True,
+    ),
+    Part(
+        "rank_buffers",
+        "the model's buffers (BN statistics differ between syncs)",
+        "with several ranks",
+        _collect_buffers,
+        _restore_buffers,
+        per_rank=True,
+    ),
+    Part(
+        "accumulated_grads",
+        "gradients of an unfinished accumulation window",
+        "saved inside one",
+        _collect_window_grads,
+        _restore_window_grads,
+        per_rank=True,
+    ),
+    Part(
+        "rng",
+        "python, numpy, torch (and cuda) generator states",
+        "always",
+        lambda s, o: capture_rng(),
+        _restore_random,
+        per_rank=True,
+    ),
+    Part(
+        "ema_state_dict",
+        "the training weights under 'module.' (state_dict then holds the "
+        "average) or, if sharded, the average",
+        "with EMAHook",
+        written_by="EMAHook.before_save_checkpoint, read by its after_load_checkpoint",
+    ),
 )
 
 PUBLISHABLE_KEYS: tuple[str, ...] = tuple(p.key for p in PARTS if p.publishable)
@@ -317,9 +323,17 @@ def layout_text(indent: int = 4, width: int = 96) -> str:
     lines = []
     for part in PARTS:
         by = f"; written by {part.written_by}" if part.written_by else ""
-        text = f"{part.key:<19}{'per rank: ' if part.per_rank else ''}{part.description} " \
-               f"[{part.present}{by}]"
-        lines.append(textwrap.fill(text, width, initial_indent=" " * indent,
-                                   subsequent_indent=" " * (indent + 19),
-                                   break_on_hyphens=False))
+        text = (
+            f"{part.key:<19}{'per rank: ' if part.per_rank else ''}{part.description} "
+            f"[{part.present}{by}]"
+        )
+        lines.append(
+            textwrap.fill(
+                text,
+                width,
+                initial_indent=" " * indent,
+                subsequent_indent=" " * (indent + 19),
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join(lines)

@@ -2,17 +2,19 @@
 declares it.
 
 Per-rank parts are gathered from every rank, so both functions run on every rank; only rank 0
-writes the result. They act on a :class:`~.checkpoint_parts.CheckpointSubject` (what the Runner
+writes the result. They act on a :class:`~.checkpoint_types.CheckpointSubject` (what the Runner
 hands over), not on the Runner: which checkpoint to load is :mod:`.resume_choice`'s decision,
 taken before any of this runs.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from . import dist
 from .checkpoint import load_weights, model_state_from
-from .checkpoint_parts import ABSENT, PARTS, CheckpointSubject, LoadContext, SaveOptions
+from .checkpoint_parts import PARTS
+from .checkpoint_types import ABSENT, CheckpointSubject, LoadContext, SaveOptions
 from .sharded_checkpoint import SHARDED, load_shards
 
 
@@ -41,8 +43,9 @@ def restore_training_state(subject: CheckpointSubject, ckpt: dict, path: str | P
             part.restore(subject, ckpt, context)
 
 
-def load_model_weights(subject: CheckpointSubject, ckpt: dict, path: str | Path, key: str,
-                       strict: bool = True) -> None:
+def load_model_weights(
+    subject: CheckpointSubject, ckpt: dict, path: str | Path, key: str, strict: bool = True
+) -> None:
     """Only the checkpoint's weights into ``subject.model`` (``load_from``): from its shards or
     its ``state_dict``."""
     if SHARDED in ckpt:

@@ -24,6 +24,7 @@ commit leaves no checkpoint that resume would pick: a one-file checkpoint appear
 only once complete (written to a temporary, renamed), and shards count only once the manifest
 that names them exists.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,10 +38,15 @@ import torch
 
 from . import dist
 from .checkpoint import atomic_save
-from .checkpoint_parts import CheckpointSubject, SaveOptions
 from .checkpoint_state import collect_training_state
-from .sharded_checkpoint import SHARDED, after_manifest_written, finish_shards, start_shards, \
-    writes_shards
+from .checkpoint_types import CheckpointSubject, SaveOptions
+from .sharded_checkpoint import (
+    SHARDED,
+    after_manifest_written,
+    finish_shards,
+    start_shards,
+    writes_shards,
+)
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI
@@ -55,16 +61,19 @@ def staged_copy(obj: Any, reuse: Any = None) -> Any:
     page faults that take longer than the copy itself.
     """
     if isinstance(obj, torch.Tensor):
-        if (isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape
-                and reuse.dtype == obj.dtype):
+        if (
+            isinstance(reuse, torch.Tensor)
+            and reuse.shape == obj.shape
+            and reuse.dtype == obj.dtype
+        ):
             return reuse.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
         before = reuse if isinstance(reuse, dict) else {}
         return type(obj)((k, staged_copy(v, before.get(k))) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        before = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(staged_copy(v, b) for v, b in zip(obj, before))
+        olds = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
+        return type(obj)(staged_copy(v, b) for v, b in zip(obj, olds, strict=True))
     return copy.deepcopy(obj)
 
 
@@ -73,10 +82,10 @@ class PendingSave:
     """A save whose bytes are still being written."""
 
     path: Path
-    checkpoint: dict       # what hooks saw (after_save_checkpoint gets it at the commit)
-    staged: Any            # rank 0's host-memory copy: the file or the manifest to write
-    file: Future | None    # the one-file write (rank 0)
-    shards: Any            # DCP's future for this rank's shards
+    checkpoint: dict  # what hooks saw (after_save_checkpoint gets it at the commit)
+    staged: Any  # rank 0's host-memory copy: the file or the manifest to write
+    file: Future | None  # the one-file write (rank 0)
+    shards: Any  # DCP's future for this rank's shards
 
     def written(self) -> bool:
         return all(f is None or f.done() for f in (self.file, self.shards))
@@ -93,8 +102,14 @@ class CheckpointWriter:
         self._staged: Any = None  # the last one-file copy, reused by the next save
         self._stager: Any = None  # DCP's stager, kept: it reuses its host buffers
 
-    def save(self, path: Path, save_optimizer: bool = True, save_param_scheduler: bool = True,
-             meta: dict | None = None, asynchronous: bool = False) -> Path:
+    def save(
+        self,
+        path: Path,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: dict | None = None,
+        asynchronous: bool = False,
+    ) -> Path:
         """Save the training state as ``path`` (call on every rank); see the module docstring."""
         runner = self._runner
         self.wait()
@@ -103,13 +118,21 @@ class CheckpointWriter:
         subject = CheckpointSubject.of(runner)
         sharded = writes_shards(subject.strategy, subject.model)
         meta = {**(meta or {}), **({"async_save": True} if asynchronous else {})}
-        ckpt = collect_training_state(subject, SaveOptions(save_optimizer, save_param_scheduler,
-                                                           meta, with_weights=not sharded))
+        ckpt = collect_training_state(
+            subject,
+            SaveOptions(save_optimizer, save_param_scheduler, meta, with_weights=not sharded),
+        )
         shards = None
         if sharded:
             optimizer = subject.optimizer() if save_optimizer else None
-            ckpt[SHARDED], shards = start_shards(subject.model, optimizer, subject.rank, path,
-                                                 asynchronous, *self._async_tools(asynchronous))
+            ckpt[SHARDED], shards = start_shards(
+                subject.model,
+                optimizer,
+                subject.rank,
+                path,
+                asynchronous,
+                *self._async_tools(asynchronous),
+            )
         runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
         if not asynchronous:
             self._commit(path, ckpt, ckpt, file_written=False)
@@ -143,8 +166,9 @@ class CheckpointWriter:
             pending.file.result()  # a write error surfaces here, as one line
         if pending.shards is not None:
             pending.shards.result()
-        self._commit(pending.path, pending.checkpoint, pending.staged,
-                     file_written=pending.file is not None)
+        self._commit(
+            pending.path, pending.checkpoint, pending.staged, file_written=pending.file is not None
+        )
 
     def _commit(self, path: Path, ckpt: dict, to_write: Any, file_written: bool) -> None:
         runner = self._runner
@@ -166,6 +190,7 @@ class CheckpointWriter:
             return None, None
         if self._group is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
             self._group = torch.distributed.new_group(backend="gloo")
             self._stager = DefaultStager(StagingOptions(False, False, False, False))
         return self._group, self._stager

@@ -11,10 +11,11 @@ knows nothing of labels or losses; this wrapper adds them::
 ``mode='loss'`` returns ``{'loss': ...}``; ``'predict'`` and ``'tensor'`` the logits, which
 :class:`~distributed_runner.evaluator.Accuracy` takes as they are.
 """
+
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,8 +38,10 @@ def logits_of(outputs: Any, key: str = "logits") -> torch.Tensor:
         return value
     if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]):
         return outputs[0]  # return_dict=False: the logits come first
-    raise TypeError(f"the backbone returned {type(outputs).__name__}, not logits, a mapping "
-                    f"with {key!r} or an object with .{key}")
+    raise TypeError(
+        f"the backbone returned {type(outputs).__name__}, not logits, a mapping "
+        f"with {key!r} or an object with .{key}"
+    )
 
 
 @MODELS.register_module()
@@ -53,25 +56,35 @@ class Classifier(nn.Module):
     scores (``'logits'``, Hugging Face's name).
     """
 
-    def __init__(self, backbone: Union[dict, nn.Module],
-                 loss: Union[dict, nn.Module, Callable, None] = None,
-                 inputs_key: str = "inputs", labels_key: str = "labels",
-                 logits_key: str = "logits") -> None:
+    def __init__(
+        self,
+        backbone: dict | nn.Module,
+        loss: dict | nn.Module | Callable | None = None,
+        inputs_key: str = "inputs",
+        labels_key: str = "labels",
+        logits_key: str = "logits",
+    ) -> None:
         super().__init__()
         if isinstance(backbone, dict):  # errors keyed where this model sits in the config
             with argument_errors():
                 backbone = MODELS.build(backbone, "backbone")
         if not isinstance(backbone, nn.Module):
-            raise ArgumentError("backbone", f"expected a model config dict(type=...) or an "
-                                            f"nn.Module, got {type(backbone).__name__}")
+            raise ArgumentError(
+                "backbone",
+                f"expected a model config dict(type=...) or an "
+                f"nn.Module, got {type(backbone).__name__}",
+            )
         self.backbone = backbone
-        loss = dict(type="CrossEntropyLoss") if loss is None else loss
+        loss = {"type": "CrossEntropyLoss"} if loss is None else loss
         if isinstance(loss, dict):
             with argument_errors():
                 loss = MODELS.build(loss, "loss")
         if not callable(loss):
-            raise ArgumentError("loss", f"expected a loss config dict(type=...), a module or a "
-                                        f"callable, got {type(loss).__name__}")
+            raise ArgumentError(
+                "loss",
+                f"expected a loss config dict(type=...), a module or a "
+                f"callable, got {type(loss).__name__}",
+            )
         self.loss_fn = loss
         self.inputs_key, self.labels_key, self.logits_key = inputs_key, labels_key, logits_key
 
@@ -85,15 +98,19 @@ class Classifier(nn.Module):
         if mode != "loss":
             return logits
         if labels is None:
-            raise ValueError(f"Classifier.forward(mode='loss') needs labels: a "
-                             f"{self.labels_key!r} entry in the batch (model.labels_key)")
+            raise ValueError(
+                f"Classifier.forward(mode='loss') needs labels: a "
+                f"{self.labels_key!r} entry in the batch (model.labels_key)"
+            )
         return {"loss": self.loss_fn(logits, labels)}
 
-    def _split(self, args: tuple, batch: dict) -> tuple[Any, Optional[Any]]:
+    def _split(self, args: tuple, batch: dict) -> tuple[Any, Any | None]:
         """(inputs, labels) from positional or keyword batch entries."""
         if args:
             return args[0], (args[1] if len(args) > 1 else batch.get(self.labels_key))
         if self.inputs_key not in batch:
-            raise KeyError(f"Classifier: the batch has no {self.inputs_key!r} (model.inputs_key); "
-                           f"its keys: {', '.join(batch) or 'none'}")
+            raise KeyError(
+                f"Classifier: the batch has no {self.inputs_key!r} (model.inputs_key); "
+                f"its keys: {', '.join(batch) or 'none'}"
+            )
         return batch[self.inputs_key], batch.get(self.labels_key)

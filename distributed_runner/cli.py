@@ -12,46 +12,72 @@ A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits 
 and status 1; anything else is a bug and keeps its traceback. A run stopped by
 SIGTERM after writing its checkpoint exits with 143 (see :mod:`distributed_runner.preemption`).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import CheckpointWriteError, ConfigError
-from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE, TrainingPreempted
+from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
+from .preemption import TrainingPreempted
 from .ray_connect import announced_path
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a .py or .yaml config file")
     p.add_argument("--work-dir", help="where logs and checkpoints go (overrides work_dir)")
-    p.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override config keys, e.g. train_cfg.max_epochs=3 'x=[1,2]'")
+    p.add_argument(
+        "--cfg-options",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys, e.g. train_cfg.max_epochs=3 'x=[1,2]'",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="drun", description="distributed-runner: hooked "
-                                     "PyTorch training on a laptop or a Ray cluster")
-    parser.add_argument("--debug", action="store_true",
-                        help="show tracebacks for configuration errors too")
+    parser = argparse.ArgumentParser(
+        prog="drun",
+        description="distributed-runner: hooked PyTorch training on a laptop or a Ray cluster",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks for configuration errors too"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a model")
     _add_common(train)
-    train.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
-                       help="resume from PATH, or from work_dir's last checkpoint if no PATH")
-    train.add_argument("--strategy", choices=["ddp", "fsdp"],
-                       help="overrides strategy's type (the config's options are kept: all of "
-                            "them for fsdp, activation_checkpointing for ddp)")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="PATH",
+        help="resume from PATH, or from work_dir's last checkpoint if no PATH",
+    )
+    train.add_argument(
+        "--strategy",
+        choices=["ddp", "fsdp"],
+        help="overrides strategy's type (the config's options are kept: all of "
+        "them for fsdp, activation_checkpointing for ddp)",
+    )
     ray = train.add_argument_group("Ray (override the config's launcher=dict(type='ray', ...))")
     ray.add_argument("--launcher", choices=["none", "ray"])
-    ray.add_argument("--num-workers", type=worker_count, metavar="N|MIN-MAX",
-                     help="workers, or an elastic range such as 2-4")
+    ray.add_argument(
+        "--num-workers",
+        type=worker_count,
+        metavar="N|MIN-MAX",
+        help="workers, or an elastic range such as 2-4",
+    )
     ray.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
     ray.add_argument("--address", help="'auto' or ray://...: join a running cluster")
-    ray.add_argument("--storage-path", help="where Ray persists checkpoints (shared for multi-node)")
+    ray.add_argument(
+        "--storage-path", help="where Ray persists checkpoints (shared for multi-node)"
+    )
     ray.add_argument("--name", help="run name; rerunning with the same name resumes")
     ray.add_argument("--max-failures", type=int, help="worker-group restarts Ray may make")
     test = sub.add_parser("test", help="evaluate a checkpoint on test_dataloader")
@@ -60,19 +86,30 @@ def build_parser() -> argparse.ArgumentParser:
     hooks = sub.add_parser("hooks", help="print the resolved hook plan without training")
     hooks.add_argument("config")
     hooks.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
-    hooks.add_argument("--launcher", choices=["none", "ray"], default=None,
-                       help="plan as this launcher runs it (ray adds its RayReportHook)")
-    plot = sub.add_parser("plot", help="draw loss, lr and validation curves of one run or "
-                                       "several overlaid")
+    hooks.add_argument(
+        "--launcher",
+        choices=["none", "ray"],
+        default=None,
+        help="plan as this launcher runs it (ray adds its RayReportHook)",
+    )
+    plot = sub.add_parser(
+        "plot", help="draw loss, lr and validation curves of one run or several overlaid"
+    )
     plot.add_argument("work_dir", nargs="+", help="work_dir(s) of runs (jsonl or parquet sink)")
     plot.add_argument("--out", help="image file (default FIRST_WORK_DIR/curves.png)")
-    plot.add_argument("--smooth", type=float, default=0.0, metavar="W",
-                      help="EMA weight in [0, 1) for the training curves, e.g. 0.6 (default 0)")
+    plot.add_argument(
+        "--smooth",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="EMA weight in [0, 1) for the training curves, e.g. 0.6 (default 0)",
+    )
     return parser
 
 
 def load_config(args: argparse.Namespace):
     from .config import Config
+
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
     if getattr(args, "work_dir", None):
         cfg["work_dir"] = args.work_dir
@@ -89,17 +126,28 @@ def worker_count(text: str) -> int | tuple[int, int]:
     try:
         return (int(low), int(high)) if sep else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX (e.g. 2-4), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected N or MIN-MAX (e.g. 2-4), got {text!r}"
+        ) from None  # the message says it all
 
 
-RAY_FLAGS = {"num_workers": "num_workers", "gpu": "use_gpu", "address": "address",
-             "storage_path": "storage_path", "name": "name", "max_failures": "max_failures"}
+RAY_FLAGS = {
+    "num_workers": "num_workers",
+    "gpu": "use_gpu",
+    "address": "address",
+    "storage_path": "storage_path",
+    "name": "name",
+    "max_failures": "max_failures",
+}
 
 
 def apply_launcher_flags(cfg: dict, args: argparse.Namespace) -> None:
     """``--launcher``/``--num-workers``/... override the config's launcher."""
-    flags = {key: getattr(args, flag) for flag, key in RAY_FLAGS.items()
-             if getattr(args, flag, None) is not None}
+    flags = {
+        key: getattr(args, flag)
+        for flag, key in RAY_FLAGS.items()
+        if getattr(args, flag, None) is not None
+    }
     if args.launcher == "none":
         cfg["launcher"] = "none"
         return
@@ -125,6 +173,7 @@ def override_strategy(base: Any, kind: str) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .launcher import run
+
     cfg = load_config(args)
     if args.resume is not None:
         cfg["resume"] = args.resume
@@ -136,6 +185,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     from .runner import Runner
+
     cfg = load_config(args)
     cfg["load_from"] = args.checkpoint
     cfg["resume"] = False
@@ -148,6 +198,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 def cmd_hooks(args: argparse.Namespace) -> int:
     from .config import Config
     from .hook_builder import plan_hooks
+
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
     if args.launcher is not None:
         cfg["launcher"] = args.launcher
@@ -157,6 +208,7 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot
+
     if not 0.0 <= args.smooth < 1.0:
         raise ConfigError("--smooth", f"{args.smooth} is not in [0, 1): try 0.6")
     try:

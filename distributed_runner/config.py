@@ -1,4 +1,5 @@
-"""Config files: Python or YAML, ``_base_`` inheritance, ``--cfg-options`` overrides, custom imports.
+"""Config files: Python or YAML, ``_base_`` inheritance, ``--cfg-options`` overrides, custom
+imports.
 
 * A Python config is executed; its public top-level variables (not modules, functions or classes)
   become the config. A YAML config is one mapping.
@@ -14,6 +15,7 @@
   a plain process and on every Ray worker, which never loaded the file) and the Ray driver's
   ``validate_config`` share.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +26,9 @@ import os
 import pprint
 import sys
 import types
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -45,7 +48,7 @@ class ConfigDict(dict):
     def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
 
-    def __deepcopy__(self, memo: dict) -> "ConfigDict":
+    def __deepcopy__(self, memo: dict) -> ConfigDict:
         return type(self)(copy.deepcopy(dict(self), memo))
 
 
@@ -97,15 +100,20 @@ def _read_python(path: Path) -> dict:
         raise ConfigError(str(path), f"syntax error on line {e.lineno}: {e.msg}") from None
     try:
         exec(code, namespace)  # the config is the user's own code, like MMEngine's .py configs
-    except Exception as e:  # noqa: BLE001 - a config that raises is the user's to fix: one line
+    except Exception as e:  # a config that raises is the user's to fix: one line
         line = _failing_line(e, str(path))
-        raise ConfigError(str(path), f"raised {type(e).__name__}"
-                                     f"{f' on line {line}' if line else ''}: "
-                                     f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))\
-            from e
-    return {k: v for k, v in namespace.items()
-            if (not k.startswith("_") or k == BASE_KEY)
-            and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
+        raise ConfigError(
+            str(path),
+            f"raised {type(e).__name__}"
+            f"{f' on line {line}' if line else ''}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "),
+        ) from e
+    return {
+        k: v
+        for k, v in namespace.items()
+        if (not k.startswith("_") or k == BASE_KEY)
+        and not isinstance(v, (types.ModuleType, types.FunctionType, type))
+    }
 
 
 def _failing_line(exc: BaseException, filename: str) -> int | None:
@@ -120,6 +128,7 @@ def _failing_line(exc: BaseException, filename: str) -> int | None:
 
 def _read_yaml(path: Path) -> dict:
     import yaml
+
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -135,7 +144,7 @@ def _load_raw(path: Path, seen: tuple[Path, ...]) -> dict:
     if not path.is_file():
         raise ConfigError(str(path), "config file not found: check the path")
     if path in seen:
-        raise ConfigError(str(path), "_base_ cycle: " + " -> ".join(str(p) for p in seen + (path,)))
+        raise ConfigError(str(path), "_base_ cycle: " + " -> ".join(str(p) for p in (*seen, path)))
     suffix = path.suffix.lower()
     if suffix == ".py":
         data = _read_python(path)
@@ -148,15 +157,22 @@ def _load_raw(path: Path, seen: tuple[Path, ...]) -> dict:
         return data
     merged: dict = {}
     for base in [bases] if isinstance(bases, str) else list(bases):
-        merged = merge(merged, _load_raw((path.parent / base).resolve(), seen + (path,)))
+        merged = merge(merged, _load_raw((path.parent / base).resolve(), (*seen, path)))
     return merge(merged, data)
 
 
 def _git_commit(folder: Path) -> str | None:
     import subprocess
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -166,9 +182,14 @@ class Config(ConfigDict):
     """A loaded config; ``filename`` is where it came from (None for one built from a dict)."""
 
     @classmethod
-    def fromfile(cls, path: str | os.PathLike, cfg_options: Iterable[str] | dict | None = None,
-                 import_custom: bool = True) -> "Config":
-        """Load ``path`` (with its ``_base_`` files), apply ``cfg_options``, import custom modules."""
+    def fromfile(
+        cls,
+        path: str | os.PathLike,
+        cfg_options: Iterable[str] | dict | None = None,
+        import_custom: bool = True,
+    ) -> Config:
+        """Load ``path`` (with its ``_base_`` files), apply ``cfg_options``, import custom
+        modules."""
         path = Path(path).expanduser().resolve()
         cfg = cls(to_config_dict(_load_raw(path, ())))
         object.__setattr__(cfg, "_filename", str(path))
@@ -187,15 +208,18 @@ class Config(ConfigDict):
         """The commit of the git checkout holding the config file (None outside one). Ray workers
         get the driver's answer (:meth:`with_source`): the file may not exist on their node."""
         if not hasattr(self, "_git_commit"):
-            object.__setattr__(self, "_git_commit",
-                               _git_commit(Path(self.filename).parent) if self.filename else None)
+            object.__setattr__(
+                self,
+                "_git_commit",
+                _git_commit(Path(self.filename).parent) if self.filename else None,
+            )
         return self._git_commit
 
     def source(self) -> dict:
         """Where the config came from, as plain data a Ray worker can be given."""
         return {"filename": self.filename, "git_commit": self.git_commit}
 
-    def with_source(self, source: dict | None) -> "Config":
+    def with_source(self, source: dict | None) -> Config:
         """Adopt a :meth:`source` computed elsewhere (on the driver); returns self."""
         if source:
             object.__setattr__(self, "_filename", source.get("filename"))
@@ -209,7 +233,9 @@ class Config(ConfigDict):
 
     def apply_options(self, options: Iterable[str] | dict) -> None:
         """Set dotted keys: ``['a.b=1', 'x=[1,2]']`` or ``{'a.b': 1}``."""
-        pairs = options.items() if isinstance(options, dict) else (_split_option(o) for o in options)
+        pairs = (
+            options.items() if isinstance(options, dict) else (_split_option(o) for o in options)
+        )
         for dotted, value in pairs:
             set_dotted(self, dotted, value)
 
@@ -218,33 +244,41 @@ class Config(ConfigDict):
 
     def pretty_text(self) -> str:
         """The config as a Python file (what ``work_dir/config.py`` holds)."""
-        return "\n".join(f"{k} = {pprint.pformat(v, sort_dicts=False, width=100)}"
-                         for k, v in to_plain(self).items()) + "\n"
+        return (
+            "\n".join(
+                f"{k} = {pprint.pformat(v, sort_dicts=False, width=100)}"
+                for k, v in to_plain(self).items()
+            )
+            + "\n"
+        )
 
 
 def _split_option(option: str) -> tuple[str, Any]:
     if "=" not in option:
-        raise ConfigError("--cfg-options", f"{option!r} is not KEY=VALUE (e.g. "
-                                           f"train_cfg.max_epochs=5)")
+        raise ConfigError(
+            "--cfg-options", f"{option!r} is not KEY=VALUE (e.g. train_cfg.max_epochs=5)"
+        )
     key, raw = option.split("=", 1)
     key, raw = key.strip(), raw.strip()
     parts = key.split(".")
     if not key or any(not p for p in parts):
-        raise ConfigError("--cfg-options", f"{option!r} has an empty key part: write "
-                                           f"a.b.c=VALUE")
+        raise ConfigError("--cfg-options", f"{option!r} has an empty key part: write a.b.c=VALUE")
     if any(p.startswith("__") for p in parts):
-        raise ConfigError("--cfg-options", f"{key!r}: names starting with '__' are not config "
-                                           f"keys")
+        raise ConfigError("--cfg-options", f"{key!r}: names starting with '__' are not config keys")
     value = parse_value(raw)
     closing = {"[": "]", "(": ")", "{": "}"}
     if isinstance(value, str) and raw[:1] in closing and not raw.endswith(closing[raw[0]]):
-        raise ConfigError("--cfg-options", f"{key}={raw}: the value opens {raw[0]!r} but does "
-                                           f"not close it (quote the whole option in the shell)")
+        raise ConfigError(
+            "--cfg-options",
+            f"{key}={raw}: the value opens {raw[0]!r} but does "
+            f"not close it (quote the whole option in the shell)",
+        )
     return key, value
 
 
 def parse_value(raw: str) -> Any:
-    """A Python literal if it is one (``5``, ``[1,2]``, ``'x'``), ``true/false/null``, else the string."""
+    """A Python literal if it is one (``5``, ``[1,2]``, ``'x'``), ``true/false/null``, else the
+    string."""
     lowered = raw.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -264,14 +298,16 @@ def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
     """``set_dotted(cfg, 'a.b.0.c', v)``: create dicts on the way; index into existing lists."""
     parts = dotted.split(".")
     node: Any = cfg
-    for i, part in enumerate(parts[:-1]):
+    for part in parts[:-1]:
         node = _child(node, part, dotted, create=True)
     last = parts[-1]
     if isinstance(node, list):
         try:
             node[int(last)] = to_config_dict(value)
         except (ValueError, IndexError):
-            raise ConfigError(dotted, f"{last!r} is not an index of a list of {len(node)}") from None
+            raise ConfigError(
+                dotted, f"{last!r} is not an index of a list of {len(node)}"
+            ) from None
     elif isinstance(node, dict):
         node[last] = to_config_dict(value)
     else:
@@ -283,7 +319,9 @@ def _child(node: Any, part: str, dotted: str, create: bool) -> Any:
         try:
             return node[int(part)]
         except (ValueError, IndexError):
-            raise ConfigError(dotted, f"{part!r} is not an index of a list of {len(node)}") from None
+            raise ConfigError(
+                dotted, f"{part!r} is not an index of a list of {len(node)}"
+            ) from None
     if isinstance(node, dict):
         if part not in node or node[part] is None:
             if not create:
@@ -314,9 +352,11 @@ def import_custom_modules(custom_imports: Any) -> list[types.ModuleType]:
         except ImportError as e:
             if allow_failed:
                 continue
-            raise ConfigError("custom_imports.imports",
-                              f"cannot import {name!r} ({e}); check the module name and that its "
-                              f"folder is on PYTHONPATH") from None
+            raise ConfigError(
+                "custom_imports.imports",
+                f"cannot import {name!r} ({e}); check the module name and that its "
+                f"folder is on PYTHONPATH",
+            ) from None
     return modules
 
 

@@ -17,12 +17,14 @@ Top-level keys the Runner does not know are allowed — MMEngine configs keep he
 (``data_root = ...``) at the top — unless the name is a near-miss of one the Runner knows
 (``trian_cfg``): a typo must not silently turn a feature off.
 """
+
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from difflib import SequenceMatcher
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -40,16 +42,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def positive_int(cfg: dict, name: str, key: str, minimum: int = 1,
-                 allowed: Iterable[Any] = ()) -> None:
+def positive_int(
+    cfg: dict, name: str, key: str, minimum: int = 1, allowed: Iterable[Any] = ()
+) -> None:
     """``cfg[name]``, if present, is an int >= ``minimum`` (or one of ``allowed``)."""
     value = cfg.get(name, _MISSING)
     if value is _MISSING or value in tuple(allowed):
         return
     if not _is_int(value) or value < minimum:
         also = "".join(f" or {a!r}" for a in allowed)
-        raise ConfigError(f"{key}.{name}",
-                          f"got {show_value(value)}; takes an int >= {minimum}{also}")
+        raise ConfigError(
+            f"{key}.{name}", f"got {show_value(value)}; takes an int >= {minimum}{also}"
+        )
 
 
 def boolean(cfg: dict, name: str, key: str) -> None:
@@ -63,12 +67,17 @@ def number(cfg: dict, name: str, key: str, minimum: float = 0.0, exclusive: bool
     value = cfg.get(name, _MISSING)
     if value is _MISSING:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and (value > minimum if exclusive else value >= minimum)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > minimum if exclusive else value >= minimum)
+    )
     if not ok:
         bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
-        raise ConfigError(f"{key}.{name}",
-                          f"got {show_value(value)}; takes a finite number {bound}")
+        raise ConfigError(
+            f"{key}.{name}", f"got {show_value(value)}; takes a finite number {bound}"
+        )
 
 
 def mapping(cfg: dict, name: str, optional: bool = True) -> dict | None:
@@ -89,13 +98,16 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
         raise ConfigError("work_dir", f"got {show_value(work_dir)}; takes a path string")
     level = cfg.get("log_level", "INFO")
     if not (isinstance(level, str) and level.upper() in LOG_LEVELS) and not _is_int(level):
-        raise ConfigError("log_level", f"got {show_value(level)}; takes one of "
-                                       f"{', '.join(LOG_LEVELS)}")
+        raise ConfigError(
+            "log_level", f"got {show_value(level)}; takes one of {', '.join(LOG_LEVELS)}"
+        )
     _check_device(cfg.get("device"))
     if cfg.get("compile") is not None:
         from .model_setup import check_compile
+
         check_compile(cfg["compile"])
     from .sharding import parse_strategy
+
     parse_strategy(cfg.get("strategy"))
     randomness = mapping(cfg, "randomness")
     if randomness is not None:
@@ -134,20 +146,19 @@ def check_train_cfg(train_cfg: dict) -> None:
 MMCV1_KEYS = {
     "optimizer": "optim_wrapper=dict(optimizer=dict(type=..., lr=...))",
     "optimizer_config": "optim_wrapper=dict(optimizer=..., clip_grad=dict(max_norm=...), "
-                        "accumulative_counts=N) (AMP: type='AmpOptimWrapper')",
+    "accumulative_counts=N) (AMP: type='AmpOptimWrapper')",
     "lr_config": "param_scheduler=[dict(type='LinearLR', ...), dict(type='MultiStepLR', ...)]",
     "momentum_config": "param_scheduler=[...] (momentum schedulers)",
-    "checkpoint_config": "default_hooks=dict(checkpoint=dict(type='CheckpointHook', "
-                         "interval=...))",
+    "checkpoint_config": "default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=...))",
     "log_config": "default_hooks=dict(logger=dict(type='LoggerHook', interval=...))",
     "evaluation": "train_cfg=dict(val_interval=N) with val_dataloader, val_evaluator and "
-                  "val_cfg; save_best is CheckpointHook's",
+    "val_cfg; save_best is CheckpointHook's",
     "runner": "train_cfg=dict(by_epoch=True, max_epochs=N) (or by_epoch=False, max_iters=N)",
     "total_epochs": "train_cfg=dict(max_epochs=N)",
     "resume_from": "resume='<checkpoint path>' (or resume=True for the newest in work_dir)",
     "workflow": "train_cfg / val_cfg / test_cfg (validation: train_cfg.val_interval)",
     "data": "train_dataloader=dict(batch_size=..., num_workers=..., dataset=...), "
-            "val_dataloader=..., test_dataloader=...",
+    "val_dataloader=..., test_dataloader=...",
 }
 
 
@@ -161,14 +172,18 @@ def _check_mmcv1_keys(cfg: dict) -> None:
         value = cfg[key]
         if key == "optimizer" and "optim_wrapper" in cfg:
             continue
-        if key == "data" and not (isinstance(value, dict) and {
-                "train", "val", "test", "samples_per_gpu", "workers_per_gpu"} & set(value)):
+        if key == "data" and not (
+            isinstance(value, dict)
+            and {"train", "val", "test", "samples_per_gpu", "workers_per_gpu"} & set(value)
+        ):
             continue
-        if key == "runner" and not (isinstance(value, dict) and "Runner" in str(
-                value.get("type", ""))):
+        if key == "runner" and not (
+            isinstance(value, dict) and "Runner" in str(value.get("type", ""))
+        ):
             continue
-        raise ConfigError(key, f"is an MMCV 1.x key this Runner (MMEngine's layout) would "
-                               f"ignore; use {instead}")
+        raise ConfigError(
+            key, f"is an MMCV 1.x key this Runner (MMEngine's layout) would ignore; use {instead}"
+        )
 
 
 NEAR_MISS = 0.82  # trian_cfg ~ train_cfg 0.89; data_root ~ default_hooks 0.55, norm_cfg 0.67
@@ -180,9 +195,12 @@ def _check_top_level(cfg: dict, known: tuple[str, ...]) -> None:
             continue
         near = max(known, key=lambda k: SequenceMatcher(None, key, k).ratio())
         if SequenceMatcher(None, key, near).ratio() >= NEAR_MISS:
-            raise ConfigError(key, f"not a config key the Runner takes; did you mean {near!r}? "
-                                   f"(helper variables are fine; near-misses of the Runner's "
-                                   f"keys are refused so a typo cannot switch a part off)")
+            raise ConfigError(
+                key,
+                f"not a config key the Runner takes; did you mean {near!r}? "
+                f"(helper variables are fine; near-misses of the Runner's "
+                f"keys are refused so a typo cannot switch a part off)",
+            )
 
 
 def _check_device(device: Any) -> None:
@@ -191,21 +209,27 @@ def _check_device(device: Any) -> None:
     import torch
 
     if not isinstance(device, (str, torch.device)):
-        raise ConfigError("device", f"got {show_value(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
-                                    f"None (automatic)")
+        raise ConfigError(
+            "device", f"got {show_value(device)}; takes 'cpu', 'cuda', 'cuda:N' or None (automatic)"
+        )
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ConfigError("device", f"got {show_value(device)}; takes 'cpu', 'cuda', 'cuda:N' or "
-                                    f"None (automatic)") from None
+        raise ConfigError(
+            "device", f"got {show_value(device)}; takes 'cpu', 'cuda', 'cuda:N' or None (automatic)"
+        ) from None
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("device", f"{device!r} but this machine has no usable CUDA GPU "
-                                        f"(or torch is a CPU build): use device='cpu' or leave "
-                                        f"it unset")
+            raise ConfigError(
+                "device",
+                f"{device!r} but this machine has no usable CUDA GPU "
+                f"(or torch is a CPU build): use device='cpu' or leave "
+                f"it unset",
+            )
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ConfigError("device", f"{device!r} but this machine has "
-                                        f"{torch.cuda.device_count()} GPU(s)")
+            raise ConfigError(
+                "device", f"{device!r} but this machine has {torch.cuda.device_count()} GPU(s)"
+            )
 
 
 def _check_loader(loader: dict, key: str) -> None:
@@ -215,10 +239,14 @@ def _check_loader(loader: dict, key: str) -> None:
     for name in ("drop_last", "pin_memory", "persistent_workers"):
         boolean(loader, name, key)
     dataset = loader.get("dataset")
-    if dataset is not None and not isinstance(dataset, dict) and not hasattr(dataset,
-                                                                              "__getitem__"):
-        raise ConfigError(f"{key}.dataset", f"got {show_value(dataset)}; takes dict(type=...) or a "
-                                            f"dataset object")
+    if (
+        dataset is not None
+        and not isinstance(dataset, dict)
+        and not hasattr(dataset, "__getitem__")
+    ):
+        raise ConfigError(
+            f"{key}.dataset", f"got {show_value(dataset)}; takes dict(type=...) or a dataset object"
+        )
 
 
 def _check_optim(optim: dict) -> None:
@@ -228,14 +256,18 @@ def _check_optim(optim: dict) -> None:
         number(optimizer, "weight_decay", "optim_wrapper.optimizer")
         number(optimizer, "momentum", "optim_wrapper.optimizer")
     elif optimizer is not None and not hasattr(optimizer, "step"):
-        raise ConfigError("optim_wrapper.optimizer", f"got {show_value(optimizer)}; takes "
-                                                     f"dict(type='SGD', lr=...) or an optimizer")
+        raise ConfigError(
+            "optim_wrapper.optimizer",
+            f"got {show_value(optimizer)}; takes dict(type='SGD', lr=...) or an optimizer",
+        )
     positive_int(optim, "accumulative_counts", "optim_wrapper")
     clip = optim.get("clip_grad")
     if clip is not None:
         if not isinstance(clip, dict):
-            raise ConfigError("optim_wrapper.clip_grad", f"got {show_value(clip)}; takes None or "
-                                                         f"dict(max_norm=1.0)")
+            raise ConfigError(
+                "optim_wrapper.clip_grad",
+                f"got {show_value(clip)}; takes None or dict(max_norm=1.0)",
+            )
         number(clip, "max_norm", "optim_wrapper.clip_grad", exclusive=True)
 
 
@@ -245,6 +277,8 @@ def all_or_none(what: str, parts: dict, hint: str = "") -> bool:
     missing = [k for k, v in parts.items() if v is None]
     if missing and len(missing) < len(parts):
         *first, last = parts
-        raise ConfigError(missing[0], f"{what} needs {', '.join(first)} and {last} together; "
-                                      f"add {missing[0]}{hint}")
+        raise ConfigError(
+            missing[0],
+            f"{what} needs {', '.join(first)} and {last} together; add {missing[0]}{hint}",
+        )
     return not missing

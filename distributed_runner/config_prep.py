@@ -18,6 +18,7 @@ What only the driver adds (resolving types and argument signatures without build
 hooks, elastic sizes) stays in :func:`~distributed_runner.launcher.validate_config`; what a Runner
 does with the result (building) stays in the Runner.
 """
+
 from __future__ import annotations
 
 from .config import Config, import_custom_modules, to_config_dict
@@ -28,11 +29,31 @@ from .registry import set_default_scope
 
 # the Runner's constructor arguments, which a config may set at its top level
 RUNNER_KEYS = (
-    "model", "work_dir", "train_dataloader", "val_dataloader", "val_evaluator", "val_cfg",
-    "test_dataloader", "test_evaluator", "test_cfg", "optim_wrapper", "param_scheduler",
-    "train_cfg", "default_hooks", "custom_hooks", "load_from", "resume", "randomness",
-    "launcher", "device", "log_level", "experiment_name", "model_wrapper_cfg", "preemption",
-    "compile", "strategy",
+    "model",
+    "work_dir",
+    "train_dataloader",
+    "val_dataloader",
+    "val_evaluator",
+    "val_cfg",
+    "test_dataloader",
+    "test_evaluator",
+    "test_cfg",
+    "optim_wrapper",
+    "param_scheduler",
+    "train_cfg",
+    "default_hooks",
+    "custom_hooks",
+    "load_from",
+    "resume",
+    "randomness",
+    "launcher",
+    "device",
+    "log_level",
+    "experiment_name",
+    "model_wrapper_cfg",
+    "preemption",
+    "compile",
+    "strategy",
 )
 # top-level config keys the Runner does not take but other parts of the project read
 OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope")

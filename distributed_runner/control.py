@@ -21,6 +21,7 @@ waits a few more iterations instead of slowing every one.
 Acted in this order: checkpoint, validation, stop; ``preempt`` (SIGTERM, see
 :mod:`distributed_runner.preemption`) writes a checkpoint and ends the run unfinished.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,7 +65,8 @@ class ControlRequests:
     # -- how often ranks agree after iterations (train_cfg.agree_every) -------------------------
     def set_agree_every(self, agree_every: int | str) -> None:
         self.agree_every = agree_every
-        self.agree_n = 1 if agree_every == "auto" else agree_every  # the interval in force
+        # the interval in force (config_check allows a positive int or 'auto')
+        self.agree_n = 1 if agree_every == "auto" else int(agree_every)
         self._probing = agree_every == "auto"  # timing the first iterations to choose N
         self._probe: list[tuple[float, float]] = []  # (step seconds, agreement seconds)
         self._last_agreed = 0.0
@@ -90,8 +92,10 @@ class ControlRequests:
         if deciding:
             self.agree_n = max(1, self.agreed_extra)
             self._probing = False
-            logger.info("ranks agree on requests every %d iteration(s) "
-                        "(train_cfg.agree_every='auto')", self.agree_n)
+            logger.info(
+                "ranks agree on requests every %d iteration(s) (train_cfg.agree_every='auto')",
+                self.agree_n,
+            )
         else:
             if self._last_agreed:
                 self._probe.append((start - self._last_agreed, end - start))
@@ -110,8 +114,9 @@ class ControlRequests:
             agreed = {k: tuple(v) for k, v in self._reasons.items() if v}
             self.clear()
             return agreed
-        flags = torch.tensor([1 if self._reasons[k] else 0 for k in KINDS] + [int(extra)],
-                             dtype=torch.int32)
+        flags = torch.tensor(
+            [1 if self._reasons[k] else 0 for k in KINDS] + [int(extra)], dtype=torch.int32
+        )
         flags = dist.all_reduce(flags, "max")
         self.agreed_extra = int(flags[-1])
         flags = flags[:-1]
@@ -119,14 +124,18 @@ class ControlRequests:
             return {}
         mine = {k: list(v) for k, v in self._reasons.items() if v}
         self.clear()
-        agreed: dict[str, list[str]] = {}
+        gathered: dict[str, list[str]] = {}
         for rank, theirs in enumerate(dist.all_gather_object(mine)):
             for kind, reasons in theirs.items():
                 for reason in reasons:
                     text = f"{reason} (rank {rank})"
-                    if text not in agreed.setdefault(kind, []):
-                        agreed[kind].append(text)
-        return {k: tuple(agreed.get(k, ())) for k, flag in zip(KINDS, flags.tolist()) if flag}
+                    if text not in gathered.setdefault(kind, []):
+                        gathered[kind].append(text)
+        return {
+            k: tuple(gathered.get(k, ()))
+            for k, flag in zip(KINDS, flags.tolist(), strict=True)
+            if flag
+        }
 
     def clear(self) -> None:
         """Forget this rank's unresolved requests (they were resolved, or are dropped)."""
@@ -134,8 +143,9 @@ class ControlRequests:
             reasons.clear()
         self.unresolved = False
 
-    def record(self, iteration: int, kind: str, reasons: tuple[str, ...],
-               logger: logging.Logger | Any) -> None:
+    def record(
+        self, iteration: int, kind: str, reasons: tuple[str, ...], logger: logging.Logger | Any
+    ) -> None:
         """Keep and log what the loop did and why."""
         self.log.append((iteration, kind, reasons))
         logger.info("%s at iteration %d, requested by: %s", kind, iteration, "; ".join(reasons))

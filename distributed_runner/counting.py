@@ -3,6 +3,7 @@
 A leaf module, importable from ``hooks`` and from the engine alike without either importing the
 other.
 """
+
 from __future__ import annotations
 
 

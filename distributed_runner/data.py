@@ -11,12 +11,14 @@ Dataloaders get their own ``torch.Generator`` too: a plain ``DataLoader`` draws 
 seed from the global RNG each time an iterator is created, which would make a run resumed in the
 middle of an epoch consume random numbers the uninterrupted run did not.
 """
+
 from __future__ import annotations
 
 import functools
 import math
 import random
-from typing import Any, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,7 +27,11 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 
 from . import dist
 from .errors import ConfigError
-from .registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS, accepts, check_arguments
+from .registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS
+from .signatures import accepts, check_arguments
+
+if TYPE_CHECKING:
+    from .ray_data import RayDataLoader
 
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
@@ -49,9 +55,15 @@ class DefaultSampler(Sampler[int]):
     ``len(dataloader)`` stays the epoch length.
     """
 
-    def __init__(self, dataset: Sized, shuffle: bool = True, seed: int | None = None,
-                 round_up: bool = True, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Sized,
+        shuffle: bool = True,
+        seed: int | None = None,
+        round_up: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = 0 if seed is None else int(seed)
@@ -74,8 +86,8 @@ class DefaultSampler(Sampler[int]):
         order = epoch_order(n, self.shuffle, self.seed, self.epoch)
         if self.round_up and self.total_size > n:
             reps = math.ceil(self.total_size / n)
-            order = (order * reps)[:self.total_size]
-        return order[self.rank:self.total_size:self.world_size]
+            order = (order * reps)[: self.total_size]
+        return order[self.rank : self.total_size : self.world_size]
 
     def __iter__(self) -> Iterator[int]:
         shard = self.indices()
@@ -95,8 +107,7 @@ class DefaultSampler(Sampler[int]):
 
 # Stack samples into batched tensors: torch's own function, registered as it is (a wrapper would
 # cost a Python call per batch)
-default_collate = COLLATE_FUNCTIONS.register_module("default_collate",
-                                                    module=torch_default_collate)
+default_collate = COLLATE_FUNCTIONS.register_module("default_collate", module=torch_default_collate)
 
 
 @COLLATE_FUNCTIONS.register_module()
@@ -106,7 +117,7 @@ def pseudo_collate(batch: list) -> Any:
     if isinstance(first, dict):
         return {k: [b[k] for b in batch] for k in first}
     if isinstance(first, (tuple, list)):
-        return [list(field) for field in zip(*batch)]
+        return [list(field) for field in zip(*batch, strict=True)]
     return list(batch)
 
 
@@ -126,8 +137,7 @@ def _build_collate(spec: Any, key: str) -> Any:
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or "type" not in spec:
-        raise ConfigError(key, "collate_fn must be a function, a registered name or "
-                               "dict(type=...)")
+        raise ConfigError(key, "collate_fn must be a function, a registered name or dict(type=...)")
     fn = COLLATE_FUNCTIONS.resolve(spec["type"], key)
     extra = {k: v for k, v in spec.items() if k != "type"}
     return functools.partial(fn, **extra) if extra else fn
@@ -145,7 +155,7 @@ def _build_sampler(spec: Any, dataset: Dataset, seed: int, key: str) -> Any:
     return cls(**{data_arg: dataset}, **args)
 
 
-def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
+def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader | RayDataLoader:
     """A ``DataLoader`` from a config dict (or the user's own ``DataLoader``, unchanged).
 
     Keys: ``dataset`` (config or object), ``batch_size``, ``sampler`` (default
@@ -159,17 +169,25 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
     args = dict(spec)
     if args.get("type") == "RayDataLoader":
         from .ray_data import RayDataLoader
+
         args.pop("type")
         check_arguments(RayDataLoader, args, key)
         return RayDataLoader(**args)
     if "dataset" not in args:
         raise ConfigError(f"{key}.dataset", "missing: add dataset=dict(type=...)")
     if "shuffle" in args:
-        raise ConfigError(f"{key}.shuffle", "use sampler=dict(type='DefaultSampler', "
-                                            "shuffle=True) instead (it is resumable and rank-aware)")
+        raise ConfigError(
+            f"{key}.shuffle",
+            "use sampler=dict(type='DefaultSampler', shuffle=True) instead (it is "
+            "resumable and rank-aware)",
+        )
     dataset = DATASETS.build(args.pop("dataset"), f"{key}.dataset")
-    sampler = _build_sampler(args.pop("sampler", {"type": "DefaultSampler", "shuffle": True}),
-                             dataset, seed, f"{key}.sampler")
+    sampler = _build_sampler(
+        args.pop("sampler", {"type": "DefaultSampler", "shuffle": True}),
+        dataset,
+        seed,
+        f"{key}.sampler",
+    )
     collate = _build_collate(args.pop("collate_fn", None), f"{key}.collate_fn")
     if "batch_size" not in args:
         raise ConfigError(f"{key}.batch_size", "missing: add batch_size=N")
@@ -178,13 +196,15 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader:
     generator = torch.Generator()
     generator.manual_seed(seed)
     if args.get("num_workers", 0) > 0 and "worker_init_fn" not in args:
-        args["worker_init_fn"] = functools.partial(_seed_worker, base_seed=seed,
-                                                   rank=dist.get_rank())
+        args["worker_init_fn"] = functools.partial(
+            _seed_worker, base_seed=seed, rank=dist.get_rank()
+        )
     return DataLoader(dataset, sampler=sampler, collate_fn=collate, generator=generator, **args)
 
 
-def seeded_dataloader(dataloader: Any, seed: int | None = None, diff_rank_seed: bool = False,
-                      key: str = "dataloader") -> DataLoader:
+def seeded_dataloader(
+    dataloader: Any, seed: int | None = None, diff_rank_seed: bool = False, key: str = "dataloader"
+) -> DataLoader | RayDataLoader:
     """MMEngine's ``Runner.build_dataloader(cfg, seed=..., diff_rank_seed=...)``, which
     downstream hooks call to rebuild a loader mid-run (mmyolo's YOLOXModeSwitchHook); assign the
     result to ``runner.train_dataloader`` to train on it. ``seed=None`` is 0; ``diff_rank_seed``

@@ -4,11 +4,13 @@ Every question about rank or world size in the project goes through here (one pl
 Runner runs in a plain process, under ``torchrun`` or inside a Ray Train worker. Without an
 initialised process group every collective is the identity (world size 1).
 """
+
 from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -18,8 +20,11 @@ T = TypeVar("T")
 
 def is_distributed() -> bool:
     """True when a default process group with more than one rank is running."""
-    return (torch_dist.is_available() and torch_dist.is_initialized()
-            and torch_dist.get_world_size() > 1)
+    return (
+        torch_dist.is_available()
+        and torch_dist.is_initialized()
+        and torch_dist.get_world_size() > 1
+    )
 
 
 def get_rank() -> int:
@@ -38,10 +43,11 @@ def get_local_rank() -> int:
     """The rank on this node (``LOCAL_RANK`` as torchrun and Ray Train set it), else 0."""
     try:
         import ray.train
+
         ctx = ray.train.get_context()
         return int(ctx.get_local_rank())
-    except Exception:  # not inside a Ray Train worker
-        return int(os.environ.get("LOCAL_RANK", 0))
+    except Exception:  # noqa: BLE001 - whatever Ray raises outside a Ray Train worker
+        return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def is_main_process() -> bool:
@@ -55,11 +61,13 @@ def get_dist_info() -> tuple[int, int]:
 
 def master_only(fn: Callable[..., T]) -> Callable[..., T | None]:
     """Decorate a function so it runs on rank 0 only (returns None elsewhere)."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T | None:
         if is_main_process():
             return fn(*args, **kwargs)
         return None
+
     return wrapper
 
 
@@ -79,8 +87,12 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce ``tensor`` in place across ranks (``op``: sum, mean, max, min) and return it."""
     if not is_distributed():
         return tensor
-    ops = {"sum": torch_dist.ReduceOp.SUM, "mean": torch_dist.ReduceOp.SUM,
-           "max": torch_dist.ReduceOp.MAX, "min": torch_dist.ReduceOp.MIN}
+    ops = {
+        "sum": torch_dist.ReduceOp.SUM,
+        "mean": torch_dist.ReduceOp.SUM,
+        "max": torch_dist.ReduceOp.MAX,
+        "min": torch_dist.ReduceOp.MIN,
+    }
     device = _collective_device()
     work = tensor.to(device)
     torch_dist.all_reduce(work, op=ops[op])
@@ -103,7 +115,7 @@ def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum") -> dict[str,
     start = 0
     for k in keys:
         n = data[k].numel()
-        data[k].copy_(flat[start:start + n].reshape(data[k].shape).to(data[k].dtype))
+        data[k].copy_(flat[start : start + n].reshape(data[k].shape).to(data[k].dtype))
         start += n
     return data
 

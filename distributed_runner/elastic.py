@@ -29,12 +29,14 @@ within about 1e-5, relative, of one that never resized, not bit-equal); batch st
 dropout): a checkpoint restores them only at the size that saved it. Losses must be means over
 the batch (the usual), or the ``1/c`` scaling is not the global mean.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -65,11 +67,13 @@ def check_global_batch(batch_size: int, accumulation: int, sizes: tuple[int, int
     uneven = [w for w in range(low, high + 1) if global_batch % w]
     if uneven:
         multiple = math.lcm(*range(low, high + 1))
-        raise ConfigError("launcher.num_workers",
-                          f"the global batch {global_batch} (train_dataloader.batch_size "
-                          f"{batch_size} x accumulative_counts {accumulation} x {high} workers) "
-                          f"does not split evenly over {uneven[0]} workers: make it a multiple "
-                          f"of {multiple} or narrow the range")
+        raise ConfigError(
+            "launcher.num_workers",
+            f"the global batch {global_batch} (train_dataloader.batch_size "
+            f"{batch_size} x accumulative_counts {accumulation} x {high} workers) "
+            f"does not split evenly over {uneven[0]} workers: make it a multiple "
+            f"of {multiple} or narrow the range",
+        )
     return global_batch
 
 
@@ -80,15 +84,20 @@ def check_elastic_config(cfg: dict) -> None:
     if sizes is None or not isinstance(loader, dict):
         return
     if loader.get("type") == "RayDataLoader":
-        raise ConfigError("train_dataloader.type", "elastic workers (num_workers=(min, max)) "
-                                                   "need a map-style dataset with DefaultSampler")
+        raise ConfigError(
+            "train_dataloader.type",
+            "elastic workers (num_workers=(min, max)) need a map-style dataset with DefaultSampler",
+        )
     sampler = loader.get("sampler") or {}
     if isinstance(sampler, dict) and sampler.get("type", "DefaultSampler") != "DefaultSampler":
-        raise ConfigError("train_dataloader.sampler", "elastic workers (num_workers=(min, max)) "
-                                                      "need type='DefaultSampler'")
+        raise ConfigError(
+            "train_dataloader.sampler",
+            "elastic workers (num_workers=(min, max)) need type='DefaultSampler'",
+        )
     if isinstance(loader.get("batch_size"), int):
-        check_global_batch(loader["batch_size"], _accumulation(cfg.get("optim_wrapper") or {}),
-                           sizes)
+        check_global_batch(
+            loader["batch_size"], _accumulation(cfg.get("optim_wrapper") or {}), sizes
+        )
 
 
 @dataclass(frozen=True)
@@ -102,8 +111,9 @@ class GlobalBatchPlan:
     micro_batches: int  # forward passes per rank per step
 
     @classmethod
-    def build(cls, global_batch: int, batch_size: int, world_size: int,
-              rank: int) -> "GlobalBatchPlan":
+    def build(
+        cls, global_batch: int, batch_size: int, world_size: int, rank: int
+    ) -> GlobalBatchPlan:
         share = global_batch // world_size
         count = -(-share // batch_size)  # the fewest passes of at most batch_size samples...
         while share % count:  # ...that split the share evenly
@@ -111,8 +121,10 @@ class GlobalBatchPlan:
         return cls(global_batch, world_size, rank, share // count, count)
 
     def describe(self) -> str:
-        return (f"global batch {self.global_batch} = {self.world_size} workers x "
-                f"{self.micro_batches} micro-batches x {self.micro_batch} samples")
+        return (
+            f"global batch {self.global_batch} = {self.world_size} workers x "
+            f"{self.micro_batches} micro-batches x {self.micro_batch} samples"
+        )
 
 
 class GlobalBatchSampler:
@@ -121,14 +133,22 @@ class GlobalBatchSampler:
     ``set_epoch`` and ``resume_at(steps)`` as :class:`DefaultSampler` (``resume_at`` counts
     global batches: the loader's ``batch_size`` is None, as for any batch sampler)."""
 
-    def __init__(self, dataset: Any, plan: GlobalBatchPlan, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        plan: GlobalBatchPlan,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
         self.dataset, self.plan, self.shuffle, self.seed = dataset, plan, shuffle, seed
         n, size = len(dataset), plan.global_batch
         self.steps = n // size if drop_last else math.ceil(n / size)
         if self.steps < 1:
-            raise ConfigError("train_dataloader", f"the dataset has {n} samples, fewer than one "
-                                                  f"global batch ({size})")
+            raise ConfigError(
+                "train_dataloader",
+                f"the dataset has {n} samples, fewer than one global batch ({size})",
+            )
         self.epoch = 0
         self._start = 0
 
@@ -144,9 +164,9 @@ class GlobalBatchSampler:
         start, self._start = self._start, 0
         for step in range(start, self.steps):
             first = step * plan.global_batch
-            share = order[first + plan.rank:first + plan.global_batch:plan.world_size]
+            share = order[first + plan.rank : first + plan.global_batch : plan.world_size]
             for j in range(plan.micro_batches):
-                yield share[j * plan.micro_batch:(j + 1) * plan.micro_batch]
+                yield share[j * plan.micro_batch : (j + 1) * plan.micro_batch]
 
     def __len__(self) -> int:
         return self.steps * self.plan.micro_batches
@@ -170,8 +190,13 @@ class GlobalBatchLoader:
     batch_size = None
 
     def __init__(self, loader: DataLoader, plan: GlobalBatchPlan) -> None:
+        if not isinstance(loader.batch_sampler, GlobalBatchSampler):
+            raise TypeError(
+                "GlobalBatchLoader needs a DataLoader whose batch_sampler is a "
+                "GlobalBatchSampler (see regroup)"
+            )
         self.loader, self.plan = loader, plan
-        self.sampler = loader.batch_sampler
+        self.sampler: GlobalBatchSampler = loader.batch_sampler
         self.dataset = loader.dataset
 
     def __len__(self) -> int:
@@ -192,20 +217,36 @@ def regroup(loader: Any, plan: GlobalBatchPlan) -> GlobalBatchLoader:
     its ``DefaultSampler``."""
     sampler = getattr(loader, "sampler", None)
     if not isinstance(loader, DataLoader) or not isinstance(sampler, DefaultSampler):
-        raise ConfigError("train_dataloader.sampler", "elastic workers (num_workers=(min, max)) "
-                                                      "need a DataLoader with DefaultSampler")
-    batches = GlobalBatchSampler(loader.dataset, plan, sampler.shuffle, sampler.seed,
-                                 drop_last=loader.drop_last or not sampler.round_up)
-    keep = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-            "multiprocessing_context", "generator", "persistent_workers")
+        raise ConfigError(
+            "train_dataloader.sampler",
+            "elastic workers (num_workers=(min, max)) need a DataLoader with DefaultSampler",
+        )
+    batches = GlobalBatchSampler(
+        loader.dataset,
+        plan,
+        sampler.shuffle,
+        sampler.seed,
+        drop_last=loader.drop_last or not sampler.round_up,
+    )
+    keep = (
+        "num_workers",
+        "collate_fn",
+        "pin_memory",
+        "timeout",
+        "worker_init_fn",
+        "multiprocessing_context",
+        "generator",
+        "persistent_workers",
+    )
     args = {key: getattr(loader, key) for key in keep}
     if loader.num_workers > 0:
         args["prefetch_factor"] = loader.prefetch_factor
     return GlobalBatchLoader(DataLoader(loader.dataset, batch_sampler=batches, **args), plan)
 
 
-def elastic_training(loader: Any, optim_wrapper: Any, launcher: Any, world_size: int,
-                     rank: int) -> tuple[Any, Any, GlobalBatchPlan | None]:
+def elastic_training(
+    loader: Any, optim_wrapper: Any, launcher: Any, world_size: int, rank: int
+) -> tuple[Any, Any, GlobalBatchPlan | None]:
     """The train loader and optim_wrapper config as an elastic run uses them (re-cut into
     global batches; accumulation done by the step, step.py's ElasticStep), and the plan; unchanged
     and None when the launcher is not elastic."""
@@ -218,12 +259,16 @@ def elastic_training(loader: Any, optim_wrapper: Any, launcher: Any, world_size:
         raise ConfigError("train_dataloader.batch_size", "elastic workers need batch_size=N")
     global_batch = check_global_batch(batch_size, accumulation, sizes)
     if global_batch % world_size:
-        raise ConfigError("launcher.num_workers", f"{world_size} workers cannot split the "
-                                                  f"global batch {global_batch} evenly")
+        raise ConfigError(
+            "launcher.num_workers",
+            f"{world_size} workers cannot split the global batch {global_batch} evenly",
+        )
     if accumulation > 1:
         if not isinstance(optim_wrapper, dict):
-            raise ConfigError("optim_wrapper", "elastic workers with accumulative_counts > 1 "
-                                               "need optim_wrapper as a config dict")
+            raise ConfigError(
+                "optim_wrapper",
+                "elastic workers with accumulative_counts > 1 need optim_wrapper as a config dict",
+            )
         optim_wrapper = {**optim_wrapper, "accumulative_counts": 1}
     plan = GlobalBatchPlan.build(global_batch, batch_size, world_size, rank)
     return regroup(loader, plan), optim_wrapper, plan

@@ -4,18 +4,19 @@ A user mistake (bad config key, unknown ``type``, unreadable file, a checkpoint 
 reported as one line that names where the problem is and what to do about it. The CLI prints these
 without a traceback; everything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import contextlib
 import difflib
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 class ConfigError(ValueError):
     """A mistake in the user's input, reported as one actionable line.
 
-    ``key`` is the dotted config path (or file name) the problem lives at; it prefixes the message so
-    the user knows where to look.
+    ``key`` is the dotted config path (or file name) the problem lives at; it prefixes the message
+    so the user knows where to look.
     """
 
     def __init__(self, key: str | None, message: str) -> None:

@@ -5,9 +5,11 @@ A metric sees every batch (``process(data_batch, outputs)``), keeps one small re
 (``compute(results) -> dict``). Samples are gathered in dataset order and the padding the sharded
 sampler added is dropped, so every rank computes the same metrics a single process would.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -65,8 +67,9 @@ def _labels_from(data_batch: Any, label_key: str) -> torch.Tensor:
         return data_batch[label_key]
     if isinstance(data_batch, (tuple, list)):
         return data_batch[-1]
-    raise TypeError("Accuracy needs batches that are dicts (with the label key) or (inputs, "
-                    "labels) tuples")
+    raise TypeError(
+        "Accuracy needs batches that are dicts (with the label key) or (inputs, labels) tuples"
+    )
 
 
 @METRICS.register_module()
@@ -78,8 +81,13 @@ class Accuracy(BaseMetric):
     a tuple batch. With one ``k`` the metric is ``accuracy``; with several, ``accuracy/top{k}``.
     """
 
-    def __init__(self, topk: int | Sequence[int] = 1, label_key: str = "labels",
-                 pred_key: str | None = None, prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        topk: int | Sequence[int] = 1,
+        label_key: str = "labels",
+        pred_key: str | None = None,
+        prefix: str | None = None,
+    ) -> None:
         super().__init__(prefix)
         self.topk = (topk,) if isinstance(topk, int) else tuple(topk)
         if not self.topk or any(k < 1 for k in self.topk):
@@ -94,8 +102,9 @@ class Accuracy(BaseMetric):
         top = scores.topk(maxk, dim=-1).indices
         hits = top.eq(labels.reshape(-1, 1))
         # per sample: the rank (0-based) of the true class within the top-k, or maxk if absent
-        first_hit = torch.where(hits.any(dim=1), hits.float().argmax(dim=1),
-                                torch.full_like(labels.reshape(-1), maxk))
+        first_hit = torch.where(
+            hits.any(dim=1), hits.float().argmax(dim=1), torch.full_like(labels.reshape(-1), maxk)
+        )
         self.results.extend(first_hit.cpu().tolist())
 
     def metric_names(self) -> list[str]:
@@ -129,12 +138,13 @@ class Evaluator:
         return names
 
     @classmethod
-    def build(cls, spec: Any, key: str) -> "Evaluator":
+    def build(cls, spec: Any, key: str) -> Evaluator:
         if isinstance(spec, Evaluator):
             return spec
         specs = spec if isinstance(spec, (list, tuple)) else [spec]
-        metrics = [METRICS.build(s, f"{key}[{i}]" if len(specs) > 1 else key)
-                   for i, s in enumerate(specs)]
+        metrics = [
+            METRICS.build(s, f"{key}[{i}]" if len(specs) > 1 else key) for i, s in enumerate(specs)
+        ]
         return cls(metrics)
 
     def process(self, data_batch: Any, outputs: Any) -> None:

@@ -14,6 +14,7 @@ machine without network would hang in a retry loop, so before importing a Huggin
 package is first imported to count), and while it is on, ``pretrained=True`` in such a config is
 a one-line error instead of a download attempt.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,8 +26,17 @@ from typing import Any
 from .errors import ConfigError, closest
 
 # packages whose pretrained weights come from the Hugging Face hub: offline by default
-HUB_PACKAGES = frozenset({"transformers", "timm", "diffusers", "peft", "huggingface_hub",
-                          "sentence_transformers", "open_clip"})
+HUB_PACKAGES = frozenset(
+    {
+        "transformers",
+        "timm",
+        "diffusers",
+        "peft",
+        "huggingface_hub",
+        "sentence_transformers",
+        "open_clip",
+    }
+)
 # packages an extra of ours installs: the error says so
 EXTRAS = {"transformers": "hf"}
 
@@ -54,8 +64,11 @@ def missing_package(path: str, key: str) -> ConfigError:
     """The one-line error for a path whose top-level package is not installed."""
     top = path.split(".")[0]
     extra = f" (or distributed-runner[{EXTRAS[top]}])" if top in EXTRAS else ""
-    return ConfigError(key, f"cannot import {path!r}: no module named {top!r}; "
-                            f"pip install {top.replace('_', '-')}{extra}")
+    return ConfigError(
+        key,
+        f"cannot import {path!r}: no module named {top!r}; "
+        f"pip install {top.replace('_', '-')}{extra}",
+    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -71,11 +84,13 @@ def _import(name: str, path: str, key: str) -> ModuleType | None:
     except ModuleNotFoundError as e:
         if e.name == name:
             return None
-        raise ConfigError(key, f"cannot import {path!r}: importing {name} failed: "
-                               f"{_first_line(e)}") from e
-    except Exception as e:  # noqa: BLE001 - a package broken at import: one line, cause kept
-        raise ConfigError(key, f"cannot import {path!r}: importing {name} failed: "
-                               f"{_first_line(e)}") from e
+        raise ConfigError(
+            key, f"cannot import {path!r}: importing {name} failed: {_first_line(e)}"
+        ) from e
+    except Exception as e:  # a package broken at import: one line, cause kept
+        raise ConfigError(
+            key, f"cannot import {path!r}: importing {name} failed: {_first_line(e)}"
+        ) from e
 
 
 def import_path(path: str, key: str) -> Any:
@@ -93,17 +108,19 @@ def import_path(path: str, key: str) -> Any:
             found = getattr(obj, part)
         except AttributeError:
             found = None
-        except Exception as e:  # noqa: BLE001 - a lazy attribute whose import failed
-            raise ConfigError(key, f"cannot import {path!r}: {done}.{part}: "
-                                   f"{_first_line(e)}") from e
+        except Exception as e:  # a lazy attribute whose import failed
+            raise ConfigError(
+                key, f"cannot import {path!r}: {done}.{part}: {_first_line(e)}"
+            ) from e
         if found is None and isinstance(obj, ModuleType):
             found = _import(f"{done}.{part}", path, key)
         if found is None:
             names = [n for n in dir(obj) if not n.startswith("_")]
             hits = closest(part, names, n=1)
             hint = f"; did you mean {hits[0]!r}?" if hits else ""
-            raise ConfigError(key, f"cannot import {path!r}: {done} has no attribute "
-                                   f"{part!r}{hint}")
+            raise ConfigError(
+                key, f"cannot import {path!r}: {done} has no attribute {part!r}{hint}"
+            )
         obj, done = found, f"{done}.{part}"
     return obj
 
@@ -111,8 +128,11 @@ def import_path(path: str, key: str) -> Any:
 def check_downloads(args: dict, key: str) -> None:
     """``pretrained=True`` while downloads are off: one line, not a hang in a retry loop."""
     if args.get("pretrained") is True and offline():
-        raise ConfigError(f"{key}.pretrained", "True downloads weights, and this run is "
-                          "offline (HF_HUB_OFFLINE=1, the default for hub packages here): set "
-                          "pretrained=False and load weights with load_from=... (or the "
-                          "factory's checkpoint_path=...), or set HF_HUB_OFFLINE=0 where the "
-                          "network is reachable")
+        raise ConfigError(
+            f"{key}.pretrained",
+            "True downloads weights, and this run is "
+            "offline (HF_HUB_OFFLINE=1, the default for hub packages here): set "
+            "pretrained=False and load weights with load_from=... (or the "
+            "factory's checkpoint_path=...), or set HF_HUB_OFFLINE=0 where the "
+            "network is reachable",
+        )

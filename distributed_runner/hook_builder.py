@@ -19,6 +19,7 @@ keys in a hook's dict, taken out before the hook is built and handled by the dis
 * ``level`` — iMIX's priority key, on iMIX's scale (:func:`hooks.priority.imix_level`), unless the
   hook's constructor takes an argument of that name.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,7 +31,8 @@ from hooks.priority import imix_level
 
 from .config_check import show_value
 from .errors import ConfigError
-from .registry import HOOKS, accepts
+from .registry import HOOKS
+from .signatures import accepts
 
 DEFAULT_HOOKS: dict[str, dict] = {
     "runtime_info": {"type": "RuntimeInfoHook"},
@@ -68,8 +70,11 @@ def custom_hook_list(custom_hooks: Any) -> list:
     if custom_hooks is None:
         return []
     if not isinstance(custom_hooks, (list, tuple)):
-        raise ConfigError("custom_hooks", f"got {show_value(custom_hooks)}; takes a list of hook "
-                                          f"configs, e.g. [dict(type='EMAHook')]")
+        raise ConfigError(
+            "custom_hooks",
+            f"got {show_value(custom_hooks)}; takes a list of hook "
+            f"configs, e.g. [dict(type='EMAHook')]",
+        )
     return list(custom_hooks)
 
 
@@ -96,8 +101,10 @@ def merge_default_hooks(user: dict | None) -> dict[str, Any]:
     if user is None:
         return merged
     if not isinstance(user, dict):
-        raise ConfigError("default_hooks", f"got {show_value(user)}; takes a dict of name -> "
-                                           f"hook config (None removes a default)")
+        raise ConfigError(
+            "default_hooks",
+            f"got {show_value(user)}; takes a dict of name -> hook config (None removes a default)",
+        )
     for name, spec in user.items():
         if spec is None:
             merged.pop(name, None)
@@ -106,14 +113,17 @@ def merge_default_hooks(user: dict | None) -> dict[str, Any]:
         elif isinstance(spec, dict):
             if "type" in spec or name not in merged or isinstance(merged[name], Hook):
                 if "type" not in spec:
-                    raise ConfigError(f"default_hooks.{name}", "a new hook needs 'type' (e.g. "
-                                                                "type='EMAHook')")
+                    raise ConfigError(
+                        f"default_hooks.{name}", "a new hook needs 'type' (e.g. type='EMAHook')"
+                    )
                 merged[name] = dict(spec)
             else:
                 merged[name].update(spec)
         else:
-            raise ConfigError(f"default_hooks.{name}", f"expected a dict, a Hook or None, got "
-                                                        f"{type(spec).__name__}")
+            raise ConfigError(
+                f"default_hooks.{name}",
+                f"expected a dict, a Hook or None, got {type(spec).__name__}",
+            )
     return merged
 
 
@@ -125,21 +135,27 @@ def build_hook(spec: Any, key: str) -> tuple[Hook, dict]:
         raise ConfigError(key, f"expected a hook config dict or a Hook, got {type(spec).__name__}")
     args = dict(spec)
     reserved = {k: args.pop(k) for k in RESERVED_KEYS if k in args}
-    if "level" in args and "type" in args and not accepts(HOOKS.resolve(args["type"], key),
-                                                           "level"):
+    if (
+        "level" in args
+        and "type" in args
+        and not accepts(HOOKS.resolve(args["type"], key), "level")
+    ):
         if "priority" in reserved:
-            raise ConfigError(f"{key}.level", "give priority (MMEngine's scale) or level "
-                                              "(iMIX's), not both")
+            raise ConfigError(
+                f"{key}.level", "give priority (MMEngine's scale) or level (iMIX's), not both"
+            )
         reserved["priority"] = imix_level(args.pop("level"), f"{key}.level")
     hook = HOOKS.build(args, key)
     if not isinstance(hook, Hook):
-        raise ConfigError(f"{key}.type", f"{type(hook).__name__} is not a Hook: subclass "
-                                         f"hooks.Hook")
+        raise ConfigError(
+            f"{key}.type", f"{type(hook).__name__} is not a Hook: subclass hooks.Hook"
+        )
     return hook, reserved
 
 
-def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
-                  ) -> list[tuple[str, Hook, dict, str]]:
+def resolve_hooks(
+    default_hooks: dict | None, custom_hooks: list | None
+) -> list[tuple[str, Hook, dict, str]]:
     """All hooks to register: ``(name, hook, reserved keys, config key)`` in registration order."""
     out: list[tuple[str, Hook, dict, str]] = []
     for name, spec in merge_default_hooks(default_hooks).items():
@@ -151,8 +167,9 @@ def resolve_hooks(default_hooks: dict | None, custom_hooks: list | None
     for i, spec in enumerate(custom_hook_list(custom_hooks)):
         key = f"custom_hooks[{i}]"
         hook, reserved = build_hook(spec, key)
-        name = reserved.get("name") or default_name(spec.get("type") if isinstance(spec, dict)
-                                                    else type(spec))
+        name = reserved.get("name") or default_name(
+            spec.get("type") if isinstance(spec, dict) else type(spec)
+        )
         if "name" not in reserved:
             base, n = name, 1
             while name in taken:
@@ -180,8 +197,11 @@ def plan_hooks(cfg: Any):
     what the Ray driver validates and ``drun hooks`` prints (no Runner, no model, no data)."""
     from .sinks import SinkSet
 
-    hooks = build_dispatcher(HookPlanOwner(), cfg.get("default_hooks"),
-                             with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")))
+    hooks = build_dispatcher(
+        HookPlanOwner(),
+        cfg.get("default_hooks"),
+        with_launcher_hooks(cfg.get("custom_hooks"), cfg.get("launcher")),
+    )
     SinkSet.build(hooks.sink_specs(), build=False)
     return hooks
 

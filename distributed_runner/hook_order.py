@@ -9,11 +9,13 @@ or closes a cycle is a one-line error naming the config key.
 it: the dispatcher (:mod:`distributed_runner.dispatch`) and the report
 (:mod:`distributed_runner.hook_report`) import it from here, and this module imports neither.
 """
+
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from hooks.hook import Hook
 from hooks.priority import priority_name
@@ -50,8 +52,9 @@ def names_of(value: Any, key: str) -> tuple[str, ...]:
     raise ConfigError(key, "must be a hook name or a list of hook names, e.g. ['ema']")
 
 
-def order_entries(entries: Sequence[HookEntry], strict: bool = True,
-                  strict_for: HookEntry | None = None) -> list[HookEntry]:
+def order_entries(
+    entries: Sequence[HookEntry], strict: bool = True, strict_for: HookEntry | None = None
+) -> list[HookEntry]:
     """Priority order, refined by ``before``/``after`` constraints (a stable topological sort).
 
     ``strict=False`` ignores constraints naming hooks not registered yet (registration is
@@ -60,24 +63,32 @@ def order_entries(entries: Sequence[HookEntry], strict: bool = True,
     by_name = {e.name: e for e in entries}
     succ: dict[str, set[str]] = {e.name: set() for e in entries}
     for e in entries:
-        for attr, pairs in (("after", [(o, e.name) for o in e.after]),
-                            ("before", [(e.name, o) for o in e.before])):
+        for attr, pairs in (
+            ("after", [(o, e.name) for o in e.after]),
+            ("before", [(e.name, o) for o in e.before]),
+        ):
             for first, then in pairs:
                 other = then if first == e.name else first
                 if other not in by_name:
                     if strict or e is strict_for:
-                        raise ConfigError(f"{e.key}.{attr}", f"no hook named {other!r}"
-                                          f"{did_you_mean(other, list(by_name))}; registered: "
-                                          f"{', '.join(by_name)}")
+                        raise ConfigError(
+                            f"{e.key}.{attr}",
+                            f"no hook named {other!r}"
+                            f"{did_you_mean(other, list(by_name))}; registered: "
+                            f"{', '.join(by_name)}",
+                        )
                     continue
                 a, b = by_name[first], by_name[then]
                 if a.priority > b.priority:
-                    raise ConfigError(f"{e.key}.{attr}", f"{a.name!r} ({priority_name(a.priority)}"
-                                      f") cannot run before {b.name!r} ({priority_name(b.priority)})"
-                                      f": constraints only order hooks of equal priority; change "
-                                      f"a priority instead")
+                    raise ConfigError(
+                        f"{e.key}.{attr}",
+                        f"{a.name!r} ({priority_name(a.priority)}) cannot run "
+                        f"before {b.name!r} ({priority_name(b.priority)}): "
+                        f"constraints only order hooks of equal priority; change "
+                        f"a priority instead",
+                    )
                 succ[first].add(then)
-    indegree = {n: 0 for n in by_name}
+    indegree = dict.fromkeys(by_name, 0)
     for n in succ:
         for m in succ[n]:
             indegree[m] += 1
@@ -93,9 +104,10 @@ def order_entries(entries: Sequence[HookEntry], strict: bool = True,
                 heapq.heappush(ready, (by_name[m].priority, by_name[m].index, m))
     if len(ordered) < len(entries):
         cycle = _find_cycle({n: s for n, s in succ.items() if indegree[n] > 0})
-        raise ConfigError(f"{by_name[cycle[0]].key}.before/after",
-                          f"ordering constraints form a cycle: {' -> '.join(cycle)}; "
-                          f"remove one of them")
+        raise ConfigError(
+            f"{by_name[cycle[0]].key}.before/after",
+            f"ordering constraints form a cycle: {' -> '.join(cycle)}; remove one of them",
+        )
     return ordered
 
 
@@ -106,6 +118,6 @@ def _find_cycle(succ: dict[str, set[str]]) -> list[str]:
     while True:
         nxt = sorted(m for m in succ[path[-1]] if m in succ)[0]
         if nxt in seen:
-            return path[seen[nxt]:] + [nxt]
+            return [*path[seen[nxt] :], nxt]
         seen[nxt] = len(path)
         path.append(nxt)

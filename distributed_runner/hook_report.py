@@ -11,10 +11,13 @@ The functions read the dispatcher's per-(hook, mount point) slots through :class
 does not import the dispatcher. Timing semantics (sampled, scaled to all calls) are explained in
 the dispatcher's docstring.
 """
+
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from hooks.hook import ADDED_MOUNT_POINTS, MOUNT_POINTS
 from hooks.priority import priority_name
@@ -30,7 +33,7 @@ class SlotRecord(Protocol):
     ns: int  # nanoseconds of the timed calls
     timed: int  # how many calls were timed
     call_base: int  # the mount point's call count when the slot entered its table
-    call_end: Optional[int]  # ... and when it left it (its hook disabled), else None
+    call_end: int | None  # ... and when it left it (its hook disabled), else None
 
 
 @dataclass
@@ -62,13 +65,21 @@ def timings(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]) -> list
     for slot in slots:
         calls, entry = slot_calls(slot, mount_calls), slot.entry
         if calls or entry.errors:
-            out.append(HookTiming(entry.name, slot.mount, slot_seconds(slot, calls), calls,
-                                  entry.errors.get(slot.mount, 0)))
+            out.append(
+                HookTiming(
+                    entry.name,
+                    slot.mount,
+                    slot_seconds(slot, calls),
+                    calls,
+                    entry.errors.get(slot.mount, 0),
+                )
+            )
     return sorted(out, key=lambda t: -t.seconds)
 
 
-def seconds_by_hook(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
-                    ) -> dict[str, float]:
+def seconds_by_hook(
+    slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
+) -> dict[str, float]:
     """Cumulative time per hook name over all its mount points (estimated)."""
     total: dict[str, float] = {}
     for slot in slots:
@@ -79,8 +90,11 @@ def seconds_by_hook(slots: Iterable[SlotRecord], mount_calls: Mapping[str, int]
 
 def plan(tables: Mapping[str, Sequence[SlotRecord]]) -> dict[str, list[tuple[str, int]]]:
     """Mount point -> [(hook name, priority)] in call order, only non-empty mount points."""
-    return {mount: [(s.entry.name, s.entry.priority) for s in tables[mount]]
-            for mount in MOUNT_POINTS if tables.get(mount)}
+    return {
+        mount: [(s.entry.name, s.entry.priority) for s in tables[mount]]
+        for mount in MOUNT_POINTS
+        if tables.get(mount)
+    }
 
 
 def _hook_lines(entries: Sequence[HookEntry]) -> list[str]:
@@ -91,8 +105,10 @@ def _hook_lines(entries: Sequence[HookEntry]) -> list[str]:
         extra += [f"after={','.join(e.after)}"] if e.after else []
         extra += [f"before={','.join(e.before)}"] if e.before else []
         extra += ["DISABLED"] if e.disabled else []
-        lines.append(f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
-                     f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip())
+        lines.append(
+            f"  {e.name:<{width}}  {type(e.hook).__name__:<24} "
+            f"{priority_name(e.priority):<13} {' '.join(extra)}".rstrip()
+        )
     return lines
 
 
@@ -102,9 +118,12 @@ def _sink_name(spec: Any) -> str:
     return str(spec.get("type", "?")) if isinstance(spec, dict) else type(spec).__name__
 
 
-def plan_text(entries: Sequence[HookEntry], tables: Mapping[str, Sequence[SlotRecord]],
-              extensions: Mapping[str, Sequence[HookEntry]],
-              sink_specs: Sequence[tuple[str, Any]]) -> str:
+def plan_text(
+    entries: Sequence[HookEntry],
+    tables: Mapping[str, Sequence[SlotRecord]],
+    extensions: Mapping[str, Sequence[HookEntry]],
+    sink_specs: Sequence[tuple[str, Any]],
+) -> str:
     """The hook plan as the Runner logs it and ``drun hooks`` prints it: the hooks, who runs at
     each mount point, and the extension points in use (``sink_specs``: the named log sinks)."""
     lines = _hook_lines(entries)
@@ -123,3 +142,43 @@ def plan_text(entries: Sequence[HookEntry], tables: Mapping[str, Sequence[SlotRe
             text = " -> ".join(e.name for e in found)
         lines.append(f"  {point:<22} {text}")
     return "\n".join(lines)
+
+
+def _marks(entry: HookEntry) -> str:
+    """What sets a hook apart in the short plan: a non-default error policy, a disabled hook."""
+    marks = [f"on_error={entry.on_error}"] if entry.on_error != "raise" else []
+    marks += ["DISABLED"] if entry.disabled else []
+    return f" [{', '.join(marks)}]" if marks else ""
+
+
+def plan_summary(
+    entries: Sequence[HookEntry],
+    sink_specs: Sequence[tuple[str, Any]],
+    where: str | None,
+    width: int = 80,
+) -> str:
+    """The hook plan for the terminal (:mod:`distributed_runner.quiet_log`): the hooks in call
+    order with their priorities, the log sinks, and the file holding the whole plan
+    (:func:`plan_text`: every mount point and extension point). ``width`` leaves room for the
+    log line's time and level."""
+    hooks = ", ".join(f"{e.name} {priority_name(e.priority)}{_marks(e)}" for e in entries)
+    text = f"Hooks in call order: {hooks or 'none'}"
+    if sink_specs:
+        text += f"; log sinks: {', '.join(_sink_name(spec) for _, spec in sink_specs)}"
+    if where:
+        text += f". Mount points and extension points: {where}"
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def timing_summary(rows: Sequence[HookTiming], where: str | None, top: int = 3) -> str:
+    """The end-of-training hook time for the terminal: the total, the ``top`` slowest (hook,
+    mount point) pairs and any errors, and the file holding the whole table."""
+    total = sum(t.seconds for t in rows)
+    slowest = ", ".join(f"{t.name}.{t.mount} {t.seconds:.3f} s" for t in rows[:top])
+    text = f"Hook time: {total:.3f} s in {len(rows)} (hook, mount point) pairs"
+    text += f"; slowest: {slowest}" if slowest else ""
+    errors = sum(t.errors for t in rows)
+    text += f"; {errors} errors" if errors else ""
+    if where:
+        text += f". Full table: {where}"
+    return text

@@ -9,10 +9,12 @@ by_epoch=False``) — logged when the Runner is built. What cannot be carried ov
 error naming the argument, not a silent drop. A hook the user registered under one of these names
 is theirs and stays as it is.
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -26,9 +28,10 @@ def _hooks_section(cfg: dict, name: str, default_type: str) -> dict:
     if spec is None:
         spec = {"type": default_type} if name in hooks else {}
     elif not isinstance(spec, dict):
-        raise ConfigError(f"default_hooks.{name}", "is a Hook instance: an iMIX hook in "
-                                                   "custom_hooks cannot update it; configure it "
-                                                   "there")
+        raise ConfigError(
+            f"default_hooks.{name}",
+            "is a Hook instance: an iMIX hook in custom_hooks cannot update it; configure it there",
+        )
     hooks[name] = spec = copy.deepcopy(spec)
     return spec
 
@@ -36,13 +39,13 @@ def _hooks_section(cfg: dict, name: str, default_type: str) -> dict:
 def _refuse(args: dict, key: str, unsupported: tuple[str, ...], instead: str) -> None:
     for name in unsupported:
         if args.get(name) is not None:
-            raise ConfigError(f"{key}.{name}", f"iMIX's argument has no equivalent here; "
-                                               f"{instead}")
+            raise ConfigError(f"{key}.{name}", f"iMIX's argument has no equivalent here; {instead}")
 
 
 def _optimizer(cfg: dict, args: dict, key: str, amp: bool = False) -> str:
-    _refuse(args, key, ("grad_scaler_config",), "set optim_wrapper.loss_scale "
-                                                "('dynamic' or a number)")
+    _refuse(
+        args, key, ("grad_scaler_config",), "set optim_wrapper.loss_scale ('dynamic' or a number)"
+    )
     optim = cfg["optim_wrapper"] = dict(cfg.get("optim_wrapper") or {})  # the caller's intact
     done = []
     if amp:
@@ -51,8 +54,11 @@ def _optimizer(cfg: dict, args: dict, key: str, amp: bool = False) -> str:
     if args.get("grad_clip"):
         optim["clip_grad"] = dict(args["grad_clip"])
         done.append(f"clip_grad={optim['clip_grad']}")
-    return "optim_wrapper: " + ", ".join(done) if done else \
-        "nothing to set (the OptimWrapper steps; optim_wrapper.clip_grad clips)"
+    return (
+        "optim_wrapper: " + ", ".join(done)
+        if done
+        else "nothing to set (the OptimWrapper steps; optim_wrapper.clip_grad clips)"
+    )
 
 
 def _checkpoint(cfg: dict, args: dict, key: str) -> str:
@@ -73,6 +79,7 @@ def _checkpoint(cfg: dict, args: dict, key: str) -> str:
 def _sink(name: str, sink_type: str, path_arg: str = "", path_key: str = "") -> Rule:
     """Add the sink to LoggerHook's; iMIX's file argument becomes the sink's (``log_dir`` ->
     TensorBoardSink ``log_dir``); what has no equivalent is named in the note."""
+
     def rule(cfg: dict, args: dict, key: str) -> str:
         spec = _hooks_section(cfg, "logger", "LoggerHook")
         sinks = list(spec.get("sinks", ("terminal", "jsonl")))
@@ -85,8 +92,9 @@ def _sink(name: str, sink_type: str, path_arg: str = "", path_key: str = "") -> 
             return f"default_hooks.logger.sinks: {sinks}{tail}"
         if name in sinks:
             return f"default_hooks.logger.sinks already has {name!r}{tail}"
-        spec["sinks"] = sinks + [name]
+        spec["sinks"] = [*sinks, name]
         return f"default_hooks.logger.sinks += [{name!r}]{tail}"
+
     return rule
 
 
@@ -103,8 +111,10 @@ def _evaluate(cfg: dict, args: dict, key: str) -> str:
     train_cfg = cfg["train_cfg"] = dict(cfg.get("train_cfg") or {})
     if args.get("eval_iter_period") and train_cfg.get("by_epoch", True) is False:
         train_cfg["val_interval"] = int(args["eval_iter_period"])
-        return f"train_cfg.val_interval={train_cfg['val_interval']} (val_dataloader, " \
-               f"val_evaluator, val_cfg)"
+        return (
+            f"train_cfg.val_interval={train_cfg['val_interval']} (val_dataloader, "
+            f"val_evaluator, val_cfg)"
+        )
     return "train_cfg.val_interval / val_begin with val_dataloader, val_evaluator and val_cfg"
 
 
@@ -119,6 +129,7 @@ def _replaced_by(hook_type: str, keep: tuple[str, ...] = ()) -> Rule:
         ignored = [k for k in args if k not in keep]
         tail = f" ({', '.join(ignored)}: no equivalent, not used)" if ignored else ""
         return f"custom_hooks += [{spec}]{tail}"
+
     return rule
 
 
@@ -142,17 +153,17 @@ RULES: dict[str, Rule] = {
 # naming one unregistered gets what to do and the README's table, not a look-alike of ours
 NO_EQUIVALENT: dict[str, str] = {
     "EMAIterHook": "the iMIX tutorial's example: register your class with "
-                   "@HOOKS.register_module() (it runs as written), or use EMAHook",
+    "@HOOKS.register_module() (it runs as written), or use EMAHook",
     "EMAEpochHook": "an iMIX hook: register your class with @HOOKS.register_module() (it runs "
-                    "as written), or use EMAHook",
+    "as written), or use EMAHook",
     "TextLoggerHook": "iMIX's debugging hook that logs a text at three mount points; LoggerHook "
-                      "(a default hook) logs training, or register your own hook",
+    "(a default hook) logs training, or register your own hook",
     "MomentumSchedulerHook": "an empty hook in iMIX; momentum is scheduled by param_scheduler "
-                             "entries with param_name='momentum', stepped by ParamSchedulerHook",
+    "entries with param_name='momentum', stepped by ParamSchedulerHook",
     "HookBase": "iMIX's hook base class: subclass hooks.Hook and register the subclass",
     "LogBufferWriter": "an iMIX base class of its logger hooks: use LoggerHook's sinks",
     "PeriodicCheckpointer": "an iMIX checkpointing class: use CheckpointHook (default_hooks."
-                            "checkpoint)",
+    "checkpoint)",
 }
 IMIX_TABLE = "see the README's iMIX table ('MMEngine and iMIX users')"
 
@@ -165,18 +176,24 @@ def translate_imix_hooks(cfg: dict) -> list[str]:
     if not isinstance(hooks, (list, tuple)):
         return []
     from .registry import HOOKS
-    kept, notes, added = [], [], []
+
+    kept: list[Any] = []
+    notes: list[str] = []
+    added: list[str] = []
     for i, spec in enumerate(hooks):
         kind = spec.get("type") if isinstance(spec, dict) else None
         if kind in NO_EQUIVALENT and HOOKS.get(kind) is None:
-            raise ConfigError(f"custom_hooks[{i}].type", f"{kind!r} is not registered: it is "
-                              f"{NO_EQUIVALENT[kind]}; {IMIX_TABLE}")
+            raise ConfigError(
+                f"custom_hooks[{i}].type",
+                f"{kind!r} is not registered: it is {NO_EQUIVALENT[kind]}; {IMIX_TABLE}",
+            )
         if not isinstance(kind, str) or kind not in RULES or HOOKS.get(kind) is not None:
             kept.append(spec)
             continue
         args = {k: v for k, v in spec.items() if k not in ("type", "level", "priority", "name")}
         cfg["custom_hooks"] = added  # a rule that adds a hook adds it here
-        notes.append(f"custom_hooks[{i}]: iMIX's {kind} -> "
-                     f"{RULES[kind](cfg, args, f'custom_hooks[{i}]')}")
+        notes.append(
+            f"custom_hooks[{i}]: iMIX's {kind} -> {RULES[kind](cfg, args, f'custom_hooks[{i}]')}"
+        )
     cfg["custom_hooks"] = kept + added
     return notes

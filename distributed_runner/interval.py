@@ -10,6 +10,7 @@ decides. LoggerHook broadcasts the decision (one one-element all-reduce per chec
 wall-time intervals in a distributed run); CheckpointHook turns it into a checkpoint request,
 which the ranks agree on anyway (:mod:`distributed_runner.control`).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,10 +27,18 @@ if TYPE_CHECKING:
     from .runner_api import RunnerAPI
 
 _SPEC = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
-_UNITS = {"it": ("iter", 1), "iter": ("iter", 1), "iters": ("iter", 1),
-          "ep": ("epoch", 1), "epoch": ("epoch", 1), "epochs": ("epoch", 1),
-          "s": ("time", 1.0), "sec": ("time", 1.0), "min": ("time", 60.0),
-          "h": ("time", 3600.0)}
+_UNITS = {
+    "it": ("iter", 1),
+    "iter": ("iter", 1),
+    "iters": ("iter", 1),
+    "ep": ("epoch", 1),
+    "epoch": ("epoch", 1),
+    "epochs": ("epoch", 1),
+    "s": ("time", 1.0),
+    "sec": ("time", 1.0),
+    "min": ("time", 60.0),
+    "h": ("time", 3600.0),
+}
 
 
 class Interval:
@@ -37,29 +46,37 @@ class Interval:
 
     def __init__(self, kind: str, every: float, text: str) -> None:
         self.kind, self.every, self.text = kind, every, text
+        # iterations or epochs are counted in whole numbers (``parse`` refuses '1.5it')
+        self._count = int(every) if kind in ("iter", "epoch") else 0
         self._last: float | None = None
 
     @classmethod
-    def parse(cls, value: Any, by_epoch: bool, key: str) -> "Interval":
+    def parse(cls, value: Any, by_epoch: bool, key: str) -> Interval:
         if isinstance(value, Interval):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ArgumentError(key, f"expected an int or a string like '500it', '2ep', '30min', "
-                                   f"'1h'; got {value!r}")
+            raise ArgumentError(
+                key,
+                f"expected an int or a string like '500it', '2ep', '30min', '1h'; got {value!r}",
+            )
         if isinstance(value, int):
             if value <= 0:
                 return cls("never", 0, str(value))
             return cls("epoch" if by_epoch else "iter", value, str(value))
         match = _SPEC.match(value.lower())
         if not match or match.group(2) not in _UNITS:
-            raise ArgumentError(key, f"cannot read interval {value!r}: use a number and one of the "
-                                   f"units it, ep, s, min, h (e.g. '500it', '2ep', '30min')")
+            raise ArgumentError(
+                key,
+                f"cannot read interval {value!r}: use a number and one of the "
+                f"units it, ep, s, min, h (e.g. '500it', '2ep', '30min')",
+            )
         kind, scale = _UNITS[match.group(2)]
         amount = float(match.group(1)) * scale
         if kind != "time":
             if amount != int(amount) or amount < 1:
-                raise ArgumentError(key, f"{value!r}: iterations and epochs must be whole numbers "
-                                       f">= 1")
+                raise ArgumentError(
+                    key, f"{value!r}: iterations and epochs must be whole numbers >= 1"
+                )
             amount = int(amount)
         elif amount <= 0:
             raise ArgumentError(key, f"{value!r}: a wall-time interval must be positive")
@@ -72,14 +89,14 @@ class Interval:
     def due_after_iter(self, runner: RunnerAPI, start: int = 0) -> bool:
         """At ``after_train_iter``: an iteration interval or a wall-time interval is due."""
         if self.kind == "iter":
-            return every_nth(runner.iter + 1 - start, self.every)
+            return every_nth(runner.iter + 1 - start, self._count)
         if self.kind == "time":
             return self.time_due()
         return False
 
     def due_after_epoch(self, runner: RunnerAPI, start: int = 0) -> bool:
         """At ``after_train_epoch``: an epoch interval is due."""
-        return self.kind == "epoch" and every_nth(runner.epoch + 1 - start, self.every)
+        return self.kind == "epoch" and every_nth(runner.epoch + 1 - start, self._count)
 
     def start_clock(self) -> None:
         """Start (or restart) a wall-time interval now — call it at ``before_train``."""

@@ -4,9 +4,10 @@ what save-best and early stopping share.
 MMEngine's keys: a metric whose name contains one of :data:`GREATER_KEYS` is better when larger,
 one containing :data:`LESS_KEYS` when smaller. An exact match wins over a substring match.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from .errors import ArgumentError
 
@@ -14,8 +15,9 @@ GREATER_KEYS = ["acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU",
 LESS_KEYS = ["loss"]
 
 
-def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
-               less_keys: Sequence[str] = LESS_KEYS) -> Optional[str]:
+def infer_rule(
+    key: str, greater_keys: Sequence[str] = GREATER_KEYS, less_keys: Sequence[str] = LESS_KEYS
+) -> str | None:
     """``'greater'``/``'less'`` for a metric key: an exact match first, then a substring match
     (``greater_keys`` first); None when neither list says."""
     low = key.lower()
@@ -32,12 +34,13 @@ def infer_rule(key: str, greater_keys: Sequence[str] = GREATER_KEYS,
     return None
 
 
-def require_metric(arg: str, key: str, reported: Optional[Iterable[str]]) -> None:
+def require_metric(arg: str, key: str, reported: Iterable[str] | None) -> None:
     """An ArgumentError on ``arg`` (``save_best``, ``monitor``) when ``key`` is not among the
     metric names ``reported``; None means the names are not known yet, so nothing is checked."""
     if reported is None:
         return
     names = list(reported)
     if key not in names:
-        raise ArgumentError(arg, f"{key!r} is not a validation metric; the evaluator reports: "
-                                 f"{', '.join(names)}")
+        raise ArgumentError(
+            arg, f"{key!r} is not a validation metric; the evaluator reports: {', '.join(names)}"
+        )

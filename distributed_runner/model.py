@@ -7,6 +7,7 @@ BaseModel``. How the loops call such a model is :mod:`distributed_runner.model_s
 
 A plain ``nn.Module`` with ``forward(..., mode)`` needs none of this (step.py: how it is called).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,7 +40,7 @@ class BaseDataPreprocessor(nn.Module):
     def device(self) -> torch.device:
         return self._device
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "BaseDataPreprocessor":
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> BaseDataPreprocessor:
         # every .to()/.cuda()/.cpu() of a parent reaches children through _apply: learn the
         # device from what fn does to an empty tensor on the current one
         self._device = fn(torch.empty(0, device=self._device)).device
@@ -63,16 +64,19 @@ class BaseModel(nn.Module):
     gradients are synchronised by the wrapper, as MMEngine's ``MMDistributedDataParallel`` does.
     """
 
-    def __init__(self, data_preprocessor: dict | nn.Module | None = None,
-                 init_cfg: dict | None = None) -> None:
+    def __init__(
+        self, data_preprocessor: dict | nn.Module | None = None, init_cfg: dict | None = None
+    ) -> None:
         super().__init__()
         if data_preprocessor is None:
             data_preprocessor = BaseDataPreprocessor()
         if isinstance(data_preprocessor, dict):
             data_preprocessor = MODELS.build(data_preprocessor, "model.data_preprocessor")
         if not isinstance(data_preprocessor, nn.Module):
-            raise TypeError(f"data_preprocessor must be an nn.Module or a config dict, got "
-                            f"{type(data_preprocessor).__name__}")
+            raise TypeError(
+                f"data_preprocessor must be an nn.Module or a config dict, got "
+                f"{type(data_preprocessor).__name__}"
+            )
         self.data_preprocessor = data_preprocessor
         self.init_cfg = init_cfg
 
@@ -100,5 +104,7 @@ class BaseModel(nn.Module):
         return call_model(self, data, mode)
 
     def forward(self, inputs: Any, data_samples: Any = None, mode: str = "tensor") -> Any:
-        raise NotImplementedError(f"{type(self).__name__}.forward(inputs, data_samples, mode) "
-                                  f"must be implemented (MMEngine's BaseModel contract)")
+        raise NotImplementedError(
+            f"{type(self).__name__}.forward(inputs, data_samples, mode) "
+            f"must be implemented (MMEngine's BaseModel contract)"
+        )

@@ -1,18 +1,21 @@
 """The model a Runner trains: built from its config, across several ranks wrapped in DDP or
 sharded with FSDP2 (``strategy=``, :mod:`distributed_runner.sharding`), and with ``compile=``
 compiled."""
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from . import dist
 from .errors import ConfigError
-from .registry import MODELS, accepts, check_arguments
 from .recompute import apply_activation_checkpointing
+from .registry import MODELS
 from .sharding import check_shard_modules, shard_model
+from .signatures import accepts, check_arguments
 
 
 def default_device() -> torch.device:
@@ -28,10 +31,13 @@ def build_model(spec: Any, device: torch.device) -> nn.Module:
     itself (registry.py); how the loops then call the model is model_steps.py's business."""
     built = MODELS.build(spec, "model")
     if not isinstance(built, nn.Module):
-        raise ConfigError("model", f"built a {type(built).__name__}, not a torch nn.Module: "
-                                   f"type= must name a model class or a factory returning one "
-                                   f"(a config object goes in its arguments, e.g. config=dict("
-                                   f"type=...))")
+        raise ConfigError(
+            "model",
+            f"built a {type(built).__name__}, not a torch nn.Module: "
+            f"type= must name a model class or a factory returning one "
+            f"(a config object goes in its arguments, e.g. config=dict("
+            f"type=...))",
+        )
     return built.to(device)
 
 
@@ -45,13 +51,16 @@ def wrap_model(model: nn.Module, wrapper_cfg: dict, device: torch.device) -> nn.
     if not dist.is_distributed():
         return model
     from torch.nn.parallel import DistributedDataParallel
+
     if "broadcast_buffers" not in wrapper_cfg:  # its newer name, where torch has it
-        key = "forward_sync_buffers" if accepts(DistributedDataParallel,
-                                                "forward_sync_buffers") else "broadcast_buffers"
+        key = (
+            "forward_sync_buffers"
+            if accepts(DistributedDataParallel, "forward_sync_buffers")
+            else "broadcast_buffers"
+        )
         wrapper_cfg.setdefault(key, False)
     ids = [device.index] if device.type == "cuda" else None
-    check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg",
-                    supplied=["module"])
+    check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg", supplied=["module"])
     return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
 
 
@@ -80,7 +89,10 @@ def compile_model(wrapped: nn.Module, spec: Any) -> nn.Module:
     wrapper itself is compiled, as PyTorch recommends (graph breaks at gradient buckets).
     """
     args = check_compile(spec)
-    return wrapped if args is None else torch.compile(wrapped, **args)
+    if args is None:
+        return wrapped
+    # torch.compile of a module is an OptimizedModule (a Module); typed as any callable's
+    return cast(nn.Module, torch.compile(wrapped, **args))
 
 
 def _compiled_inner(model: Any) -> Any:
@@ -88,8 +100,9 @@ def _compiled_inner(model: Any) -> Any:
     return model._orig_mod if type(model).__name__ == "OptimizedModule" else None
 
 
-def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device,
-                strategy: dict) -> tuple[nn.Module, nn.Module]:
+def setup_model(
+    spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device, strategy: dict
+) -> tuple[nn.Module, nn.Module]:
     """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
     then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result.
 
@@ -98,8 +111,10 @@ def setup_model(spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: 
     ``forward``, so the keys of ``state_dict()`` and the class names FSDP matches stay."""
     model = build_model(spec, device)
     if strategy["type"] == "fsdp" and wrapper_cfg:
-        raise ConfigError("model_wrapper_cfg", "holds DDP arguments, but strategy is FSDP: "
-                                               "put FSDP options in strategy=dict(...)")
+        raise ConfigError(
+            "model_wrapper_cfg",
+            "holds DDP arguments, but strategy is FSDP: put FSDP options in strategy=dict(...)",
+        )
     check_shard_modules(model, strategy)
     apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
     if strategy["type"] == "fsdp":
@@ -113,9 +128,11 @@ def is_model_wrapper(model: Any) -> bool:
     """Whether ``model`` wraps the user's model in ``.module`` (DDP, DataParallel, FSDP1, a
     TTA wrapper): MMEngine's ``mmengine.model.is_model_wrapper``."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
+
     wrappers: tuple[type, ...] = (DistributedDataParallel, DataParallel)
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
+
         wrappers += (FullyShardedDataParallel,)
     except ImportError:  # pragma: no cover - torch built without distributed
         pass
@@ -138,6 +155,5 @@ def wrapper_layers(model: nn.Module) -> Iterator[nn.Module]:
 def get_ori_model(model: nn.Module) -> nn.Module:
     """The user's model inside any wrappers, compiled ones too (what downstream hooks call
     ``get_ori_model``)."""
-    for model in wrapper_layers(model):
-        pass
-    return model
+    *_, innermost = wrapper_layers(model)
+    return innermost

@@ -30,11 +30,12 @@ pair. A model written MMEngine's way is honoured:
 An elastic run (``launcher.num_workers=(min, max)``) trains with the elastic step, which calls
 ``forward`` itself for each micro-batch: a data_preprocessor or an own train_step is refused.
 """
+
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -43,8 +44,19 @@ from . import dist
 from .errors import ConfigError
 from .model import BaseModel
 from .model_setup import get_ori_model, wrapper_layers
-from .step import ElasticStep, GuardedStep, LossOf, OwnTrainStep, PlainStep, StepStrategy, \
-    call_as_is, call_for_loss, call_model, detaching, parse_losses
+from .step import (
+    ElasticStep,
+    GuardedStep,
+    LossOf,
+    OwnTrainStep,
+    PlainStep,
+    StepStrategy,
+    call_as_is,
+    call_for_loss,
+    call_model,
+    detaching,
+    parse_losses,
+)
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI
@@ -67,8 +79,9 @@ def takes_mode(module: Any) -> bool:
     ``forward`` with an explicit ``mode`` parameter (``**kwargs`` does not count: Hugging Face
     forwards take them and would choke on ``mode``)."""
     if isinstance(module, BaseModel) or any(
-            c.__name__ == "BaseModel" and c.__module__.startswith("mmengine")
-            for c in type(module).__mro__):
+        c.__name__ == "BaseModel" and c.__module__.startswith("mmengine")
+        for c in type(module).__mro__
+    ):
         return True
     try:
         params = inspect.signature(type(module).forward).parameters
@@ -93,21 +106,30 @@ def choose_step(runner: RunnerAPI) -> StepStrategy:
     call, parse = as_is or (call_for_loss, parse_losses)
     if getattr(runner, "elastic_plan", None) is not None:
         if preprocess is not None or own_train_step:
-            raise ConfigError("launcher.num_workers", f"an elastic range splits each global "
-                              f"batch into micro-batches and calls forward itself, so "
-                              f"{type(module).__name__}'s data_preprocessor / train_step would "
-                              f"not run: use a fixed number of workers")
-        return ElasticStep(runner, parse=parse, call=call)
+            raise ConfigError(
+                "launcher.num_workers",
+                f"an elastic range splits each global "
+                f"batch into micro-batches and calls forward itself, so "
+                f"{type(module).__name__}'s data_preprocessor / train_step would "
+                f"not run: use a fixed number of workers",
+            )
+        # step.py's ElasticStep names its __call__ parameter micro_batches, StepStrategy's
+        # data_batch: fixed there (being rewritten), this ignore then becomes unused
+        return ElasticStep(runner, parse=parse, call=call)  # type: ignore[return-value]
     if own_train_step:
         guards = runner.step_guards
         if guards:
             names = ", ".join(type(g).__name__ for g in guards)
-            raise ConfigError("custom_hooks", f"{names} checks the loss between forward and "
-                              f"backward, but {type(module).__name__}.train_step does both in "
-                              f"one call: remove the hook, or let the Runner run the step "
-                              f"(drop the train_step override)")
-        average = isinstance(runner.wrapped_model, DistributedDataParallel) \
-            and dist.is_distributed()
+            raise ConfigError(
+                "custom_hooks",
+                f"{names} checks the loss between forward and "
+                f"backward, but {type(module).__name__}.train_step does both in "
+                f"one call: remove the hook, or let the Runner run the step "
+                f"(drop the train_step override)",
+            )
+        average = (
+            isinstance(runner.wrapped_model, DistributedDataParallel) and dist.is_distributed()
+        )
         return OwnTrainStep(runner, module, average)
     if preprocess is not None:
         own_parse = getattr(module, "parse_losses", None)
@@ -123,6 +145,7 @@ def _under_tta(model: Any) -> bool:
     """Whether PrepareTTAHook's wrapper is among ``model``'s wrappers (its views call the
     model's forward, so an own test_step would bypass them)."""
     from .tta import TTAModel
+
     return any(isinstance(layer, TTAModel) for layer in wrapper_layers(model))
 
 

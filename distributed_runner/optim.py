@@ -13,10 +13,12 @@ The training loop does not always call :meth:`OptimWrapper.update_params`: when
 :meth:`OptimWrapper.is_plain` (one update per step, no clipping, nothing overridden) it steps the
 optimizer itself (``distributed_runner/step.py``, the plain step), which is the same update.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,8 +26,9 @@ from torch import nn
 from . import dist
 from .config_check import positive_int
 from .errors import ConfigError
-from .registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_arguments
+from .registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 from .sharding import like_param, local_tensor
+from .signatures import check_arguments
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
@@ -34,16 +37,22 @@ NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 class OptimWrapper:
     """Backward + (accumulated) step + optional gradient clipping around a torch optimizer."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accumulative_counts: int = 1,
-                 clip_grad: dict | None = None) -> None:
-        positive_int({"accumulative_counts": accumulative_counts}, "accumulative_counts",
-                     "optim_wrapper")  # the config's rule, also for a wrapper built in Python
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        accumulative_counts: int = 1,
+        clip_grad: dict | None = None,
+    ) -> None:
+        positive_int(
+            {"accumulative_counts": accumulative_counts}, "accumulative_counts", "optim_wrapper"
+        )  # the config's rule, also for a wrapper built in Python
         self.optimizer = optimizer
         self.accumulative_counts = int(accumulative_counts)
         self.clip_grad = dict(clip_grad) if clip_grad else None
         if self.clip_grad is not None and "max_norm" not in self.clip_grad:
-            raise ConfigError("optim_wrapper.clip_grad", "needs max_norm, e.g. "
-                                                         "clip_grad=dict(max_norm=1.0)")
+            raise ConfigError(
+                "optim_wrapper.clip_grad", "needs max_norm, e.g. clip_grad=dict(max_norm=1.0)"
+            )
         self._inner_count = 0
         self._max_counts = 0
         self._remainder = 0
@@ -58,9 +67,15 @@ class OptimWrapper:
         optimizer itself (step.py's plain step), the cheapest iteration. (The update counter is
         then not advanced: with one update per step no decision reads it.)"""
         cls = type(self)
-        return (self.accumulative_counts == 1 and self.clip_grad is None and not self._averaging
-                and all(getattr(cls, name) is getattr(OptimWrapper, name) for name in
-                        ("update_params", "backward", "step", "zero_grad", "optim_context")))
+        return (
+            self.accumulative_counts == 1
+            and self.clip_grad is None
+            and not self._averaging
+            and all(
+                getattr(cls, name) is getattr(OptimWrapper, name)
+                for name in ("update_params", "backward", "step", "zero_grad", "optim_context")
+            )
+        )
 
     # -- accumulation bookkeeping ----------------------------------------------------------------
     def initialize_count_status(self, done: int, max_counts: int) -> None:
@@ -87,8 +102,10 @@ class OptimWrapper:
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Run the forward pass under this: it skips DDP's gradient all-reduce on accumulating
         passes (and enables autocast in :class:`AmpOptimWrapper`)."""
-        if self.accumulative_counts > 1 and not self.should_update() and hasattr(model, "no_sync"):
-            return model.no_sync()
+        if self.accumulative_counts > 1 and not self.should_update():
+            no_sync = getattr(model, "no_sync", None)  # DDP's
+            if no_sync is not None:
+                return no_sync()
         # FSDP2 has no no_sync: its gradients are reduce-scattered on every pass, so they stay
         # sharded in p.grad, where a checkpoint inside an accumulation window finds them
         # (set_requires_gradient_sync(False) would hold them in FSDP's private buffers instead)
@@ -99,8 +116,8 @@ class OptimWrapper:
         """The forward context of one micro-batch of an elastic global batch (step.py's
         ElasticStep): DDP skips its all-reduce unless ``sync`` (the last), plus
         :meth:`optim_context`'s."""
-        skip = not sync and hasattr(model, "no_sync")
-        with model.no_sync() if skip else NO_CONTEXT, self.optim_context(model):
+        no_sync = None if sync else getattr(model, "no_sync", None)
+        with no_sync() if no_sync is not None else NO_CONTEXT, self.optim_context(model):
             yield
 
     @contextlib.contextmanager
@@ -123,7 +140,7 @@ class OptimWrapper:
                     groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
         for grads in groups.values():  # flattened together: one all-reduce for all of them
             flat = dist.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
-            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 g.copy_(part.view_as(g))
 
     def update_params(self, loss: torch.Tensor) -> None:
@@ -144,10 +161,10 @@ class OptimWrapper:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _clip(self) -> None:
+    def _clip(self, clip_grad: dict) -> None:
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if params:
-            norm = nn.utils.clip_grad_norm_(params, **self.clip_grad)
+            norm = nn.utils.clip_grad_norm_(params, **clip_grad)
             # sharded gradients (FSDP) give a DTensor norm: the full value, for the logs
             self.last_grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
@@ -155,7 +172,7 @@ class OptimWrapper:
         if self._averaging:
             self._average_gradients()
         if self.clip_grad is not None:
-            self._clip()
+            self._clip(self.clip_grad)
         self.optimizer.step()
 
     def zero_grad(self) -> None:
@@ -170,8 +187,11 @@ class OptimWrapper:
         """
         if self._inner_count % self.accumulative_counts == 0:
             return None
-        return {n: local_tensor(p.grad.detach()).cpu().clone()
-                for n, p in model.named_parameters() if p.grad is not None}
+        return {
+            n: local_tensor(p.grad.detach()).cpu().clone()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
 
     def restore_pending_grads(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
         for n, p in model.named_parameters():
@@ -202,15 +222,26 @@ class OptimWrapper:
 class AmpOptimWrapper(OptimWrapper):
     """Mixed precision: autocast in ``optim_context``; fp16 adds a GradScaler (bf16 needs none)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, dtype: str = "float16",
-                 loss_scale: str | float = "dynamic", device_type: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        dtype: str = "float16",
+        loss_scale: str | float = "dynamic",
+        device_type: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(optimizer, **kwargs)
-        dtypes = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-                  "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+        dtypes = {
+            "float16": torch.float16,
+            "fp16": torch.float16,
+            "half": torch.float16,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+        }
         if dtype not in dtypes:
-            raise ConfigError("optim_wrapper.dtype", f"unknown dtype {dtype!r}: use 'float16' or "
-                                                     f"'bfloat16'")
+            raise ConfigError(
+                "optim_wrapper.dtype", f"unknown dtype {dtype!r}: use 'float16' or 'bfloat16'"
+            )
         self.dtype = dtypes[dtype]
         self.device_type = device_type or self._param_device_type()
         self.scaler: torch.amp.GradScaler | None = None
@@ -241,7 +272,7 @@ class AmpOptimWrapper(OptimWrapper):
             self._average_gradients()
         if self.clip_grad is not None:
             self.scaler.unscale_(self.optimizer)
-            self._clip()
+            self._clip(self.clip_grad)
         self.scaler.step(self.optimizer)
         self.scaler.update()
 
@@ -253,8 +284,9 @@ class AmpOptimWrapper(OptimWrapper):
             self.scaler.load_state_dict(state)
 
 
-def build_optim_wrapper(spec: Any, model: nn.Module, key: str = "optim_wrapper",
-                        params: Any = None) -> OptimWrapper:
+def build_optim_wrapper(
+    spec: Any, model: nn.Module, key: str = "optim_wrapper", params: Any = None
+) -> OptimWrapper:
     """An OptimWrapper from ``dict(type=..., optimizer=dict(type='SGD', lr=...), ...)``, over
     ``params`` (default: all of the model's); ``paramwise_cfg`` or ``constructor`` hand the
     spec to an optimizer constructor (:func:`constructor_for`)."""

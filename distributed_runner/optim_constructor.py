@@ -31,10 +31,11 @@ Imports go one way: this module imports :mod:`distributed_runner.optim`, never t
 ``optim.build_optim_wrapper`` finds a constructor through the OPTIM_WRAPPER_CONSTRUCTORS registry
 (:func:`~distributed_runner.optim.constructor_for`), whose first look-up imports this module.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -47,16 +48,23 @@ from .model_setup import is_model_wrapper
 from .optim import OptimWrapper, build_optim_wrapper
 from .registry import OPTIM_WRAPPER_CONSTRUCTORS
 
-PARAMWISE_OPTIONS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult",
-                     "dwconv_decay_mult", "flat_decay_mult", "dcn_offset_lr_mult",
-                     "bypass_duplicate")
+PARAMWISE_OPTIONS = (
+    "custom_keys",
+    "bias_lr_mult",
+    "bias_decay_mult",
+    "norm_decay_mult",
+    "dwconv_decay_mult",
+    "flat_decay_mult",
+    "dcn_offset_lr_mult",
+    "bypass_duplicate",
+)
 # the multipliers MMEngine refuses without a weight decay to scale (flat_decay_mult it ignores)
 DECAY_OPTIONS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult")
 NORM_LAYERS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 KEY = "optim_wrapper.paramwise_cfg"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def deformable_conv_types() -> tuple[type, ...]:
     """mmcv's deformable convolutions, when mmcv is installed (``dcn_offset_lr_mult``); looked
     up once (a failed import is not cached by Python, and add_params asks for every module)."""
@@ -90,26 +98,36 @@ class DefaultOptimWrapperConstructor:
             for option in cfg:
                 if option not in PARAMWISE_OPTIONS:
                     hint = did_you_mean(option, PARAMWISE_OPTIONS)
-                    raise ConfigError(f"{KEY}.{option}", f"unknown option{hint}; takes "
-                                                         f"{', '.join(PARAMWISE_OPTIONS)}")
+                    raise ConfigError(
+                        f"{KEY}.{option}",
+                        f"unknown option{hint}; takes {', '.join(PARAMWISE_OPTIONS)}",
+                    )
         custom = cfg.get("custom_keys", {})
         if not isinstance(custom, dict) or not all(isinstance(v, dict) for v in custom.values()):
-            raise ConfigError(f"{KEY}.custom_keys", "expected {'name part': dict(lr_mult=..., "
-                                                    "decay_mult=...)}")
-        wants_decay = [f"custom_keys.{k}.decay_mult" for k, v in custom.items()
-                       if "decay_mult" in v] + [o for o in DECAY_OPTIONS if o in cfg]
+            raise ConfigError(
+                f"{KEY}.custom_keys", "expected {'name part': dict(lr_mult=..., decay_mult=...)}"
+            )
+        wants_decay = [
+            f"custom_keys.{k}.decay_mult" for k, v in custom.items() if "decay_mult" in v
+        ] + [o for o in DECAY_OPTIONS if o in cfg]
         if wants_decay and self.base_wd is None:
-            raise ConfigError(f"{KEY}.{wants_decay[0]}", "scales the weight decay, but "
-                                                         "optim_wrapper.optimizer sets none: "
-                                                         "add weight_decay=...")
-        if (custom or "bias_lr_mult" in cfg or "dcn_offset_lr_mult" in cfg) \
-                and self.base_lr is None:
-            raise ConfigError("optim_wrapper.optimizer.lr", "paramwise_cfg scales the learning "
-                                                            "rate: set lr=...")
+            raise ConfigError(
+                f"{KEY}.{wants_decay[0]}",
+                "scales the weight decay, but "
+                "optim_wrapper.optimizer sets none: "
+                "add weight_decay=...",
+            )
+        if (
+            custom or "bias_lr_mult" in cfg or "dcn_offset_lr_mult" in cfg
+        ) and self.base_lr is None:
+            raise ConfigError(
+                "optim_wrapper.optimizer.lr", "paramwise_cfg scales the learning rate: set lr=..."
+            )
 
     # -- the groups ----------------------------------------------------------------------------
-    def add_params(self, params: list[dict], module: nn.Module, prefix: str = "",
-                   is_dcn_module: Any = None) -> None:
+    def add_params(
+        self, params: list[dict], module: nn.Module, prefix: str = "", is_dcn_module: Any = None
+    ) -> None:
         """Append a group for each of ``module``'s own parameters, then recurse into its
         children (``is_dcn_module``: whether ``module``'s parent is a deformable conv)."""
         cfg = self.paramwise_cfg
@@ -121,9 +139,12 @@ class DefaultOptimWrapperConstructor:
         for name, param in module.named_parameters(recurse=False):
             full_name = f"{prefix}.{name}" if prefix else name
             if cfg.get("bypass_duplicate", False) and any(
-                    p is param for group in params for p in group["params"]):
-                logger.warning("%s is shared with an earlier group: left out "
-                               "(bypass_duplicate=True)", full_name)
+                p is param for group in params for p in group["params"]
+            ):
+                logger.warning(
+                    "%s is shared with an earlier group: left out (bypass_duplicate=True)",
+                    full_name,
+                )
                 continue
             if not param.requires_grad:
                 logger.info("%s is left out of the optimizer (requires_grad=False)", full_name)
@@ -136,8 +157,9 @@ class DefaultOptimWrapperConstructor:
                     group["weight_decay"] = self.base_wd * custom[key].get("decay_mult", 1.0)
                 group.update(custom[key])
             else:
-                self._apply_rules(group, name, param, module, prefix, is_norm, is_dwconv,
-                                  is_dcn_module)
+                self._apply_rules(
+                    group, name, param, module, prefix, is_norm, is_dwconv, is_dcn_module
+                )
             params.append(group)
             for option, value in group.items():
                 if option != "params":
@@ -145,16 +167,33 @@ class DefaultOptimWrapperConstructor:
         dcn_types = deformable_conv_types()
         is_dcn = bool(dcn_types) and isinstance(module, dcn_types)
         for child_name, child in module.named_children():
-            self.add_params(params, child, f"{prefix}.{child_name}" if prefix else child_name,
-                            is_dcn_module=is_dcn)
+            self.add_params(
+                params,
+                child,
+                f"{prefix}.{child_name}" if prefix else child_name,
+                is_dcn_module=is_dcn,
+            )
 
-    def _apply_rules(self, group: dict, name: str, param: torch.Tensor, module: nn.Module,
-                     prefix: str, is_norm: bool, is_dwconv: bool, is_dcn_module: Any) -> None:
+    def _apply_rules(
+        self,
+        group: dict,
+        name: str,
+        param: torch.Tensor,
+        module: nn.Module,
+        prefix: str,
+        is_norm: bool,
+        is_dwconv: bool,
+        is_dcn_module: Any,
+    ) -> None:
         cfg, base_lr, base_wd = self.paramwise_cfg, self.base_lr, self.base_wd
         if name == "bias" and not (is_norm or is_dcn_module) and "bias_lr_mult" in cfg:
             group["lr"] = base_lr * cfg["bias_lr_mult"]
-        if "conv_offset" in prefix and is_dcn_module and "dcn_offset_lr_mult" in cfg \
-                and isinstance(module, nn.Conv2d):
+        if (
+            "conv_offset" in prefix
+            and is_dcn_module
+            and "dcn_offset_lr_mult" in cfg
+            and isinstance(module, nn.Conv2d)
+        ):
             group["lr"] = base_lr * cfg["dcn_offset_lr_mult"]
         if base_wd is None:
             return
@@ -168,14 +207,16 @@ class DefaultOptimWrapperConstructor:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
-        model = model.module if is_model_wrapper(model) else model
+        if is_model_wrapper(model):  # nn.Module's attributes are typed Tensor | Module
+            model = cast(nn.Module, model.module)
         params: Any = model.parameters()
         if self.paramwise_cfg:
             params = []
             self.add_params(params, model)
             _check_shared(params, model)
-        return build_optim_wrapper({**self.optim_wrapper_cfg, "optimizer": self.optimizer_cfg},
-                                   model, params=params)
+        return build_optim_wrapper(
+            {**self.optim_wrapper_cfg, "optimizer": self.optimizer_cfg}, model, params=params
+        )
 
 
 def _check_shared(groups: list[dict], model: nn.Module) -> None:
@@ -186,8 +227,11 @@ def _check_shared(groups: list[dict], model: nn.Module) -> None:
     for group in groups:
         for param in group["params"]:
             if id(param) in seen:
-                raise ConfigError(f"{KEY}.bypass_duplicate", f"parameter {names.get(id(param))} "
-                                                             f"is shared with another module "
-                                                             f"(tied weights): set "
-                                                             f"bypass_duplicate=True")
+                raise ConfigError(
+                    f"{KEY}.bypass_duplicate",
+                    f"parameter {names.get(id(param))} "
+                    f"is shared with another module "
+                    f"(tied weights): set "
+                    f"bypass_duplicate=True",
+                )
             seen.add(id(param))

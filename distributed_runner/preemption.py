@@ -17,13 +17,15 @@ Off the main thread (Ray Train runs the training function in a worker thread) Py
 install signal handlers; there Ray's own fault tolerance restarts from the last reported
 checkpoint.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import ConfigError
 
@@ -35,8 +37,10 @@ class TrainingPreempted(Exception):
 
     def __init__(self, reasons: tuple[str, ...], checkpoint: Any = None) -> None:
         self.reasons, self.checkpoint = reasons, checkpoint
-        super().__init__(f"preempted ({'; '.join(reasons)}); checkpoint {checkpoint}: run again "
-                         f"with resume=True (--resume) to continue")
+        super().__init__(
+            f"preempted ({'; '.join(reasons)}); checkpoint {checkpoint}: run again "
+            f"with resume=True (--resume) to continue"
+        )
 
 
 def parse_preemption(cfg: Any) -> dict | None:
@@ -46,13 +50,15 @@ def parse_preemption(cfg: Any) -> dict | None:
     cfg = {} if cfg is True else dict(cfg)
     unknown = set(cfg) - {"signals", "grace_period"}
     if unknown:
-        raise ConfigError(f"preemption.{sorted(unknown)[0]}", "unknown key; use signals= and "
-                                                               "grace_period=")
+        raise ConfigError(
+            f"preemption.{sorted(unknown)[0]}", "unknown key; use signals= and grace_period="
+        )
     signals = cfg.get("signals", ["SIGTERM"])
     for name in signals:
         if not hasattr(signal, str(name)):
-            raise ConfigError("preemption.signals", f"unknown signal {name!r} (e.g. 'SIGTERM', "
-                                                    f"'SIGUSR1')")
+            raise ConfigError(
+                "preemption.signals", f"unknown signal {name!r} (e.g. 'SIGTERM', 'SIGUSR1')"
+            )
     grace = float(cfg.get("grace_period", 25.0))
     if grace <= 0:
         raise ConfigError("preemption.grace_period", "must be > 0 seconds")
@@ -72,8 +78,11 @@ def preemption_signals(settings: dict | None, requests: Any, logger: Any) -> Ite
         if watchdog:  # a second signal: the user or the orchestrator insists
             logger.error("%s received again: exiting now", name)
             os._exit(EXIT_CODE)
-        logger.warning("%s received: finishing this step, then checkpoint and exit (within %.0f s)",
-                       name, settings["grace_period"])
+        logger.warning(
+            "%s received: finishing this step, then checkpoint and exit (within %.0f s)",
+            name,
+            settings["grace_period"],
+        )
         requests.request("preempt", name)
         timer = threading.Timer(settings["grace_period"], _give_up, (logger, name))
         timer.daemon = True
@@ -94,6 +103,9 @@ def preemption_signals(settings: dict | None, requests: Any, logger: Any) -> Ite
 
 
 def _give_up(logger: Any, name: str) -> None:
-    logger.error("%s: training did not stop within the grace period; exiting without a final "
-                 "checkpoint (the last saved one still resumes)", name)
+    logger.error(
+        "%s: training did not stop within the grace period; exiting without a final "
+        "checkpoint (the last saved one still resumes)",
+        name,
+    )
     os._exit(EXIT_CODE)

@@ -21,12 +21,13 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
   a job's runtime_env to anyone who can open its dashboard, and these may hold a token or a
   password.
 """
+
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import ConfigError
 
@@ -40,12 +41,14 @@ def running_clusters() -> list[str]:
         from ray._private.services import find_gcs_addresses
     except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
         return []
-    find_gcs_addresses.cache_clear()
+    # Ray 2.60 sets this attribute on the function (its cache of non-empty results)
+    find_gcs_addresses.cache_clear()  # type: ignore[attr-defined]
     return sorted(find_gcs_addresses())
 
 
-def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ,
-                    clusters: list[str] | None = None) -> str | None:
+def resolve_address(
+    address: str | None, environ: Mapping[str, str] = os.environ, clusters: list[str] | None = None
+) -> str | None:
     """The address to join, or None to start a local Ray in this process.
 
     ``address`` (the launcher's) wins over ``RAY_ADDRESS``. 'auto' means: ``RAY_ADDRESS`` if it
@@ -60,13 +63,19 @@ def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ
         return env_address
     found = running_clusters() if clusters is None else clusters
     if not found:
-        raise ConfigError("launcher.address", "'auto' found no running Ray cluster on this "
-                                              "machine: start one (cluster/local/start_head.sh) "
-                                              "or pass --address HOST:PORT")
+        raise ConfigError(
+            "launcher.address",
+            "'auto' found no running Ray cluster on this "
+            "machine: start one (cluster/local/start_head.sh) "
+            "or pass --address HOST:PORT",
+        )
     if len(found) > 1:
-        raise ConfigError("launcher.address", f"'auto' is ambiguous: {len(found)} Ray clusters "
-                                              f"run on this machine ({', '.join(found)}); pass "
-                                              f"one of them with --address")
+        raise ConfigError(
+            "launcher.address",
+            f"'auto' is ambiguous: {len(found)} Ray clusters "
+            f"run on this machine ({', '.join(found)}); pass "
+            f"one of them with --address",
+        )
     return found[0]
 
 
@@ -87,8 +96,10 @@ def start_local_ray() -> None:
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
-    forced = {"RAY_GCS_SERVER_PORT": str(port),
-              "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
+    forced = {
+        "RAY_GCS_SERVER_PORT": str(port),
+        "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}",
+    }
     saved = {k: os.environ.get(k) for k in forced}
     os.environ.update(forced)
     try:
@@ -111,16 +122,20 @@ def probe_address(address: str, timeout: float = 3.0) -> None:
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError("launcher.address", f"{address!r} is not HOST:PORT, ray://HOST:PORT "
-                                              f"or 'auto'")
+        raise ConfigError(
+            "launcher.address", f"{address!r} is not HOST:PORT, ray://HOST:PORT or 'auto'"
+        )
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except OSError as e:
         reason = e.strerror or type(e).__name__
-        raise ConfigError("launcher.address", f"nothing answers at {address} ({reason}): is "
-                                              f"the head running (ray status --address "
-                                              f"{hostport})? check host and port") from None
+        raise ConfigError(
+            "launcher.address",
+            f"nothing answers at {address} ({reason}): is "
+            f"the head running (ray status --address "
+            f"{hostport})? check host and port",
+        ) from None
 
 
 def check_storage(path: str) -> None:
@@ -143,10 +158,12 @@ def check_storage(path: str) -> None:
             (folder / probe_name).unlink()
     except (OSError, ValueError) as e:
         reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
-        raise ConfigError("launcher.storage_path", f"cannot write to {path} ({reason}): pass a "
-                                                   f"writable --storage-path (shared storage "
-                                                   f"or s3://BUCKET/PATH on several nodes)") \
-            from None
+        raise ConfigError(
+            "launcher.storage_path",
+            f"cannot write to {path} ({reason}): pass a "
+            f"writable --storage-path (shared storage "
+            f"or s3://BUCKET/PATH on several nodes)",
+        ) from None
 
 
 def in_job_package(cwd: Path | None = None) -> bool:
@@ -155,8 +172,9 @@ def in_job_package(cwd: Path | None = None) -> bool:
     return "working_dir_files" in parts and any(p.startswith("_ray_pkg_") for p in parts)
 
 
-def persistent_path(path: str, key: str, environ: Mapping[str, str] = os.environ,
-                    cwd: Path | None = None) -> tuple[str, str | None]:
+def persistent_path(
+    path: str, key: str, environ: Mapping[str, str] = os.environ, cwd: Path | None = None
+) -> tuple[str, str | None]:
     """``path`` made absolute, and a note for the user when it was moved out of a job's package
     folder (see the module docstring). URIs (``s3://``) are returned as they are."""
     if "://" in path:
@@ -166,9 +184,11 @@ def persistent_path(path: str, key: str, environ: Mapping[str, str] = os.environ
         return str(((cwd or Path.cwd()) / p).resolve()), None
     root = Path(environ.get(WORK_ROOT_ENV) or Path.home() / "drun").expanduser()
     moved = str((root / p).resolve())
-    return moved, (f"{key} {path!r} is relative and this Ray job runs in Ray's temporary "
-                   f"package folder (deleted after the job): using {moved} (set "
-                   f"{WORK_ROOT_ENV} or pass an absolute path)")
+    return moved, (
+        f"{key} {path!r} is relative and this Ray job runs in Ray's temporary "
+        f"package folder (deleted after the job): using {moved} (set "
+        f"{WORK_ROOT_ENV} or pass an absolute path)"
+    )
 
 
 def announced_path(path: str, key: str) -> str:

@@ -10,10 +10,12 @@ Resume: a streamed shard cannot start in the middle, so a run resumed mid-epoch 
 batches by iterating over them (the position is still exact; the skipped reads are paid for).
 The launcher refuses a request that leaves Ray Data no CPU of its own (it would hang, starved).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from . import dist
 from .errors import ConfigError
@@ -29,11 +31,14 @@ def build_ray_datasets(cfg: dict) -> dict:
     spec = dict(loader.get("dataset") or {})
     kind = spec.pop("type", None)
     if kind not in READERS:
-        raise ConfigError("train_dataloader.dataset.type", f"unknown Ray Data source {kind!r}: "
-                                                           f"use one of {', '.join(READERS)}")
+        raise ConfigError(
+            "train_dataloader.dataset.type",
+            f"unknown Ray Data source {kind!r}: use one of {', '.join(READERS)}",
+        )
     if "paths" not in spec:
-        raise ConfigError("train_dataloader.dataset.paths", "missing: the Parquet file(s) or "
-                                                            "folder to read")
+        raise ConfigError(
+            "train_dataloader.dataset.paths", "missing: the Parquet file(s) or folder to read"
+        )
     dataset = getattr(ray.data, READERS[kind])(**spec)
     loader["num_rows"] = dataset.count()
     return {loader.get("split", "train"): dataset}
@@ -42,7 +47,7 @@ def build_ray_datasets(cfg: dict) -> dict:
 class _ShardPosition:
     """The sampler-like face of a RayDataLoader: epochs and where a resumed epoch starts."""
 
-    def __init__(self, loader: "RayDataLoader") -> None:
+    def __init__(self, loader: RayDataLoader) -> None:
         self.loader = loader
         self.epoch = 0
 
@@ -56,12 +61,21 @@ class _ShardPosition:
 class RayDataLoader:
     """Iterates this worker's shard of a Ray Dataset as dicts of torch tensors."""
 
-    def __init__(self, dataset: Any = None, batch_size: int = 32, split: str = "train",
-                 num_rows: int | None = None, drop_last: bool = False,
-                 local_shuffle_buffer_size: int | None = None, prefetch_batches: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: Any = None,
+        batch_size: int = 32,
+        split: str = "train",
+        num_rows: int | None = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        prefetch_batches: int = 1,
+    ) -> None:
         if num_rows is None:
-            raise ConfigError("train_dataloader", "RayDataLoader runs under the Ray launcher "
-                                                  "(launcher=dict(type='ray', ...)) only")
+            raise ConfigError(
+                "train_dataloader",
+                "RayDataLoader runs under the Ray launcher (launcher=dict(type='ray', ...)) only",
+            )
         self.dataset_spec = dataset
         self.batch_size = int(batch_size)
         self.split = split
@@ -81,9 +95,11 @@ class RayDataLoader:
 
         shard = ray.train.get_dataset_shard(self.split)
         batches = shard.iter_torch_batches(
-            batch_size=self.batch_size, drop_last=self.drop_last,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
             local_shuffle_buffer_size=self.local_shuffle_buffer_size,
-            prefetch_batches=self.prefetch_batches)
+            prefetch_batches=self.prefetch_batches,
+        )
         skip, self._skip_batches = self._skip_batches, 0
         for i, batch in enumerate(batches):
             if i >= skip:

@@ -13,12 +13,13 @@ the same; module hooks (FSDP2's gathering of a unit's parameters) stay outside t
 region and run once, as ``nn.Module.__call__`` calls them around ``forward``; and
 ``torch.compile`` traces the checkpoint as it traces any non-reentrant one.
 """
+
 from __future__ import annotations
 
 import inspect
 import logging
 import types
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -31,7 +32,7 @@ from .log import LOGGER_NAME
 # append to the cache a second time, so (as transformers' own gradient checkpointing does) a
 # recomputed layer trains without one: these become None, ``use_cache`` False
 CACHE_ARGS = ("past_key_values", "past_key_value", "layer_past")
-OFF = {**{name: None for name in CACHE_ARGS}, "use_cache": False}
+OFF = {**dict.fromkeys(CACHE_ARGS), "use_cache": False}
 
 
 def check_module_classes(model: nn.Module, names: list[str], key: str) -> None:
@@ -40,8 +41,10 @@ def check_module_classes(model: nn.Module, names: list[str], key: str) -> None:
     present = {type(m).__name__ for m in model.modules()}
     for name in names:
         if name not in present:
-            raise ConfigError(key, f"the model has no module of class {name!r}"
-                                   f"{did_you_mean(name, sorted(present))}")
+            raise ConfigError(
+                key,
+                f"the model has no module of class {name!r}{did_you_mean(name, sorted(present))}",
+            )
 
 
 def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -54,9 +57,10 @@ def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward = type(self).forward
     if not (self.training and torch.is_grad_enabled()):  # validation, inference, no_grad
         return forward(self, *args, **kwargs)
-    for name, index in self._recompute_cache_args:
+    # set on the instance by apply_activation_checkpointing (Module attributes type as Tensor)
+    for name, index in cast(list[tuple[str, int]], self._recompute_cache_args):
         if index < len(args) and args[index] is not None:
-            args = (*args[:index], OFF[name], *args[index + 1:])
+            args = (*args[:index], OFF[name], *args[index + 1 :])
         elif kwargs.get(name) is not None:
             kwargs[name] = OFF[name]
     return checkpoint(forward, self, *args, use_reentrant=False, **kwargs)
@@ -75,7 +79,8 @@ def apply_activation_checkpointing(model: nn.Module, names: list[str]) -> list[s
     """Recompute the forward of each module of a class in ``names``, in place; the qualified
     names of those modules. A module inside another recomputed one is left as it is (the outer
     recomputation already covers it; nesting would recompute it twice)."""
-    wanted, done, warned = set(names), [], False
+    wanted, warned = set(names), False
+    done: list[str] = []
     for qualified, module in model.named_modules():
         if type(module).__name__ not in wanted or is_recomputed(module):
             continue
@@ -86,7 +91,9 @@ def apply_activation_checkpointing(model: nn.Module, names: list[str]) -> list[s
             warned = True
             logging.getLogger(LOGGER_NAME).info(
                 "strategy.activation_checkpointing: %s trains without its key/value cache "
-                "(recomputing its forward would fill the cache twice)", type(module).__name__)
+                "(recomputing its forward would fill the cache twice)",
+                type(module).__name__,
+            )
         module.forward = types.MethodType(_recomputed_forward, module)
         done.append(qualified)
     return done

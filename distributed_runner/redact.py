@@ -10,14 +10,18 @@ Credentials inside URLs are redacted wherever a string holds one, whatever its k
 secret-looking query parameters (``?token=...``). Anything that prints or stores a tracking URI
 goes through it.
 """
+
 from __future__ import annotations
 
 import re
 from typing import Any
 
 REDACTED = "******"
-_SECRET = re.compile(r"token|password|passwd|secret|credential|api_?key$|access_?key$|"
-                     r"private_?key$|^key$", re.IGNORECASE)
+_SECRET = re.compile(
+    r"token|password|passwd|secret|credential|api_?key$|access_?key$|"
+    r"private_?key$|^key$",
+    re.IGNORECASE,
+)
 
 
 # scheme://user:password@  and  ?|&secret_name=value
@@ -39,17 +43,24 @@ def redact_url(text: str) -> str:
     if "://" not in text:
         return text
     text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
-    return _URL_QUERY.sub(lambda m: f"{m.group(1)}{m.group(2)}="
-                                    f"{REDACTED if is_secret_key(m.group(2)) else m.group(3)}",
-                          text)
+    return _URL_QUERY.sub(
+        lambda m: (
+            f"{m.group(1)}{m.group(2)}={REDACTED if is_secret_key(m.group(2)) else m.group(3)}"
+        ),
+        text,
+    )
 
 
 def redact(obj: Any) -> Any:
     """A copy of ``obj`` (dicts, lists, tuples) with secret-looking keys' values replaced, and
     credentials in URL strings (:func:`redact_url`)."""
     if isinstance(obj, dict):
-        return type(obj)({k: (REDACTED if is_secret_key(k) and v is not None else redact(v))
-                          for k, v in obj.items()})
+        return type(obj)(
+            {
+                k: (REDACTED if is_secret_key(k) and v is not None else redact(v))
+                for k, v in obj.items()
+            }
+        )
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     if isinstance(obj, tuple):

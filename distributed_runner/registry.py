@@ -12,8 +12,8 @@ built first (``config=dict(type='transformers.GPT2Config', ...)`` arrives as a G
 they cannot build configs themselves; registered classes (ours, MMEngine-style ones) keep
 receiving nested dicts unbuilt, as MMEngine's models expect.
 
-``build`` checks the keyword arguments against the constructor's signature *before* calling it, so an
-unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
+``build`` checks the keyword arguments against the constructor's signature *before* calling it, so
+an unknown or missing argument is a one-line :class:`ConfigError` naming the config key, not a
 ``TypeError`` from deep inside a constructor.
 
 Scopes, as MMEngine's: a downstream project makes its own registry under ours,
@@ -22,20 +22,20 @@ the module that creates it), and registers into that. ``type='mmdet.Name'`` find
 any registry of the tree, so two projects may register the same name; a child finds its parent's
 entries too. A config's ``default_scope='mmdet'`` makes plain names look in that scope first.
 """
+
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import sys
+from collections.abc import Iterable, Iterator
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from .errors import ArgumentError, ConfigError, closest, did_you_mean
-from .external import check_downloads, import_path, is_import_path, is_installed, \
-    missing_package
+from .external import check_downloads, import_path, is_import_path, is_installed, missing_package
 from .log import LOGGER_NAME
-
+from .signatures import accepts, check_arguments
 
 _BUILTIN_PACKAGES = ("hooks", "distributed_runner")
 _default_scope: str | None = None
@@ -43,25 +43,40 @@ _default_scope: str | None = None
 
 def set_default_scope(scope: str | None) -> None:
     """A config's ``default_scope``: plain names look in that scope's registries first."""
-    global _default_scope
+    global _default_scope  # noqa: PLW0603 - one per process, as MMEngine's DefaultScope
     if scope is not None and not isinstance(scope, str):
-        raise ConfigError("default_scope", f"expected a scope name such as 'mmdet', got "
-                                           f"{type(scope).__name__}")
+        raise ConfigError(
+            "default_scope", f"expected a scope name such as 'mmdet', got {type(scope).__name__}"
+        )
     _default_scope = scope
 
 
 class Registry:
     """A name -> class (or function) table with optional fallback modules."""
 
-    def __init__(self, name: str, var: str | None = None, fallbacks: Iterable[str] = (),
-                 builtins: Iterable[str] = (), *, parent: "Registry | None" = None,
-                 scope: str | None = None, locations: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        var: str | None = None,
+        fallbacks: Iterable[str] = (),
+        builtins: Iterable[str] = (),
+        *,
+        parent: Registry | None = None,
+        scope: str | None = None,
+        locations: Iterable[str] = (),
+    ) -> None:
         self.name = name
         if parent is not None and scope is None:  # MMEngine's rule: the creating package
             scope = sys._getframe(1).f_globals.get("__name__", "").split(".")[0] or None
+            if scope is None:
+                raise ArgumentError(
+                    "scope",
+                    f"cannot tell which package creates the child "
+                    f"registry {name!r}: pass scope='your_package'",
+                )
         self.scope, self.parent = scope, parent
         self._children: dict[str, Registry] = {}
-        if parent is not None:
+        if parent is not None and scope is not None:
             parent._children[scope] = self
         # the registry's importable name, for error messages
         self.var = var or (f"{name} registry of scope {scope!r}" if parent else name.upper())
@@ -84,19 +99,20 @@ class Registry:
             try:
                 importlib.import_module(module)
             except ImportError as e:  # the project's own entries stay reachable
-                logging.getLogger(LOGGER_NAME).warning("%s: cannot import %s (%s)", self.var,
-                                                       module, e)
+                logging.getLogger(LOGGER_NAME).warning(
+                    "%s: cannot import %s (%s)", self.var, module, e
+                )
 
-    def _root(self) -> "Registry":
+    def _root(self) -> Registry:
         return self if self.parent is None else self.parent._root()
 
-    def _subtree(self) -> Iterator["Registry"]:
+    def _subtree(self) -> Iterator[Registry]:
         """This registry and every registry under it, depth first."""
         yield self
         for child in self._children.values():
             yield from child._subtree()
 
-    def _in_scope(self, scope: str) -> "Registry | None":
+    def _in_scope(self, scope: str) -> Registry | None:
         """The registry of ``scope`` in this registry's tree (depth first), or None."""
         return next((r for r in self._subtree() if r.scope == scope), None)
 
@@ -110,8 +126,9 @@ class Registry:
         self._load_builtins()
         return sorted(self._table)
 
-    def register_module(self, name: str | None = None, force: bool = False,
-                        module: Any = None) -> Any:
+    def register_module(
+        self, name: str | None = None, force: bool = False, module: Any = None
+    ) -> Any:
         """Register ``module`` (or decorate a class/function) under ``name`` or its ``__name__``.
 
         ``force=True`` replaces an existing entry; otherwise a second registration of a different
@@ -129,19 +146,25 @@ class Registry:
             if existing is not None and existing is not obj and not force:
                 # Re-importing a module (e.g. a config's custom_imports run twice) re-creates the
                 # class; treat a same-named class from the same module as the same registration.
-                same_origin = (getattr(existing, "__module__", None) == getattr(obj, "__module__", 1)
-                               and getattr(existing, "__qualname__", None)
-                               == getattr(obj, "__qualname__", 2))
+                same_origin = getattr(existing, "__module__", None) == getattr(
+                    obj, "__module__", 1
+                ) and getattr(existing, "__qualname__", None) == getattr(obj, "__qualname__", 2)
                 builtin = _is_builtin(existing)
                 if not same_origin and _is_builtin(obj) and not builtin:
                     return obj  # built-ins loaded after the user's replacement: the user's stays
                 if builtin and not same_origin:
                     logging.getLogger(LOGGER_NAME).info(
-                        "%s registry: %s.%s replaces the built-in %r", self.name,
-                        getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", key), key)
+                        "%s registry: %s.%s replaces the built-in %r",
+                        self.name,
+                        getattr(obj, "__module__", "?"),
+                        getattr(obj, "__qualname__", key),
+                        key,
+                    )
                 elif not same_origin:
-                    raise KeyError(f"{key!r} is already registered in the {self.name} registry "
-                                   f"(by {existing.__module__}); pass force=True to replace it")
+                    raise KeyError(
+                        f"{key!r} is already registered in the {self.name} registry "
+                        f"(by {existing.__module__}); pass force=True to replace it"
+                    )
             self._table[key] = obj
             return obj
 
@@ -210,8 +233,9 @@ class Registry:
         if not isinstance(type_, str):
             if callable(type_):
                 return type_
-            raise ConfigError(f"{key}.type", f"expected a registered name or a class, got "
-                              f"{type(type_).__name__}")
+            raise ConfigError(
+                f"{key}.type", f"expected a registered name or a class, got {type(type_).__name__}"
+            )
         obj = self.get(type_)
         if obj is not None:
             return obj
@@ -226,15 +250,19 @@ class Registry:
             f"{key}.type",
             f"unknown {self.name} {type_!r}{did_you_mean(type_, known)}; register it with "
             f"@{self.var}.register_module() and list its module in custom_imports, or give "
-            f"its import path (type='package.module.Name')")
+            f"its import path (type='package.module.Name')",
+        )
 
     def is_registered(self, obj: Any) -> bool:
         """Whether ``obj`` is an entry of this registry's tree, or one of the project's own
         (whose nested configs stay unbuilt: they build them themselves)."""
         if _is_builtin(obj):
             return True
-        return any(obj is entry for registry in self._root()._subtree()
-                   for entry in registry._table.values())
+        return any(
+            obj is entry
+            for registry in self._root()._subtree()
+            for entry in registry._table.values()
+        )
 
     def _build_nested(self, value: Any, key: str) -> Any:
         """``value`` with every ``dict(type=...)`` in it (in lists and tuples too) built, for an
@@ -245,8 +273,13 @@ class Registry:
             return type(value)(self._build_nested(v, f"{key}[{i}]") for i, v in enumerate(value))
         return value
 
-    def build(self, cfg: Any, key: str | None = None, default_args: dict | None = None,
-              **more_default_args: Any) -> Any:
+    def build(
+        self,
+        cfg: Any,
+        key: str | None = None,
+        default_args: dict | None = None,
+        **more_default_args: Any,
+    ) -> Any:
         """Build ``cfg`` (a dict with ``type``), passing the default arguments where the class
         takes them; ``key`` is the config path errors name. MMEngine's call shape works too
         (``MODELS.build(dict(type=...), default_args=dict(...))`` inside a hook): without a key,
@@ -260,8 +293,10 @@ class Registry:
             key = f"{self.var}.build(type={cfg.get('type')!r})"
         default_args = {**(default_args or {}), **more_default_args}
         if "type" not in cfg:
-            raise ConfigError(key, f"missing 'type': name a registered {self.name} "
-                              f"(e.g. type={self._example()!r})")
+            raise ConfigError(
+                key,
+                f"missing 'type': name a registered {self.name} (e.g. type={self._example()!r})",
+            )
         args = {k: v for k, v in cfg.items() if k != "type"}
         cls = self.resolve(cfg["type"], key)
         if not self.is_registered(cls):  # an external callable: nested configs built first
@@ -280,14 +315,18 @@ class Registry:
         except (ValueError, TypeError) as e:
             # a constructor rejecting its arguments is a config mistake; `drun --debug` shows
             # the traceback kept in __cause__
-            raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) rejected its "
-                                   f"arguments: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                              ) from e
-        except Exception as e:  # noqa: BLE001 - anything else the user's constructor raised
-            raise ConfigError(key, f"{getattr(cls, '__name__', cls)}(...) raised "
-                                   f"{type(e).__name__}: "
-                                   f"{str(e).splitlines()[0] if str(e) else '(no message)'} "
-                                   f"(drun --debug shows where)") from e
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(
+                key, f"{getattr(cls, '__name__', cls)}(...) rejected its arguments: {reason}"
+            ) from e
+        except Exception as e:  # anything else the user's constructor raised
+            raise ConfigError(
+                key,
+                f"{getattr(cls, '__name__', cls)}(...) raised "
+                f"{type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else '(no message)'} "
+                f"(drun --debug shows where)",
+            ) from e
 
     def _example(self) -> str:
         return next(iter(self._table), "...")
@@ -297,83 +336,41 @@ def _is_builtin(obj: Any) -> bool:
     return str(getattr(obj, "__module__", "")).split(".")[0] in _BUILTIN_PACKAGES
 
 
-def _signature(fn: Callable) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):  # builtins without a signature: nothing to check
-        return None
-
-
-def _wrapper_takes_any_keyword(fn: Callable) -> bool:
-    """Whether ``fn`` (or its ``__init__``) is a wrapper taking ``**kwargs`` around a narrower
-    signature: Hugging Face's config classes declare their fields but take any keyword (an
-    ``__init__(*args, **kwargs)`` wrapper stores the rest), so an extra keyword is theirs to
-    judge."""
-    try:
-        raw = inspect.signature(fn, follow_wrapped=False)
-    except (TypeError, ValueError):
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in raw.parameters.values())
-
-
-def accepts(fn: Callable, name: str) -> bool:
-    """Whether ``fn`` takes a keyword argument called ``name`` (explicitly or via ``**kwargs``)."""
-    sig = _signature(fn)
-    if sig is None:
-        return False
-    params = sig.parameters
-    if name in params and params[name].kind not in (inspect.Parameter.POSITIONAL_ONLY,
-                                                     inspect.Parameter.VAR_POSITIONAL):
-        return True
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def check_arguments(fn: Callable, args: dict[str, Any], key: str,
-                    supplied: Iterable[str] = ()) -> None:
-    """Raise a one-line error for an unknown or a missing keyword argument of ``fn``.
-
-    ``supplied`` names arguments the caller passes itself (positionally), e.g. an optimizer's params.
-    """
-    sig = _signature(fn)
-    if sig is None:
-        return
-    params = dict(sig.parameters)
-    params.pop("self", None)
-    name = getattr(fn, "__name__", repr(fn))
-    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
-        or _wrapper_takes_any_keyword(fn)
-    named = [n for n, p in params.items()
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    if not has_var_kw:
-        for arg in args:
-            if arg not in named:
-                raise ConfigError(f"{key}.{arg}", f"{name} has no argument {arg!r}"
-                                  f"{did_you_mean(arg, named)}; it takes: {', '.join(named) or 'nothing'}")
-    given = set(args) | set(supplied)
-    for n, p in params.items():
-        if p.default is inspect.Parameter.empty and n not in given and p.kind in (
-                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
-            raise ConfigError(f"{key}.{n}", f"{name} needs argument {n!r}: add {n}=... to {key}")
-
-
 # One registry per kind of thing a config can name. HOOKS is re-exported as ``hooks.HOOKS``.
-MODELS = Registry("model", "MODELS", fallbacks=["torch.nn"],
-                  builtins=["distributed_runner.averaged_model", "distributed_runner.tta",
-                            "distributed_runner.classifier"])
+MODELS = Registry(
+    "model",
+    "MODELS",
+    fallbacks=["torch.nn"],
+    builtins=[
+        "distributed_runner.averaged_model",
+        "distributed_runner.tta",
+        "distributed_runner.classifier",
+    ],
+)
 DATASETS = Registry("dataset", "DATASETS")
 TRANSFORMS = Registry("transform", "TRANSFORMS", builtins=["distributed_runner.tta"])
-COLLATE_FUNCTIONS = Registry("collate_fn", "COLLATE_FUNCTIONS", builtins=["distributed_runner.data"])
-DATA_SAMPLERS = Registry("sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.data"],
-                         builtins=["distributed_runner.data"])
+COLLATE_FUNCTIONS = Registry(
+    "collate_fn", "COLLATE_FUNCTIONS", builtins=["distributed_runner.data"]
+)
+DATA_SAMPLERS = Registry(
+    "sampler", "DATA_SAMPLERS", fallbacks=["torch.utils.data"], builtins=["distributed_runner.data"]
+)
 OPTIMIZERS = Registry("optimizer", "OPTIMIZERS", fallbacks=["torch.optim"])
 OPTIM_WRAPPERS = Registry("optim_wrapper", "OPTIM_WRAPPERS", builtins=["distributed_runner.optim"])
-OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim_wrapper_constructor", "OPTIM_WRAPPER_CONSTRUCTORS",
-                                      builtins=["distributed_runner.optim_constructor"])
-PARAM_SCHEDULERS = Registry("param_scheduler", "PARAM_SCHEDULERS",
-                            fallbacks=["torch.optim.lr_scheduler"],
-                            builtins=["distributed_runner.schedulers"])
-METRICS = Registry("metric", "METRICS", builtins=["distributed_runner.evaluator",
-                                                  "distributed_runner.lm_metric"])
+OPTIM_WRAPPER_CONSTRUCTORS = Registry(
+    "optim_wrapper_constructor",
+    "OPTIM_WRAPPER_CONSTRUCTORS",
+    builtins=["distributed_runner.optim_constructor"],
+)
+PARAM_SCHEDULERS = Registry(
+    "param_scheduler",
+    "PARAM_SCHEDULERS",
+    fallbacks=["torch.optim.lr_scheduler"],
+    builtins=["distributed_runner.schedulers"],
+)
+METRICS = Registry(
+    "metric", "METRICS", builtins=["distributed_runner.evaluator", "distributed_runner.lm_metric"]
+)
 LOOPS = Registry("loop", "LOOPS", builtins=["distributed_runner.loops"])
 HOOKS = Registry("hook", "HOOKS", builtins=["hooks.builtin"])
 LOG_SINKS = Registry("log_sink", "LOG_SINKS", builtins=["distributed_runner.sinks"])

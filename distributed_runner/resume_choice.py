@@ -20,11 +20,13 @@ An explicit ``resume=PATH`` is not second-guessed: that file, verified, or a one
 A rollback takes the same rule's choice (rank 0 reads, every rank gets it). A Ray restart takes
 Ray's checkpoint, or a newer one already persisted under the run's storage that verifies.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -36,16 +38,18 @@ from .sharded_checkpoint import SHARDED
 
 def is_training_checkpoint(ckpt: Any) -> bool:
     """A training state (its ``meta`` and weights, in the file or its shards), not weights only."""
-    return isinstance(ckpt, dict) and "meta" in ckpt and ("state_dict" in ckpt
-                                                           or SHARDED in ckpt)
+    return isinstance(ckpt, dict) and "meta" in ckpt and ("state_dict" in ckpt or SHARDED in ckpt)
 
 
 def require_training_checkpoint(ckpt: dict, path: str | Path) -> None:
     """A one-line ConfigError naming ``resume`` when ``ckpt`` is not a training checkpoint."""
     for key in ("meta", "state_dict"):
         if key not in ckpt and not (key == "state_dict" and SHARDED in ckpt):
-            raise ConfigError("resume", f"{path} has no {key!r}: it is a weights file, not a "
-                                        f"training checkpoint; use load_from= for weights")
+            raise ConfigError(
+                "resume",
+                f"{path} has no {key!r}: it is a weights file, not a "
+                f"training checkpoint; use load_from= for weights",
+            )
 
 
 def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:
@@ -77,13 +81,16 @@ def _pointer_note(folder: Path, target: Path | None) -> str | None:
     if not pointer.exists():
         return None
     if target is None:
-        return f"{LAST_CHECKPOINT_POINTER} names no checkpoint file (dangling, empty, binary " \
-               f"or a folder)"
+        return (
+            f"{LAST_CHECKPOINT_POINTER} names no checkpoint file (dangling, empty, binary "
+            f"or a folder)"
+        )
     return None
 
 
-def choose_checkpoint(folder: str | Path, logger: logging.Logger,
-                      key: str = "resume") -> tuple[Path, dict] | tuple[None, None]:
+def choose_checkpoint(
+    folder: str | Path, logger: logging.Logger, key: str = "resume"
+) -> tuple[Path, dict] | tuple[None, None]:
     """(path, loaded checkpoint) to resume from, or (None, None) when ``folder`` has none; see
     the module docstring. Raises a one-line ConfigError when checkpoints exist but none
     verifies."""
@@ -104,14 +111,21 @@ def choose_checkpoint(folder: str | Path, logger: logging.Logger,
             skipped.append(f"{path.name}: weights only, no training state")
             continue
         if skipped:
-            logger.warning("resume: %s; resuming from %s (iter %s), the newest checkpoint in %s "
-                           "that verifies", "; ".join(skipped), path.name,
-                           ckpt["meta"].get("iter"), folder)
+            logger.warning(
+                "resume: %s; resuming from %s (iter %s), the newest checkpoint in %s that verifies",
+                "; ".join(skipped),
+                path.name,
+                ckpt["meta"].get("iter"),
+                folder,
+            )
         return path, ckpt
     if order:
-        raise ConfigError(key, f"{folder} has checkpoints but none verifies ({'; '.join(skipped)})"
-                               f": pass --resume PATH of a good one, or move them away to start "
-                               f"over")
+        raise ConfigError(
+            key,
+            f"{folder} has checkpoints but none verifies ({'; '.join(skipped)})"
+            f": pass --resume PATH of a good one, or move them away to start "
+            f"over",
+        )
     if note:
         logger.warning("resume: %s and %s holds no checkpoint: starting fresh", note, folder)
     return None, None
@@ -126,8 +140,9 @@ class StartChoice(NamedTuple):
     checkpoint: dict | None
 
 
-def choose_start(load_from: Any, resume: Any, work_dir: Path,
-                 logger: logging.Logger) -> StartChoice:
+def choose_start(
+    load_from: Any, resume: Any, work_dir: Path, logger: logging.Logger
+) -> StartChoice:
     """``resume='path'`` (that file, no second-guessing), else ``resume=True`` (the newest
     checkpoint of ``work_dir`` that verifies; none yet: start fresh), else ``load_from``."""
     if isinstance(resume, (str, Path)):
@@ -142,18 +157,21 @@ def choose_start(load_from: Any, resume: Any, work_dir: Path,
     return StartChoice(None, None, None)
 
 
-def newest_everywhere(work_dir: Path, logger: logging.Logger, rank: int,
-                      reason: str) -> tuple[dict, str]:
+def newest_everywhere(
+    work_dir: Path, logger: logging.Logger, rank: int, reason: str
+) -> tuple[dict, str]:
     """What a rollback restores: :func:`choose_checkpoint`'s choice and its path on every rank
     (rank 0 reads the file and broadcasts it, so ranks on other machines need not see
     ``work_dir``). Call on every rank."""
-    path, ckpt = choose_checkpoint(work_dir, logger, "rollback") if rank == 0 else (None, None)
-    path = dist.broadcast_object(str(path or "") if rank == 0 else None)
+    found, ckpt = choose_checkpoint(work_dir, logger, "rollback") if rank == 0 else (None, None)
+    path = dist.broadcast_object(str(found or "") if rank == 0 else "")  # rank 0's
     if not path:
-        raise FloatingPointError(f"cannot roll back ({reason}): no checkpoint saved yet; "
-                                 f"save earlier (default_hooks.checkpoint.interval) or use "
-                                 f"policy='skip'")
-    return dist.broadcast_object(ckpt), path
+        raise FloatingPointError(
+            f"cannot roll back ({reason}): no checkpoint saved yet; "
+            f"save earlier (default_hooks.checkpoint.interval) or use "
+            f"policy='skip'"
+        )
+    return dist.broadcast_object(ckpt or {}), path  # rank 0 found one: path is not empty
 
 
 def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
@@ -175,8 +193,9 @@ def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
     return None
 
 
-def choose_restart(restored: str | None, launcher: dict,
-                   rank: int) -> tuple[str | None, str | None]:
+def choose_restart(
+    restored: str | None, launcher: dict, rank: int
+) -> tuple[str | None, str | None]:
     """The checkpoint a (re)started Ray worker group resumes from, the same on every rank, and
     why when it is not ``restored`` (Ray's): a newer one already persisted under the run's
     storage (``launcher.storage_path``/``name``; rank 0 looks, and every rank must be able to
@@ -192,7 +211,9 @@ def choose_restart(restored: str | None, launcher: dict,
         readable = torch.tensor([1 if Path(newer).is_file() else 0])
         if int(dist.all_reduce(readable, "min").item()) == 1:
             handed = Path(restored).name if restored else "no checkpoint"
-            return newer, (f"Ray handed back {handed}; resuming from {newer} instead: it is "
-                           f"newer and verifies (its report had not reached Ray's controller "
-                           f"when a worker died)")
+            return newer, (
+                f"Ray handed back {handed}; resuming from {newer} instead: it is "
+                f"newer and verifies (its report had not reached Ray's controller "
+                f"when a worker died)"
+            )
     return restored, None

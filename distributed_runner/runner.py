@@ -18,10 +18,10 @@ for a background save), ``load_checkpoint()``, ``loading_for`` (while after_load
 runs: 'resume' or 'load_from'), ``request_stop/request_checkpoint/request_val``
 (:mod:`distributed_runner.control`), ``hook_timings()``. Mount point order: :mod:`.loops`.
 """
+
 from __future__ import annotations
 
 import time
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -30,51 +30,71 @@ from torch import nn
 
 from . import dist
 from .checkpoint import load_file, point_at, read_pointer
+from .checkpoint_state import load_model_weights, restore_training_state
+from .checkpoint_types import CheckpointSubject
+from .checkpoint_writer import CheckpointWriter
 from .config import Config
 from .config_check import all_or_none
 from .config_prep import RUNNER_KEYS, prepare_config
 from .control import ControlRequests
 from .data import build_dataloader, seeded_dataloader
-from .elastic import elastic_training
+from .elastic import GlobalBatchPlan, elastic_training
 from .errors import ConfigError
 from .evaluator import Evaluator
 from .hook_builder import build_dispatcher
+from .hook_report import plan_summary
 from .log import setup_logger
 from .loops import TestLoop, ValLoop
 from .message_hub import MessageHub
 from .model_setup import default_device, setup_model
 from .optim import OptimWrapper, build_optim_wrapper
 from .preemption import parse_preemption, preemption_signals
-from .redact import redact
+from .quiet_log import log_brief_and_full, run_log_file
 from .randomness import set_random_seed
-from .registry import LOOPS, check_arguments
+from .redact import redact
+from .registry import LOOPS
+from .resume_choice import choose_start, newest_everywhere, require_training_checkpoint
+from .runner_surface import RunnerSurface
 from .schedulers import build_param_schedulers
 from .sharding import parse_strategy
-from .checkpoint_parts import CheckpointSubject
-from .checkpoint_state import load_model_weights, restore_training_state
-from .resume_choice import choose_start, newest_everywhere, require_training_checkpoint
-from .checkpoint_writer import CheckpointWriter
+from .signatures import check_arguments
 from .sinks import SinkSet
 from .train_state import TrainState
 from .version import __version__
 
 
-class Runner:
+class Runner(RunnerSurface):
     """Train, validate and test a model with hooks; see the module docstring."""
 
-    def __init__(self, model: nn.Module | dict, work_dir: str | Path,
-                 train_dataloader: Any = None, val_dataloader: Any = None,
-                 val_evaluator: Any = None, val_cfg: dict | None = None,
-                 test_dataloader: Any = None, test_evaluator: Any = None,
-                 test_cfg: dict | None = None, optim_wrapper: Any = None,
-                 param_scheduler: Any = None, train_cfg: dict | None = None,
-                 default_hooks: dict | None = None, custom_hooks: list | None = None,
-                 load_from: str | None = None, resume: bool | str = False,
-                 randomness: dict | None = None, launcher: Any = "none",
-                 device: str | torch.device | None = None, log_level: str = "INFO",
-                 experiment_name: str | None = None, model_wrapper_cfg: dict | None = None,
-                 preemption: Any = True, compile: bool | dict = False, strategy: Any = None,
-                 cfg: dict | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module | dict,
+        work_dir: str | Path,
+        train_dataloader: Any = None,
+        val_dataloader: Any = None,
+        val_evaluator: Any = None,
+        val_cfg: dict | None = None,
+        test_dataloader: Any = None,
+        test_evaluator: Any = None,
+        test_cfg: dict | None = None,
+        optim_wrapper: Any = None,
+        param_scheduler: Any = None,
+        train_cfg: dict | None = None,
+        default_hooks: dict | None = None,
+        custom_hooks: list | None = None,
+        load_from: str | None = None,
+        resume: bool | str = False,
+        randomness: dict | None = None,
+        launcher: Any = "none",
+        device: str | torch.device | None = None,
+        log_level: str = "INFO",
+        experiment_name: str | None = None,
+        model_wrapper_cfg: dict | None = None,
+        preemption: Any = True,
+        compile: bool | dict = False,
+        strategy: Any = None,
+        cfg: dict | None = None,
+    ) -> None:
         self.cfg = cfg if cfg is not None else Config()
         self.launcher = launcher
         self.rank = dist.get_rank()
@@ -93,36 +113,53 @@ class Runner:
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
         self._load_from, self._resume = load_from, resume
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
-        self._has_loaded, self.loading_for = False, None  # loading_for: see _after_load
-        for key, path in (("load_from", load_from),
-                          ("resume", resume if isinstance(resume, (str, Path)) else None)):
+        self._has_loaded = False
+        self.loading_for: str | None = None  # see _after_load
+        for key, path in (
+            ("load_from", load_from),
+            ("resume", resume if isinstance(resume, (str, Path)) else None),
+        ):
             if path and not Path(path).expanduser().is_file():
                 raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
         self.seed = set_random_seed(randomness)
         self.device = torch.device(device) if device is not None else default_device()
 
         self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (sharding.py)
-        self._model, self.wrapped_model = setup_model(model, model_wrapper_cfg, compile,
-                                                      self.device, self.strategy)
+        self._model, self.wrapped_model = setup_model(
+            model, model_wrapper_cfg, compile, self.device, self.strategy
+        )
         self.val_dataloader = self.test_dataloader = None
-        self.train_loop = self.elastic_plan = None  # elastic_plan: elastic.py's GlobalBatchPlan
+        self.train_loop: Any = None  # a LOOPS class's loop (EpochBasedTrainLoop by default)
+        self.elastic_plan: GlobalBatchPlan | None = None
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
         self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
         self.val_loop = self._build_eval("val", val_dataloader, val_evaluator, val_cfg, ValLoop)
-        self.test_loop = self._build_eval("test", test_dataloader, test_evaluator, test_cfg,
-                                          TestLoop)
+        self.test_loop = self._build_eval(
+            "test", test_dataloader, test_evaluator, test_cfg, TestLoop
+        )
 
-        self.logger.info("distributed-runner %s | torch %s | device %s | world size %d%s | seed "
-                         "%d | work_dir %s", __version__, torch.__version__, self.device,
-                         self.world_size, f" ({self.elastic_plan.describe()})" if
-                         self.elastic_plan else "", self.seed, self.work_dir)
-        self.logger.info(self._hooks.plan_text())
+        self.logger.info(
+            "distributed-runner %s | torch %s | device %s | world size %d%s | seed "
+            "%d | work_dir %s",
+            __version__,
+            torch.__version__,
+            self.device,
+            self.world_size,
+            f" ({self.elastic_plan.describe()})" if self.elastic_plan else "",
+            self.seed,
+            self.work_dir,
+        )
+        # the whole hook plan to the log file, a short one to the terminal (quiet_log.py)
+        plan = plan_summary(
+            self._hooks.entries, self._hooks.sink_specs(), run_log_file(self.logger)
+        )
+        log_brief_and_full(self.logger, plan, self._hooks.plan_text())
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_cfg(cls, cfg: dict) -> "Runner":
+    def from_cfg(cls, cfg: dict) -> Runner:
         """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker).
 
         The config is prepared by the same function the Ray driver checks it with
@@ -135,25 +172,42 @@ class Runner:
             (runner.work_dir / "config.py").write_text(Config(redact(cfg)).pretty_text())
         return runner
 
-    def _build_training(self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any,
-                        param_scheduler: Any) -> None:
-        if not all_or_none("training", {"train_dataloader": dataloader, "train_cfg": train_cfg,
-                                         "optim_wrapper": optim_wrapper}):
+    def _build_training(
+        self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any, param_scheduler: Any
+    ) -> None:
+        if not all_or_none(
+            "training",
+            {
+                "train_dataloader": dataloader,
+                "train_cfg": train_cfg,
+                "optim_wrapper": optim_wrapper,
+            },
+        ):
             if param_scheduler is not None:
-                raise ConfigError("param_scheduler", "set without training: add train_dataloader, "
-                                                     "train_cfg and optim_wrapper")
+                raise ConfigError(
+                    "param_scheduler",
+                    "set without training: add train_dataloader, train_cfg and optim_wrapper",
+                )
             return
         loader, optim_wrapper, self.elastic_plan = elastic_training(  # elastic.py, else as is
-            build_dataloader(dataloader, "train_dataloader", self.seed), optim_wrapper,
-            self.launcher, self.world_size, self.rank)
-        self.train_loop = self._build_train_loop(dict(train_cfg), loader)
+            build_dataloader(dataloader, "train_dataloader", self.seed),
+            optim_wrapper,
+            self.launcher,
+            self.world_size,
+            self.rank,
+        )
+        self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)
         self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
         state = self.train_state
         self.param_schedulers = build_param_schedulers(
-            param_scheduler, self.optim_wrapper.optimizer, by_epoch_training=state.by_epoch,
-            epoch_length=len(loader), max_epochs=state.max_epochs
-            if state.by_epoch else None, max_iters=state.max_iters)
+            param_scheduler,
+            self.optim_wrapper.optimizer,
+            by_epoch_training=state.by_epoch,
+            epoch_length=len(loader),
+            max_epochs=state.max_epochs if state.by_epoch else None,
+            max_iters=state.max_iters,
+        )
 
     def _build_train_loop(self, train_cfg: dict, loader: Any) -> Any:
         if "type" in train_cfg:
@@ -164,113 +218,39 @@ class Runner:
         check_arguments(loop_cls, train_cfg, "train_cfg", supplied=["runner", "dataloader"])
         return loop_cls(runner=self, dataloader=loader, **train_cfg)
 
-    def _build_eval(self, stage: str, dataloader: Any, evaluator: Any, loop_cfg: dict | None,
-                    default_loop: type) -> Any:
-        if not all_or_none(stage, {f"{stage}_dataloader": dataloader, f"{stage}_evaluator":
-                                    evaluator, f"{stage}_cfg": loop_cfg},
-                            f" (e.g. {stage}_cfg=dict())"):
+    def _build_eval(
+        self, stage: str, dataloader: Any, evaluator: Any, loop_cfg: dict | None, default_loop: type
+    ) -> Any:
+        if not all_or_none(
+            stage,
+            {
+                f"{stage}_dataloader": dataloader,
+                f"{stage}_evaluator": evaluator,
+                f"{stage}_cfg": loop_cfg,
+            },
+            f" (e.g. {stage}_cfg=dict())",
+        ):
             return None
         loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
         setattr(self, f"{stage}_dataloader", loader)
-        loop_args = dict(loop_cfg)
-        loop_cls = LOOPS.resolve(loop_args.pop("type"), f"{stage}_cfg") \
-            if "type" in loop_args else default_loop
-        check_arguments(loop_cls, loop_args, f"{stage}_cfg",
-                        supplied=["runner", "dataloader", "evaluator"])
-        return loop_cls(runner=self, dataloader=loader,
-                        evaluator=Evaluator.build(evaluator, f"{stage}_evaluator"), **loop_args)
+        loop_args = dict(loop_cfg or {})
+        loop_cls = (
+            LOOPS.resolve(loop_args.pop("type"), f"{stage}_cfg")
+            if "type" in loop_args
+            else default_loop
+        )
+        check_arguments(
+            loop_cls, loop_args, f"{stage}_cfg", supplied=["runner", "dataloader", "evaluator"]
+        )
+        return loop_cls(
+            runner=self,
+            dataloader=loader,
+            evaluator=Evaluator.build(evaluator, f"{stage}_evaluator"),
+            **loop_args,
+        )
 
     # -- the public surface hooks use ----------------------------------------------------------
-    @property
-    def model(self) -> nn.Module:
-        """The unwrapped model (never the DDP wrapper)."""
-        return self._model
-
-    @property
-    def train_dataloader(self) -> Any:
-        """The loader training iterates; assigning one replaces it there (MMEngine's property)."""
-        return self.train_loop.dataloader if self.train_loop is not None else None
-
-    @train_dataloader.setter
-    def train_dataloader(self, loader: Any) -> None:
-        self.train_loop.dataloader = loader
-
     build_dataloader = staticmethod(seeded_dataloader)  # MMEngine's Runner.build_dataloader
-
-    @property
-    def hooks(self) -> list:
-        return [e.hook for e in self._hooks.entries]
-
-    # the position, read from the one TrainState (all zeros, by_epoch True, when nothing trains);
-    # attrgetter properties: hooks read these several times per iteration, and a getter written
-    # in Python would cost a call each time
-    train_state = property(attrgetter("_state"), doc="Where training is (TrainState).")
-    epoch = property(attrgetter("_state.epoch"))
-    iter = property(attrgetter("_state.iter"))
-    max_epochs = property(attrgetter("_state.max_epochs"))
-    max_iters = property(attrgetter("_state.max_iters"))
-    by_epoch = property(attrgetter("_state.by_epoch"),
-                        doc="Whether training is epoch-based (True also when nothing trains).")
-
-    @property
-    def mount_callers(self) -> dict:
-        """Mount point -> the function that calls it (``caller(**kwargs)``), kept current as
-        hooks are disabled: what the loops call on their hot path."""
-        return self._hooks.callers
-
-    @property
-    def call_hook(self):
-        """``call_hook(mount, **kwargs)``: run mount point ``mount`` on every hook that implements
-        it, in call order. (The dispatcher's bound method itself: the loops call it several times
-        per iteration.)"""
-        return self._hooks.call
-
-    step_guards = property(attrgetter("_hooks.step_guards"),
-                           doc="The StepGuard hooks (hooks.extension_points), in call order.")
-
-    def hook_bracket(self, before: str, after: str):
-        """Context manager: ``before`` now, ``after`` at exit — also when the body raises."""
-        return self._hooks.bracket(before, after)
-
-    def hook_plan(self) -> str:
-        return self._hooks.plan_text()
-
-    def stateful_hooks(self) -> dict[str, Any]:
-        """Registered name -> hook, for the hooks whose state a checkpoint keeps."""
-        return {e.name: e.hook for e in self._hooks.entries
-                if callable(getattr(e.hook, "state_dict", None))}
-
-    def val_metric_names(self) -> list[str] | None:
-        """The keys validation will report, if its metrics declare them (else None): hooks that
-        name a metric (``save_best``, ``monitor``) check it before training starts."""
-        if self.val_loop is None or not hasattr(self.val_loop.evaluator, "metric_names"):
-            return None
-        return self.val_loop.evaluator.metric_names()
-
-    def get_hook(self, name: str) -> Any:
-        """The hook registered under ``name`` (e.g. ``'checkpoint'``), or None."""
-        return self._hooks.hook_named(name)
-
-    def hook_timings(self) -> list:
-        """Cumulative time per (hook, mount point), slowest first (:class:`HookTiming` rows)."""
-        return self._hooks.timings()
-
-    def hook_seconds(self) -> dict[str, float]:
-        """Cumulative time per registered hook name, over all its mount points."""
-        return self._hooks.seconds_by_hook()
-
-    # -- requests (hooks request, the loop acts; see distributed_runner.control) ---------------
-    def request_stop(self, reason: str) -> None:
-        """End training after the current iteration (or validation), on every rank."""
-        self.requests.request("stop", reason)
-
-    def request_checkpoint(self, reason: str) -> None:
-        """Save a checkpoint after the current iteration, on every rank."""
-        self.requests.request("checkpoint", reason)
-
-    def request_val(self, reason: str) -> None:
-        """Run validation after the current iteration, on every rank."""
-        self.requests.request("val", reason)
 
     def save_requested_checkpoint(self, reason: str) -> Path:
         """Save a checkpoint for a request: through the first
@@ -291,16 +271,22 @@ class Runner:
         ckpt, path = newest_everywhere(self.work_dir, self.logger, self.rank, reason)
         self.logger.warning("rolling back to %s: %s", path, reason)
         self._restore(ckpt, path)
-        self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+        if self.optim_wrapper is not None:  # None only in a Runner that does not train
+            self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
         return Path(path)
 
     # -- entry points --------------------------------------------------------------------------
     def train(self) -> nn.Module:
-        if self.train_loop is None:
-            raise ConfigError("train_dataloader", "train() needs train_dataloader, train_cfg and "
-                                                  "optim_wrapper in the config")
-        with preemption_signals(self._preemption, self.requests, self.logger), \
-                self.sinks.opened(self), self.hook_bracket("before_run", "after_run"):
+        if self.train_loop is None or self.optim_wrapper is None:  # both or neither
+            raise ConfigError(
+                "train_dataloader",
+                "train() needs train_dataloader, train_cfg and optim_wrapper in the config",
+            )
+        with (
+            preemption_signals(self._preemption, self.requests, self.logger),
+            self.sinks.opened(self),
+            self.hook_bracket("before_run", "after_run"),
+        ):
             self._load_or_resume()
             self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
             self.train_loop.run()
@@ -316,8 +302,10 @@ class Runner:
     def _evaluate(self, stage: str) -> dict:
         loop = getattr(self, f"{stage}_loop")
         if loop is None:
-            raise ConfigError(f"{stage}_dataloader", f"{stage}() needs {stage}_dataloader, "
-                                                     f"{stage}_evaluator and {stage}_cfg")
+            raise ConfigError(
+                f"{stage}_dataloader",
+                f"{stage}() needs {stage}_dataloader, {stage}_evaluator and {stage}_cfg",
+            )
         with self.sinks.opened(self), self.hook_bracket("before_run", "after_run"):
             self._load_or_resume()
             metrics = loop.run()
@@ -331,15 +319,19 @@ class Runner:
     def _load_or_resume(self) -> None:
         if not self._has_loaded:
             self._has_loaded = True
-            how, path, ckpt = choose_start(self._load_from, self._resume, self.work_dir,
-                                           self.logger)  # resume_choice.py decides
+            how, path, ckpt = choose_start(
+                self._load_from, self._resume, self.work_dir, self.logger
+            )  # resume_choice.py decides
+            if path is None:  # a fresh start
+                return
             if how == "resume":
                 self.resume(path, ckpt)
             elif how == "load_from":
                 self.load_checkpoint(path)
 
-    def load_checkpoint(self, path: str | Path, strict: bool = True,
-                        map_location: Any = "cpu") -> dict:
+    def load_checkpoint(
+        self, path: str | Path, strict: bool = True, map_location: Any = "cpu"
+    ) -> dict:
         """Load model weights only (``load_from``); returns the checkpoint dict."""
         ckpt = load_file(path, "load_from", map_location)
         self._after_load(ckpt, "load_from")
@@ -354,8 +346,9 @@ class Runner:
         require_training_checkpoint(ckpt, path)
         self._restore(ckpt, path)
         meta = ckpt["meta"]
-        self.logger.info("resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"),
-                         meta.get("iter"))
+        self.logger.info(
+            "resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"), meta.get("iter")
+        )
         return ckpt
 
     def _restore(self, ckpt: dict, path: str | Path) -> None:
@@ -372,12 +365,19 @@ class Runner:
         finally:
             self.loading_for = None
 
-    def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
-                        save_param_scheduler: bool = True, meta: dict | None = None,
-                        asynchronous: bool = False) -> Path:
+    def save_checkpoint(
+        self,
+        out_dir: str | Path,
+        filename: str,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: dict | None = None,
+        asynchronous: bool = False,
+    ) -> Path:
         """Assemble the checkpoint (the parts :data:`~.checkpoint_parts.PARTS` declares) on
         every rank; rank 0 writes it atomically (with sharded FSDP checkpoints every rank writes
         its shards); ``asynchronous`` writes in the background. Call it on every rank; see
         :mod:`distributed_runner.checkpoint_writer`."""
-        return self.checkpoints.save(Path(out_dir) / filename, save_optimizer,
-                                     save_param_scheduler, meta, asynchronous)
+        return self.checkpoints.save(
+            Path(out_dir) / filename, save_optimizer, save_param_scheduler, meta, asynchronous
+        )

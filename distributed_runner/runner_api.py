@@ -22,11 +22,13 @@ which PrepareTTAHook swaps; ``train_dataloader``) are plain attributes. The Runn
 modules that themselves take a ``runner``. Adding to the Runner's public surface means adding here
 too; the list mirrors the Runner module's docstring.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # names for annotations only (none from the project: module docstring)
     import logging
@@ -57,7 +59,7 @@ class RunnerAPI(Protocol):
     sinks: Any  # sinks.SinkSet: ``write(LogRecord)``
     requests: Any  # control.ControlRequests; hooks call request_stop/... instead
     checkpoints: Any  # checkpoint_writer.CheckpointWriter: ``wait()`` for a background save
-    loading_for: Optional[str]  # 'resume' / 'load_from' while after_load_checkpoint runs
+    loading_for: str | None  # 'resume' / 'load_from' while after_load_checkpoint runs
 
     # -- what trains --------------------------------------------------------------------------
     wrapped_model: nn.Module  # what the loops call (DDP/FSDP/compiled); PrepareTTAHook swaps it
@@ -134,7 +136,7 @@ class RunnerAPI(Protocol):
     def hook_seconds(self) -> dict[str, float]:
         """Cumulative time per registered hook name."""
 
-    def val_metric_names(self) -> Optional[list[str]]:
+    def val_metric_names(self) -> list[str] | None:
         """The keys validation will report, if its metrics declare them."""
 
     # -- requests (hooks request, the loop acts) ----------------------------------------------
@@ -148,22 +150,29 @@ class RunnerAPI(Protocol):
         """Validate after the current iteration, on every rank."""
 
     # -- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(self, out_dir: str | Path, filename: str, save_optimizer: bool = True,
-                        save_param_scheduler: bool = True, meta: Optional[dict] = None,
-                        asynchronous: bool = False) -> Path:
+    def save_checkpoint(
+        self,
+        out_dir: str | Path,
+        filename: str,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: dict | None = None,
+        asynchronous: bool = False,
+    ) -> Path:
         """Assemble and write a checkpoint; call it on every rank."""
 
     def save_requested_checkpoint(self, reason: str) -> Path:
         """Save a checkpoint for a request (through the CheckpointSaver, if any)."""
 
-    def load_checkpoint(self, path: str | Path, strict: bool = True,
-                        map_location: Any = "cpu") -> dict:
+    def load_checkpoint(
+        self, path: str | Path, strict: bool = True, map_location: Any = "cpu"
+    ) -> dict:
         """Load model weights only."""
 
-    def resume(self, path: str | Path, checkpoint: Optional[dict] = None) -> dict:
+    def resume(self, path: str | Path, checkpoint: dict | None = None) -> dict:
         """Restore the full training state of ``path``."""
 
-    def find_latest_checkpoint(self) -> Optional[Path]:
+    def find_latest_checkpoint(self) -> Path | None:
         """The checkpoint ``work_dir/last_checkpoint`` points at, if any."""
 
     def rollback(self, reason: str) -> Path:

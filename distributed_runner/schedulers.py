@@ -10,6 +10,7 @@ is a length (``T_max``, ``total_iters``) and the config leaves it out, it defaul
 every iteration (smooth warmups and cosines) by multiplying its epoch-valued arguments by the
 epoch length.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,8 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
-from .registry import PARAM_SCHEDULERS, accepts, check_arguments
+from .registry import PARAM_SCHEDULERS
+from .signatures import accepts, check_arguments
 
 # torch arguments measured in scheduler steps, converted with convert_to_iter_based
 _LENGTH_ARGS = ("T_max", "total_iters", "step_size", "T_0")
@@ -27,8 +29,11 @@ _WINDOW_DEFAULTS = ("T_max", "total_iters")
 
 # Schedulers step per iteration; with gradient accumulation the first iterations have no optimizer
 # step yet, which makes torch warn about an ordering that is intended here.
-warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before "
-                                          r"`optimizer\.step\(\)`")
+warnings.filterwarnings(
+    "ignore",
+    message=r"Detected call of `lr_scheduler\.step\(\)` before "
+    r"`optimizer\.step\(\)`",
+)
 
 
 class ParamScheduler:
@@ -61,9 +66,16 @@ class ParamScheduler:
         return f"{type(self.scheduler).__name__}({unit} {self.begin}..{self.end})"
 
 
-def build_param_schedulers(spec: Any, optimizer: torch.optim.Optimizer, *, by_epoch_training: bool,
-                           epoch_length: int, max_epochs: int | None, max_iters: int | None,
-                           key: str = "param_scheduler") -> list[ParamScheduler]:
+def build_param_schedulers(
+    spec: Any,
+    optimizer: torch.optim.Optimizer,
+    *,
+    by_epoch_training: bool,
+    epoch_length: int,
+    max_epochs: int | None,
+    max_iters: int | None,
+    key: str = "param_scheduler",
+) -> list[ParamScheduler]:
     """Build the list of schedulers for ``optimizer`` from a dict or a list of dicts."""
     if spec is None:
         return []
@@ -71,8 +83,9 @@ def build_param_schedulers(spec: Any, optimizer: torch.optim.Optimizer, *, by_ep
     out = []
     for i, s in enumerate(specs):
         k = f"{key}[{i}]" if isinstance(spec, (list, tuple)) else key
-        out.append(_build_one(s, optimizer, k, by_epoch_training, epoch_length, max_epochs,
-                              max_iters))
+        out.append(
+            _build_one(s, optimizer, k, by_epoch_training, epoch_length, max_epochs, max_iters)
+        )
     return out
 
 
@@ -88,8 +101,9 @@ def _build_one(spec: Any, optimizer, key, by_epoch_training, epoch_length, max_e
     end = args.pop("end", None)
     if args.pop("convert_to_iter_based", False) and by_epoch:
         if epoch_length <= 0:
-            raise ConfigError(f"{key}.convert_to_iter_based", "needs a train_dataloader with a "
-                                                               "known length")
+            raise ConfigError(
+                f"{key}.convert_to_iter_based", "needs a train_dataloader with a known length"
+            )
         begin *= epoch_length
         end = None if end is None else int(end) * epoch_length
         for name in _LENGTH_ARGS:
@@ -99,9 +113,12 @@ def _build_one(spec: Any, optimizer, key, by_epoch_training, epoch_length, max_e
             args["milestones"] = [int(m) * epoch_length for m in args["milestones"]]
         by_epoch = False
     if by_epoch and not by_epoch_training:
-        raise ConfigError(f"{key}.by_epoch", "is True but training is iteration-based: set "
-                                             "by_epoch=False (and begin/end in iterations)")
-    horizon = (max_epochs if by_epoch else max_iters)
+        raise ConfigError(
+            f"{key}.by_epoch",
+            "is True but training is iteration-based: set "
+            "by_epoch=False (and begin/end in iterations)",
+        )
+    horizon = max_epochs if by_epoch else max_iters
     end = int(end) if end is not None else (horizon if horizon is not None else math.inf)
     if end <= begin:
         raise ConfigError(f"{key}.end", f"must be greater than begin ({begin})")

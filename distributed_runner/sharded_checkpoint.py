@@ -16,6 +16,7 @@ never picks and the next run removes. The folder name carries a token so that re
 file the manifest lists is there with its size (a torn copy is refused like a damaged file), and
 DCP reshards: a checkpoint written by 2 ranks resumes on another number (tested: 2 -> 1).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -44,9 +45,15 @@ def shard_folders(path: Path) -> list[Path]:
     return sorted(Path(path).parent.glob(f"{Path(path).stem}.*.dcp"))
 
 
-def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path: Path,
-                 asynchronous: bool = False, group: Any = None,
-                 stager: Any = None) -> tuple[dict, Any]:
+def start_shards(
+    model: nn.Module,
+    optimizer: Optimizer | None,
+    rank: int,
+    path: Path,
+    asynchronous: bool = False,
+    group: Any = None,
+    stager: Any = None,
+) -> tuple[dict, Any]:
     """Every rank writes its shards of the model (and of ``optimizer``, unless None) next to
     ``path``, now or (with
     ``asynchronous``) in DCP's background thread after copying them to host memory. Returns the
@@ -54,8 +61,10 @@ def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path:
     future (None when written already)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultSavePlanner
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
-        get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     token = dist.broadcast_object(f"{time.time_ns():x}" if rank == 0 else None)
     folder = path.parent / f"{path.stem}.{token}.dcp"
@@ -65,8 +74,13 @@ def start_shards(model: nn.Module, optimizer: Optimizer | None, rank: int, path:
     entry = {"dir": folder.name, "keys": list(state), "files": {}}
     if asynchronous:  # the same shards every time: the global plan is kept, not re-agreed
         planner = DefaultSavePlanner(enable_plan_caching=True)
-        return entry, dcp.async_save(state, checkpoint_id=str(folder), process_group=group,
-                                     async_stager=stager, planner=planner)
+        return entry, dcp.async_save(
+            state,
+            checkpoint_id=str(folder),
+            process_group=group,
+            async_stager=stager,
+            planner=planner,
+        )
     dcp.save(state, checkpoint_id=str(folder))
     return entry, None
 
@@ -75,8 +89,9 @@ def finish_shards(rank: int, path: Path, entry: dict) -> None:
     """Once written: every rank's files with their sizes into ``entry`` (each rank lists its own:
     on several machines each sees only those). A collective."""
     folder = Path(path).parent / entry["dir"]
-    mine = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
-            if is_ranks_file(f.name, rank)}
+    mine = {
+        f.name: f.stat().st_size for f in sorted(folder.iterdir()) if is_ranks_file(f.name, rank)
+    }
     entry["files"] = {k: v for part in dist.all_gather_object(mine) for k, v in part.items()}
 
 
@@ -120,8 +135,10 @@ def missing_shards(path: Path, ckpt: dict) -> str | None:
         if not f.is_file():
             return f"its shard file {entry['dir']}/{name} is missing"
         if f.stat().st_size != size:
-            return (f"its shard file {entry['dir']}/{name} has {f.stat().st_size} bytes, "
-                    f"{size} when it was written")
+            return (
+                f"its shard file {entry['dir']}/{name} has {f.stat().st_size} bytes, "
+                f"{size} when it was written"
+            )
     return None
 
 
@@ -129,20 +146,24 @@ def load_shards(model: nn.Module, optimizer: Optimizer | None, ckpt: dict, path:
     """Read the shards into ``model`` (and ``optimizer`` unless None, if they hold its state),
     resharded to this run's ranks; every rank calls it."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
-        get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     entry = ckpt[SHARDED]
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    use_optimizer = optimizer is not None and "optimizer" in entry["keys"]
-    if use_optimizer:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    loaded_optimizer = optimizer if "optimizer" in entry["keys"] else None
+    if loaded_optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, loaded_optimizer)
     with warnings.catch_warnings():  # one process: DCP says it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(Path(path).parent / entry["dir"]))
     set_model_state_dict(model, state["model"])
-    if use_optimizer:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    if loaded_optimizer is not None:
+        set_optimizer_state_dict(model, loaded_optimizer, state["optimizer"])
 
 
 def full_weights(path: Path, ckpt: dict) -> dict:

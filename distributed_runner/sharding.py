@@ -23,10 +23,12 @@ root is a unit and the whole model is gathered for the forward (correct, but no 
 load into DDP, into one process, or into FSDP on another world size. With one process
 (no process group) there is nothing to shard and the model trains whole.
 """
+
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -35,11 +37,23 @@ from .errors import ConfigError, did_you_mean
 from .recompute import check_module_classes
 
 STRATEGIES = ("ddp", "fsdp")
-FSDP_DEFAULTS = dict(shard_modules=[], mixed_precision=None, reshard_after_forward=True,
-                     cpu_offload=False, checkpoint="sharded", activation_checkpointing=[])
+FSDP_DEFAULTS: dict[str, Any] = {
+    "shard_modules": [],
+    "mixed_precision": None,
+    "reshard_after_forward": True,
+    "cpu_offload": False,
+    "checkpoint": "sharded",
+    "activation_checkpointing": [],
+}
 DDP_OPTIONS = ("activation_checkpointing",)
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 def parse_strategy(spec: Any) -> dict:
@@ -47,53 +61,75 @@ def parse_strategy(spec: Any) -> dict:
     if spec is None:
         spec = "ddp"
     if isinstance(spec, str):
-        spec = dict(type=spec)
+        spec = {"type": spec}
     if not isinstance(spec, dict):
-        raise ConfigError("strategy", f"got {spec!r:.60}; takes 'ddp', 'fsdp' or "
-                                      f"dict(type='fsdp', shard_modules=[...], ...)")
+        raise ConfigError(
+            "strategy",
+            f"got {spec!r:.60}; takes 'ddp', 'fsdp' or dict(type='fsdp', shard_modules=[...], ...)",
+        )
     kind = str(spec.get("type", "ddp")).lower()
     if kind not in STRATEGIES:
-        raise ConfigError("strategy.type", f"unknown strategy {kind!r}"
-                                           f"{did_you_mean(kind, STRATEGIES)}; takes 'ddp' or "
-                                           f"'fsdp'")
+        raise ConfigError(
+            "strategy.type",
+            f"unknown strategy {kind!r}{did_you_mean(kind, STRATEGIES)}; takes 'ddp' or 'fsdp'",
+        )
     args = {k: v for k, v in spec.items() if k != "type"}
     if kind == "ddp":
         for key in args:
             if key not in DDP_OPTIONS:
-                raise ConfigError(f"strategy.{key}", f"DDP has no option {key!r}"
-                                                     f"{did_you_mean(key, DDP_OPTIONS)} here: it "
-                                                     f"takes activation_checkpointing, and its "
-                                                     f"own arguments from "
-                                                     f"model_wrapper_cfg=dict(...)")
-        return dict(type="ddp", activation_checkpointing=_class_names(
-            args.get("activation_checkpointing", []), "activation_checkpointing"))
+                raise ConfigError(
+                    f"strategy.{key}",
+                    f"DDP has no option {key!r}"
+                    f"{did_you_mean(key, DDP_OPTIONS)} here: it "
+                    f"takes activation_checkpointing, and its "
+                    f"own arguments from "
+                    f"model_wrapper_cfg=dict(...)",
+                )
+        return {
+            "type": "ddp",
+            "activation_checkpointing": _class_names(
+                args.get("activation_checkpointing", []), "activation_checkpointing"
+            ),
+        }
     for key in args:
         if key not in FSDP_DEFAULTS:
-            raise ConfigError(f"strategy.{key}", f"FSDP has no option {key!r}"
-                                                 f"{did_you_mean(key, FSDP_DEFAULTS)}; it takes: "
-                                                 f"{', '.join(FSDP_DEFAULTS)}")
+            raise ConfigError(
+                f"strategy.{key}",
+                f"FSDP has no option {key!r}"
+                f"{did_you_mean(key, FSDP_DEFAULTS)}; it takes: "
+                f"{', '.join(FSDP_DEFAULTS)}",
+            )
     out = dict(type="fsdp", **{**FSDP_DEFAULTS, **args})
     for key in ("shard_modules", "activation_checkpointing"):
         out[key] = _class_names(out[key], key)
     if out["checkpoint"] not in ("full", "sharded"):
-        raise ConfigError("strategy.checkpoint", f"got {out['checkpoint']!r:.40}; takes "
-                                                 f"'sharded' (each rank writes its shards) or "
-                                                 f"'full' (one file gathered on rank 0)")
+        raise ConfigError(
+            "strategy.checkpoint",
+            f"got {out['checkpoint']!r:.40}; takes "
+            f"'sharded' (each rank writes its shards) or "
+            f"'full' (one file gathered on rank 0)",
+        )
     for flag in ("reshard_after_forward", "cpu_offload"):
         if not isinstance(out[flag], bool):
             raise ConfigError(f"strategy.{flag}", f"got {out[flag]!r:.60}; takes True or False")
     mixed = out["mixed_precision"]
     if mixed is not None:
         if not isinstance(mixed, dict):
-            raise ConfigError("strategy.mixed_precision", "takes dict(param_dtype='bfloat16', "
-                                                          "reduce_dtype='float32') or None")
+            raise ConfigError(
+                "strategy.mixed_precision",
+                "takes dict(param_dtype='bfloat16', reduce_dtype='float32') or None",
+            )
         for key, value in mixed.items():
             if key not in ("param_dtype", "reduce_dtype", "output_dtype"):
-                raise ConfigError(f"strategy.mixed_precision.{key}", "takes param_dtype, "
-                                                                     "reduce_dtype, output_dtype")
+                raise ConfigError(
+                    f"strategy.mixed_precision.{key}",
+                    "takes param_dtype, reduce_dtype, output_dtype",
+                )
             if value is not None and value not in DTYPES:
-                raise ConfigError(f"strategy.mixed_precision.{key}",
-                                  f"got {value!r:.40}; takes one of {', '.join(DTYPES)}")
+                raise ConfigError(
+                    f"strategy.mixed_precision.{key}",
+                    f"got {value!r:.40}; takes one of {', '.join(DTYPES)}",
+                )
     return out
 
 
@@ -102,8 +138,10 @@ def _class_names(names: Any, key: str) -> list[str]:
     if isinstance(names, str):
         names = [names]
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"strategy.{key}", f"got {names!r:.60}; takes a list of module "
-                                             f"class names, e.g. ['TransformerBlock']")
+        raise ConfigError(
+            f"strategy.{key}",
+            f"got {names!r:.60}; takes a list of module class names, e.g. ['TransformerBlock']",
+        )
     return list(names)
 
 
@@ -125,11 +163,15 @@ def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Mo
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    options: dict[str, Any] = dict(mesh=mesh,
-                                   reshard_after_forward=strategy["reshard_after_forward"])
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": strategy["reshard_after_forward"],
+    }
     if strategy["mixed_precision"]:
-        options["mp_policy"] = MixedPrecisionPolicy(
-            **{k: DTYPES[v] if v else None for k, v in strategy["mixed_precision"].items()})
+        policy: dict[str, Any] = {
+            k: DTYPES[v] if v else None for k, v in strategy["mixed_precision"].items()
+        }
+        options["mp_policy"] = MixedPrecisionPolicy(**policy)
     if strategy["cpu_offload"]:
         options["offload_policy"] = CPUOffloadPolicy()
     wanted = set(strategy["shard_modules"])
@@ -148,33 +190,41 @@ def is_sharded(model: Any) -> bool:
 
 def _full_options(strict: bool = True) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     return StateDictOptions(full_state_dict=True, cpu_offload=True, strict=strict)
 
 
 def full_model_state(model: nn.Module) -> dict:
     """The unsharded weights on rank 0 (other ranks get an empty dict); every rank calls it."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     return get_model_state_dict(model, options=_full_options())
 
 
 def load_full_model_state(model: nn.Module, state: dict, strict: bool = True) -> None:
     """Shard full weights (read by every rank) into the model's shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
-                                                                strict=strict))
+
+    set_model_state_dict(
+        model, state, options=StateDictOptions(full_state_dict=True, strict=strict)
+    )
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer state keyed by parameter name, unsharded, on rank 0."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     return get_optimizer_state_dict(model, optimizer, options=_full_options())
 
 
-def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
-                              state: dict) -> None:
+def load_full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    set_optimizer_state_dict(model, optimizer, state,
-                             options=StateDictOptions(full_state_dict=True))
+
+    set_optimizer_state_dict(
+        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+    )
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -184,11 +234,18 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """``local`` (this rank's part) as a tensor shaped and placed like ``param``."""
-    if hasattr(param, "device_mesh"):
+    mesh, placements = getattr(param, "device_mesh", None), getattr(param, "placements", None)
+    if mesh is not None:  # a DTensor (FSDP2's parameter)
         from torch.distributed.tensor import DTensor
-        return DTensor.from_local(local.to(param.device, param.dtype), param.device_mesh,
-                                  param.placements, run_check=False, shape=param.shape,
-                                  stride=param.stride())
+
+        return DTensor.from_local(
+            local.to(param.device, param.dtype),
+            mesh,
+            placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
     return local.to(param.device, param.dtype)
 
 
@@ -200,9 +257,11 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``full`` (the same on every rank) cut into ``like``'s shards, with no communication."""
     full = full.to(like.device, like.dtype)
-    if hasattr(like, "device_mesh"):
+    mesh, placements = getattr(like, "device_mesh", None), getattr(like, "placements", None)
+    if mesh is not None:  # a DTensor (FSDP2's parameter)
         from torch.distributed.tensor import distribute_tensor
-        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+
+        return distribute_tensor(full, mesh, placements, src_data_rank=None)
     return full
 
 
@@ -228,7 +287,7 @@ class ShardedCopy:
     def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self._buffers.items())
 
-    def requires_grad_(self, requires_grad: bool = True) -> "ShardedCopy":
+    def requires_grad_(self, requires_grad: bool = True) -> ShardedCopy:
         return self  # detached copies: never part of a graph
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -237,11 +296,12 @@ class ShardedCopy:
     @torch.no_grad()
     def load_state_dict(self, state: dict, strict: bool = True) -> LoadResult:
         own = {**self._params, **self._buffers}
-        result = LoadResult([k for k in own if k not in state],
-                            [k for k in state if k not in own])
+        result = LoadResult([k for k in own if k not in state], [k for k in state if k not in own])
         if strict and (result.missing_keys or result.unexpected_keys):
-            raise RuntimeError(f"missing keys {result.missing_keys[:3]}, unexpected keys "
-                               f"{result.unexpected_keys[:3]}")
+            raise RuntimeError(
+                f"missing keys {result.missing_keys[:3]}, unexpected keys "
+                f"{result.unexpected_keys[:3]}"
+            )
         for name, tensor in own.items():
             if name in state:
                 tensor.copy_(shard_like(state[name], tensor))

@@ -13,9 +13,11 @@ index=0)`` (flips the keyword input ``key`` or, for tuple batches, the positiona
 A transform is any callable ``(args, kwargs) -> (args, kwargs)``. Other modes (``'loss'``) pass
 straight through, so a TTA model never changes training.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,11 +47,12 @@ class Flip:
         if self.key in kwargs:
             return args, {**kwargs, self.key: torch.flip(kwargs[self.key], self.dims)}
         if len(args) > self.index:
-            args = list(args)
-            args[self.index] = torch.flip(args[self.index], self.dims)
-            return tuple(args), kwargs
-        raise KeyError(f"Flip: the batch has no input {self.key!r} nor positional input "
-                       f"{self.index}")
+            flipped = list(args)
+            flipped[self.index] = torch.flip(args[self.index], self.dims)
+            return tuple(flipped), kwargs
+        raise KeyError(
+            f"Flip: the batch has no input {self.key!r} nor positional input {self.index}"
+        )
 
 
 def _merge(outputs: list, how: str) -> Any:
@@ -57,7 +60,7 @@ def _merge(outputs: list, how: str) -> Any:
     if isinstance(first, dict):
         return {k: _merge([o[k] for o in outputs], how) for k in first}
     if isinstance(first, (list, tuple)):
-        return type(first)(_merge(list(parts), how) for parts in zip(*outputs))
+        return type(first)(_merge(list(parts), how) for parts in zip(*outputs, strict=True))
     if not torch.is_tensor(first) or not first.is_floating_point():
         return first  # ids, labels: the same in every view
     stacked = torch.stack(outputs)
@@ -75,20 +78,25 @@ class TTAModel(nn.Module):
 
     is_model_wrapper = True  # the user's model is .module (MMEngine registers it a wrapper)
 
-    def __init__(self, module: nn.Module, transforms: Sequence[Any] = ("Identity",),
-                 merge: str = "mean") -> None:
+    def __init__(
+        self, module: nn.Module, transforms: Sequence[Any] = ("Identity",), merge: str = "mean"
+    ) -> None:
         super().__init__()
         if merge not in MERGES:
-            raise ConfigError("tta_cfg.merge", f"unknown merge {merge!r}: use "
-                                               f"{', '.join(map(repr, MERGES))}")
+            raise ConfigError(
+                "tta_cfg.merge", f"unknown merge {merge!r}: use {', '.join(map(repr, MERGES))}"
+            )
         if not transforms:
-            raise ConfigError("tta_cfg.transforms", "give at least one transform, e.g. "
-                                                    "['Identity', dict(type='Flip')]")
+            raise ConfigError(
+                "tta_cfg.transforms",
+                "give at least one transform, e.g. ['Identity', dict(type='Flip')]",
+            )
         self.module = module
         self.merge = merge
         self.transforms: list[Callable] = [
             TRANSFORMS.build({"type": t} if isinstance(t, str) else t, f"tta_cfg.transforms[{i}]")
-            for i, t in enumerate(transforms)]
+            for i, t in enumerate(transforms)
+        ]
 
     def forward(self, *args: Any, mode: str = "predict", **kwargs: Any) -> Any:
         if mode != "predict":

@@ -1,20 +1,23 @@
 """Small helpers downstream OpenMMLab hooks import from ``mmengine`` / ``mmengine.utils``
 (``is_seq_of``, ``is_list_of``, ``is_tuple_of``, ``mkdir_or_exist``, ``print_log``), here with
 MMEngine's meaning, so such a hook runs after changing that import line."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .log import print_log
 
 __all__ = ["is_list_of", "is_seq_of", "is_tuple_of", "mkdir_or_exist", "print_log"]
 
 
-def is_seq_of(seq: Any, expected_type: type | tuple, seq_type: Optional[type] = None) -> bool:
+def is_seq_of(
+    seq: Any, expected_type: type | tuple, seq_type: type[Iterable[Any]] | None = None
+) -> bool:
     """Whether ``seq`` is a sequence (of ``seq_type``, if given) whose items are all of
     ``expected_type``."""
-    from collections.abc import Sequence
     if not isinstance(seq, seq_type if seq_type is not None else Sequence):
         return False
     return all(isinstance(item, expected_type) for item in seq)

@@ -5,6 +5,7 @@ start-up log line, checkpoint metadata) can read it without importing the packag
 a leaf importing the top floor back would be an import cycle. pyproject.toml states the same
 version (``[project] version``); tests/unit/test_import_layers.py checks the two agree.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

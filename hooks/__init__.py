@@ -5,6 +5,7 @@ as ``distributed_runner.registry.HOOKS``. The built-in hooks are imported on fir
 hooks import CheckpointHook``, or the first look-up of a name in ``HOOKS``), so ``import hooks`` or
 ``import hooks.hook`` loads neither them nor the Runner.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,9 +19,18 @@ from .hook import ADDED_MOUNT_POINTS, MMENGINE_MOUNT_POINTS, MOUNT_POINTS, Hook
 from .priority import Priority, get_priority
 
 __all__ = [
-    "HOOKS", "Hook", "MOUNT_POINTS", "MMENGINE_MOUNT_POINTS", "ADDED_MOUNT_POINTS", "Priority",
-    "get_priority", "StepGuard", "CheckpointSaver", "SinkProvider", *BUILTIN_HOOKS,
+    "ADDED_MOUNT_POINTS",
+    "HOOKS",
+    "MMENGINE_MOUNT_POINTS",
+    "MOUNT_POINTS",
+    "CheckpointSaver",
+    "Hook",
+    "Priority",
+    "SinkProvider",
+    "StepGuard",
+    "get_priority",
 ]
+__all__ += list(BUILTIN_HOOKS)  # the built-in hooks' names, imported on first use
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,9 @@
 """AutogradAnomalyDetectHook (iMIX): find the operation that produced a NaN in backward."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
 import torch
 
 from distributed_runner.registry import HOOKS

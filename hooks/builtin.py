@@ -1,5 +1,6 @@
 """Importing this module registers every built-in hook in ``HOOKS`` (the registry does it at its
 first look-up; nothing else needs to import it)."""
+
 from __future__ import annotations
 
 import importlib

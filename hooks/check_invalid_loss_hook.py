@@ -1,7 +1,8 @@
 """CheckInvalidLossHook: the seeds' example, shipped — fail fast when the loss is inf or NaN."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,15 +28,19 @@ class CheckInvalidLossHook(Hook):
 
     priority = "NORMAL"
 
-    def __init__(self, interval: Union[int, str] = 50) -> None:
-        self.every = Interval.parse(interval, by_epoch=False,
-                                    key="interval")
+    def __init__(self, interval: int | str = 50) -> None:
+        self.every = Interval.parse(interval, by_epoch=False, key="interval")
 
     def before_train(self, runner: RunnerAPI) -> None:
         self.every.start_clock()
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if not self.every.due_after_iter(runner):
             return
         loss = (outputs or {}).get("loss")
@@ -43,7 +48,9 @@ class CheckInvalidLossHook(Hook):
         if dist.is_distributed():
             finite = bool(dist.all_reduce(torch.tensor([int(finite)]), "min").item())
         if not finite:
-            raise FloatingPointError(f"loss became infinite or NaN at iteration {runner.iter + 1}"
-                                     f" (on rank {runner.rank}: {loss}); lower the learning rate, "
-                                     f"clip gradients (optim_wrapper.clip_grad) or add "
-                                     f"NonFiniteLossHook(policy='skip')")
+            raise FloatingPointError(
+                f"loss became infinite or NaN at iteration {runner.iter + 1}"
+                f" (on rank {runner.rank}: {loss}); lower the learning rate, "
+                f"clip gradients (optim_wrapper.clip_grad) or add "
+                f"NonFiniteLossHook(policy='skip')"
+            )

@@ -1,72 +1,47 @@
 """CheckpointHook: periodic, best, last and published checkpoints (the seeds' parameters)."""
+
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING
 
-from distributed_runner.checkpoint import atomic_save, checksum_path, load_file, point_at, \
-    remove_checkpoint, remove_stale_temporaries
-from distributed_runner.checkpoint_parts import PUBLISHABLE_KEYS
-from distributed_runner.errors import ArgumentError, argument_errors
+from distributed_runner.checkpoint import (
+    checksum_path,
+    point_at,
+    remove_checkpoint,
+    remove_stale_temporaries,
+)
+from distributed_runner.errors import ArgumentError
 from distributed_runner.interval import Interval
 from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
-from distributed_runner.registry import HOOKS
 from distributed_runner.redact import redact_url
-from distributed_runner.remote_storage import RemoteCopies, check_storage_options, is_remote, \
-    run_folder
-from distributed_runner.sharded_checkpoint import SHARDED, full_weights, remove_orphan_shards, \
-    shard_folders
+from distributed_runner.registry import HOOKS
+from distributed_runner.remote_storage import (
+    RemoteCopies,
+    check_storage_options,
+    is_remote,
+    run_folder,
+)
+from distributed_runner.sharded_checkpoint import (
+    remove_orphan_shards,
+    shard_folders,
+)
 
+from .checkpoint_args import (
+    as_list,
+    best_rules,
+    check_numbers,
+    checked_published_keys,
+)
+from .checkpoint_publish import publish_checkpoint
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
 
 if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
-
-# the keys published_keys may name: the checkpoint's parts (checkpoint_parts.PARTS) that a file
-# of its own can hold
-CHECKPOINT_KEYS = PUBLISHABLE_KEYS
-
-
-def _as_list(value: Union[str, Sequence[str], None]) -> list:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _check_numbers(interval: Union[int, str], max_keep_ckpts: int, save_begin: int,
-                   save_topk: int, by_epoch: bool, async_save: bool) -> None:
-    """Refuse, one line naming the argument, what would otherwise misbehave silently later (a
-    float interval, save_topk=0, by_epoch='no')."""
-    if isinstance(interval, bool) or isinstance(interval, (int, float)) and (
-            interval != int(interval) or interval == 0 or interval < -1):
-        raise ArgumentError("interval", f"got {interval!r}; takes an int >= 1, -1 (no "
-                                        f"periodic checkpoints) or a spec like '500it', "
-                                        f"'2ep', '30min'")
-    for name, value, low in (("max_keep_ckpts", max_keep_ckpts, -1),
-                             ("save_begin", save_begin, 0), ("save_topk", save_topk, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
-    for name, flag in (("by_epoch", by_epoch), ("async_save", async_save)):
-        if not isinstance(flag, bool):
-            raise ArgumentError(name, f"got {flag!r}; takes True or False")
-
-
-def _published_keys(keys: Union[str, Sequence[str], None]) -> list:
-    """``published_keys`` checked against the checkpoint's parts (a typo would publish a file
-    without them); the weights must be among them."""
-    keys = _as_list(keys)
-    for k in keys:
-        if k not in CHECKPOINT_KEYS:
-            raise ArgumentError("published_keys", f"unknown checkpoint key {k!r}; "
-                                                  f"choose from {', '.join(CHECKPOINT_KEYS)}")
-    if keys and "state_dict" not in keys:
-        raise ArgumentError("published_keys", "must include 'state_dict' (the weights)")
-    return keys
 
 
 @HOOKS.register_module()
@@ -111,20 +86,29 @@ class CheckpointHook(Hook, CheckpointSaver):
 
     priority = "VERY_LOW"
 
-    def __init__(self, interval: Union[int, str] = -1, by_epoch: bool = True,
-                 save_optimizer: bool = True,
-                 save_param_scheduler: bool = True, out_dir: Optional[str] = None,
-                 max_keep_ckpts: int = -1, save_last: bool = True,
-                 save_best: Union[str, Sequence[str], None] = None,
-                 rule: Union[str, Sequence[str], None] = None,
-                 greater_keys: Optional[Sequence[str]] = None,
-                 less_keys: Optional[Sequence[str]] = None,
-                 filename_tmpl: Optional[str] = None,
-                 published_keys: Union[str, Sequence[str], None] = None,
-                 save_begin: int = 0, save_topk: int = 1, async_save: bool = False,
-                 backend_args: Optional[dict] = None, file_client_args: Optional[dict] = None,
-                 create_symlink: Optional[bool] = None) -> None:
-        _check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
+    def __init__(
+        self,
+        interval: int | str = -1,
+        by_epoch: bool = True,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        out_dir: str | None = None,
+        max_keep_ckpts: int = -1,
+        save_last: bool = True,
+        save_best: str | Sequence[str] | None = None,
+        rule: str | Sequence[str] | None = None,
+        greater_keys: Sequence[str] | None = None,
+        less_keys: Sequence[str] | None = None,
+        filename_tmpl: str | None = None,
+        published_keys: str | Sequence[str] | None = None,
+        save_begin: int = 0,
+        save_topk: int = 1,
+        async_save: bool = False,
+        backend_args: dict | None = None,
+        file_client_args: dict | None = None,
+        create_symlink: bool | None = None,
+    ) -> None:
+        check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
         self.async_save = async_save
         # what a save's commit does (rank 0), by file name: move the pointer, remove old files
         self._on_commit: dict[str, tuple[bool, list[str]]] = {}
@@ -137,11 +121,14 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.out_dir_arg = out_dir
         check_storage_options("CheckpointHook", out_dir, backend_args, file_client_args)
         if create_symlink is not None:
-            warnings.warn("CheckpointHook: create_symlink (MMCV's) is ignored: "
-                          "work_dir/last_checkpoint names the newest checkpoint", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "CheckpointHook: create_symlink (MMCV's) is ignored: "
+                "work_dir/last_checkpoint names the newest checkpoint",
+                UserWarning,
+                stacklevel=2,
+            )
         self.backend_args = backend_args
-        self.remote: Optional[RemoteCopies] = None
+        self.remote: RemoteCopies | None = None
         self.max_keep_ckpts = int(max_keep_ckpts)
         self.save_last = save_last
         self.save_begin = int(save_begin)
@@ -151,42 +138,27 @@ class CheckpointHook(Hook, CheckpointSaver):
             raise ArgumentError("filename_tmpl", "needs a '{}' for the epoch/iteration number")
         self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
         self.less_keys = list(less_keys) if less_keys is not None else LESS_KEYS
-        self.save_best = _as_list(save_best)
-        self.rules = self._best_rules(_as_list(rule))
-        self.published_keys = _published_keys(published_keys)
+        self.save_best = as_list(save_best)
+        self.rules = best_rules(self.save_best, as_list(rule), self._infer_rule)
+        self.published_keys = checked_published_keys(published_keys)
         # state that survives resume (state_dict below)
         self.best_scores: dict[str, float] = {}
         self.best_files: dict[str, str] = {}
         self.top: dict[str, list] = {}  # key -> [[score, file], ...], best first (save_topk)
         self.kept: list[str] = []
-        self.last_file: Optional[str] = None
+        self.last_file: str | None = None
         self.last_saved_iter = -1
         self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
-    def _best_rules(self, rules: list) -> list[Optional[str]]:
-        """One rule per ``save_best`` key: given once for all, one each, or inferred from the
-        key's name ('auto' waits for the first metric's)."""
-        if "auto" in self.save_best and len(self.save_best) > 1:
-            raise ArgumentError("save_best", "'auto' cannot be combined with other keys")
-        if len(rules) == 1 and len(self.save_best) > 1:
-            rules = rules * len(self.save_best)
-        if rules and len(rules) != len(self.save_best):
-            raise ArgumentError("rule", f"give one rule or one per save_best key "
-                                        f"({len(self.save_best)})")
-        for r in rules:
-            if r not in ("greater", "less"):
-                raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
-        rules = rules or [None] * len(self.save_best)
-        return [self._infer_rule(key) if key != "auto" and r is None else r
-                for key, r in zip(self.save_best, rules)]
-
     def _infer_rule(self, key: str) -> str:
         rule = infer_rule(key, self.greater_keys, self.less_keys)
         if rule is not None:
             return rule
-        raise ArgumentError("rule", f"cannot tell whether a larger {key!r} is better: set "
-                                         f"rule='greater' or rule='less'")
+        raise ArgumentError(
+            "rule",
+            f"cannot tell whether a larger {key!r} is better: set rule='greater' or rule='less'",
+        )
 
     def before_train(self, runner: RunnerAPI) -> None:
         names = runner.val_metric_names()  # checked now, not after the first epoch
@@ -197,23 +169,34 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.out_dir_arg and is_remote(self.out_dir_arg):  # copies go there, files stay here
             self.out_dir = work_dir
             if runner.rank == 0 and self.remote is None:
-                self.remote = RemoteCopies(run_folder(self.out_dir_arg, work_dir),
-                                           self.backend_args, runner.logger)
+                self.remote = RemoteCopies(
+                    run_folder(self.out_dir_arg, work_dir), self.backend_args, runner.logger
+                )
         else:
-            self.out_dir = Path(run_folder(self.out_dir_arg, work_dir)).expanduser().resolve() \
-                if self.out_dir_arg else work_dir
+            self.out_dir = (
+                Path(run_folder(self.out_dir_arg, work_dir)).expanduser().resolve()
+                if self.out_dir_arg
+                else work_dir
+            )
         if runner.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             # a write that a crash or SIGKILL interrupted left a checkpoint-sized temporary
             count, size = remove_stale_temporaries(self.out_dir)
             count += remove_orphan_shards(self.out_dir)  # shards no manifest names
             if count:
-                runner.logger.info("removed %d interrupted checkpoint write(s) from %s (%.1f "
-                                   "MB)", count, self.out_dir, size / 1e6)
+                runner.logger.info(
+                    "removed %d interrupted checkpoint write(s) from %s (%.1f MB)",
+                    count,
+                    self.out_dir,
+                    size / 1e6,
+                )
         if self.every.kind == "epoch" and not runner.by_epoch:
-            runner.logger.warning("CheckpointHook: by_epoch is True but training is "
-                                  "iteration-based: set by_epoch=False to save every %s "
-                                  "iterations", self.interval)
+            runner.logger.warning(
+                "CheckpointHook: by_epoch is True but training is "
+                "iteration-based: set by_epoch=False to save every %s "
+                "iterations",
+                self.interval,
+            )
         self.every.start_clock()
 
     # -- periodic ------------------------------------------------------------------------------
@@ -221,8 +204,13 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.every.due_after_epoch(runner, self.save_begin):
             self._save_periodic(runner, self.filename_tmpl.format(runner.epoch + 1))
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if self.async_save:
             runner.checkpoints.poll()  # commits a background save every rank has finished
         if self.every.kind == "time":  # rank 0's clock decides; the request makes ranks agree
@@ -243,14 +231,25 @@ class CheckpointHook(Hook, CheckpointSaver):
             runner.logger.info("saved %s (%s)", name, reason)
         return self.out_dir / name
 
-    def _save(self, runner: RunnerAPI, filename: str, meta: Optional[dict] = None,
-              point: bool = False, remove: Sequence[str] = ()) -> Path:
+    def _save(
+        self,
+        runner: RunnerAPI,
+        filename: str,
+        meta: dict | None = None,
+        point: bool = False,
+        remove: Sequence[str] = (),
+    ) -> Path:
         """Save ``filename``; when it commits, point ``last_checkpoint`` at it (``point``) and
         remove the files it replaces (``remove``): never before it is safely written."""
         self._on_commit[filename] = (point, list(remove))
-        return runner.save_checkpoint(self.out_dir, filename, save_optimizer=self.save_optimizer,
-                                      save_param_scheduler=self.save_param_scheduler, meta=meta,
-                                      asynchronous=self.async_save)
+        return runner.save_checkpoint(
+            self.out_dir,
+            filename,
+            save_optimizer=self.save_optimizer,
+            save_param_scheduler=self.save_param_scheduler,
+            meta=meta,
+            asynchronous=self.async_save,
+        )
 
     def after_save_checkpoint(self, runner: RunnerAPI, path: Path, checkpoint: dict) -> None:
         point, remove = self._on_commit.pop(Path(path).name, (False, []))
@@ -260,8 +259,9 @@ class CheckpointHook(Hook, CheckpointSaver):
             point_at(path, self.out_dir, runner.work_dir)
         if self.remote is not None:
             self.remote.upload(self._parts(Path(path)))
-            self.remote.remove([part.name for name in remove
-                                for part in self._parts(self.out_dir / name)])
+            self.remote.remove(
+                [part.name for name in remove for part in self._parts(self.out_dir / name)]
+            )
         for name in remove:
             remove_checkpoint(self.out_dir / name)
 
@@ -281,17 +281,19 @@ class CheckpointHook(Hook, CheckpointSaver):
         self._save(runner, filename, point=True, remove=removed)
 
     # -- best ----------------------------------------------------------------------------------
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         if not self.save_best or not metrics or runner.train_loop is None:
             return
         if self.save_best == ["auto"]:
             first = next(iter(metrics))
             self.save_best, self.rules = [first], [self.rules[0] or self._infer_rule(first)]
-        for key, rule in zip(self.save_best, self.rules):
+        for key, rule in zip(self.save_best, self.rules, strict=True):
             require_metric("save_best", key, metrics)
             value = float(metrics[key])
-            top = self.top.setdefault(key, [[self.best_scores[key], self.best_files[key]]]
-                                      if key in self.best_files else [])
+            top = self.top.setdefault(
+                key,
+                [[self.best_scores[key], self.best_files[key]]] if key in self.best_files else [],
+            )
             better = (lambda a, b: a > b) if rule == "greater" else (lambda a, b: a < b)
             if len(top) >= self.save_topk and not better(value, top[-1][0]):
                 continue
@@ -299,14 +301,19 @@ class CheckpointHook(Hook, CheckpointSaver):
             name = f"best_{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}_{unit}_{n}.pth"
             place = next((i for i, (score, _) in enumerate(top) if better(value, score)), len(top))
             top.insert(place, [value, name])
-            dropped = [f for _, f in top[self.save_topk:] if f != name]
-            del top[self.save_topk:]
+            dropped = [f for _, f in top[self.save_topk :] if f != name]
+            del top[self.save_topk :]
             self.best_scores[key], self.best_files[key] = top[0]
             runner.message_hub.update_info(f"best_score/{key}", top[0][0])
             self._save(runner, name, meta={"best": {key: value}}, remove=dropped)
             if runner.rank == 0:
-                runner.logger.info("%s %s = %.4f: saved %s", "new best" if place == 0 else
-                                   f"top-{self.save_topk}", key, value, name)
+                runner.logger.info(
+                    "%s %s = %.4f: saved %s",
+                    "new best" if place == 0 else f"top-{self.save_topk}",
+                    key,
+                    value,
+                    name,
+                )
 
     # -- end of training -----------------------------------------------------------------------
     def after_train(self, runner: RunnerAPI) -> None:
@@ -321,8 +328,9 @@ class CheckpointHook(Hook, CheckpointSaver):
             self._save(runner, "last.pth", point=True)
         runner.checkpoints.wait()  # an asynchronous save commits before anything reads it
         if self.published_keys and runner.rank == 0:
-            names = ([self.last_file] if self.save_last and self.last_file else []) \
-                + list(self.best_files.values())
+            names = ([self.last_file] if self.save_last and self.last_file else []) + list(
+                self.best_files.values()
+            )
             for name in dict.fromkeys(names):
                 published = self.publish(self.out_dir / name)
                 self.published.append(published.name)
@@ -335,43 +343,43 @@ class CheckpointHook(Hook, CheckpointSaver):
         if self.remote is not None:
             failed = self.remote.wait()
             if failed:
-                runner.logger.error("%d of the copies to out_dir %s failed (the files are in "
-                                    "%s): %s", len(failed), redact_url(self.remote.uri),
-                                    self.out_dir, "; ".join(failed[:3]))
+                runner.logger.error(
+                    "%d of the copies to out_dir %s failed (the files are in %s): %s",
+                    len(failed),
+                    redact_url(self.remote.uri),
+                    self.out_dir,
+                    "; ".join(failed[:3]),
+                )
 
     def publish(self, path: Path) -> Path:
         """Write ``path`` with only ``published_keys`` as ``{stem}-{sha256[:8]}.pth``."""
-        with argument_errors():  # raised at after_train: the dispatcher names the config key
-            ckpt = load_file(path, "published_keys")
-        if SHARDED in ckpt and "state_dict" in self.published_keys:
-            ckpt["state_dict"] = full_weights(path, ckpt)  # one deployable file from the shards
-            average = ckpt.get("ema_state_dict", {})  # deploy the average, as MMEngine's layout
-            ckpt["state_dict"].update({k: average[f"module.{k}"] for k in ckpt["state_dict"]
-                                       if f"module.{k}" in average})
-        slim = {k: ckpt[k] for k in self.published_keys if k in ckpt}
-        tmp = atomic_save(slim, path.with_name(f"{path.stem}.publishing"))
-        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:8]
-        final = path.with_name(f"{path.stem}-{digest}.pth")
-        os.replace(tmp, final)
-        os.replace(checksum_path(tmp), checksum_path(final))
-        return final
+        return publish_checkpoint(path, self.published_keys)
 
     def saved_files(self) -> dict[str, list[Path]]:
         """The checkpoints a finished run keeps: ``last``, ``best`` and ``published`` (rank 0)."""
+
         def existing(names: list) -> list[Path]:
             return [self.out_dir / n for n in names if n and (self.out_dir / n).is_file()]
+
         best = [f for top in self.top.values() for _, f in top] or list(self.best_files.values())
-        return {"last": existing([self.last_file] if self.save_last else []),
-                "best": existing(best),
-                "published": existing(self.published)}
+        return {
+            "last": existing([self.last_file] if self.save_last else []),
+            "best": existing(best),
+            "published": existing(self.published),
+        }
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"best_scores": dict(self.best_scores), "best_files": dict(self.best_files),
-                "top": {k: [list(e) for e in v] for k, v in self.top.items()},
-                "kept": list(self.kept), "last_file": self.last_file,
-                "last_saved_iter": self.last_saved_iter, "save_best": list(self.save_best),
-                "rules": list(self.rules)}
+        return {
+            "best_scores": dict(self.best_scores),
+            "best_files": dict(self.best_files),
+            "top": {k: [list(e) for e in v] for k, v in self.top.items()},
+            "kept": list(self.kept),
+            "last_file": self.last_file,
+            "last_saved_iter": self.last_saved_iter,
+            "save_best": list(self.save_best),
+            "rules": list(self.rules),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.best_scores = dict(state.get("best_scores", {}))

@@ -1,8 +1,9 @@
 """EarlyStoppingHook: stop training when a validation metric stops improving."""
+
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from distributed_runner.errors import ArgumentError
 from distributed_runner.metric_rules import infer_rule, require_metric
@@ -14,13 +15,13 @@ if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
 
 
-
 @HOOKS.register_module()
 class EarlyStoppingHook(Hook):
     """After each validation, compare ``monitor`` with the best value so far.
 
     * ``rule``: ``'greater'``/``'less'``; inferred from the key as CheckpointHook's save_best
-      does (:func:`~distributed_runner.metric_rules.infer_rule`: ``acc``, ``mAP``... greater; ``loss`` less).
+      does (:func:`~distributed_runner.metric_rules.infer_rule`: ``acc``, ``mAP``... greater;
+      ``loss`` less).
     * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
       training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
       ``check_finite`` stops when it is NaN or infinite.
@@ -36,14 +37,24 @@ class EarlyStoppingHook(Hook):
 
     priority = "LOWEST"  # MMEngine's: after every other hook has seen the metrics
 
-    def __init__(self, monitor: str, rule: Optional[str] = None, min_delta: float = 0.1,
-                 strict: bool = False, check_finite: bool = True, patience: int = 5,
-                 stopping_threshold: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        monitor: str,
+        rule: str | None = None,
+        min_delta: float = 0.1,
+        strict: bool = False,
+        check_finite: bool = True,
+        patience: int = 5,
+        stopping_threshold: float | None = None,
+    ) -> None:
         if rule is None:
             rule = infer_rule(monitor)
             if rule is None:
-                raise ArgumentError("rule", f"cannot tell whether a larger {monitor!r} is "
-                                                 f"better: set rule='greater' or rule='less'")
+                raise ArgumentError(
+                    "rule",
+                    f"cannot tell whether a larger {monitor!r} is "
+                    f"better: set rule='greater' or rule='less'",
+                )
         if rule not in ("greater", "less"):
             raise ArgumentError("rule", f"unknown rule {rule!r}: use 'greater' or 'less'")
         if int(patience) < 1:
@@ -65,14 +76,17 @@ class EarlyStoppingHook(Hook):
     def _reached(self, value: float) -> bool:
         if self.stopping_threshold is None:
             return False
-        return value >= self.stopping_threshold if self.rule == "greater" \
+        return (
+            value >= self.stopping_threshold
+            if self.rule == "greater"
             else value <= self.stopping_threshold
+        )
 
     def before_train(self, runner: RunnerAPI) -> None:
         # a monitor the metrics do not report would never stop anything: say so now
         require_metric("monitor", self.monitor, runner.val_metric_names())
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         if runner.train_loop is None or metrics is None:
             return
         if self.monitor not in metrics:
@@ -80,25 +94,33 @@ class EarlyStoppingHook(Hook):
                 require_metric("monitor", self.monitor, metrics)
             if not self._warned:
                 self._warned = True
-                runner.logger.warning("EarlyStoppingHook: %r is not among the validation metrics "
-                                      "(%s); not stopping early", self.monitor, ", ".join(metrics))
+                runner.logger.warning(
+                    "EarlyStoppingHook: %r is not among the validation metrics "
+                    "(%s); not stopping early",
+                    self.monitor,
+                    ", ".join(metrics),
+                )
             return
         value = float(metrics[self.monitor])
         if self.check_finite and not math.isfinite(value):
             runner.request_stop(f"early stopping: {self.monitor} is {value}")
             return
         if self._reached(value):
-            runner.request_stop(f"early stopping: {self.monitor} = {value:.4f} reached "
-                                f"stopping_threshold {self.stopping_threshold}")
+            runner.request_stop(
+                f"early stopping: {self.monitor} = {value:.4f} reached "
+                f"stopping_threshold {self.stopping_threshold}"
+            )
             return
         if self._improved(value):
             self.best_score, self.wait_count = value, 0
             return
         self.wait_count += 1
         if self.wait_count >= self.patience:
-            runner.request_stop(f"early stopping: {self.monitor} has not improved by more than "
-                                f"{self.min_delta} for {self.wait_count} validations (best "
-                                f"{self.best_score:.4f})")
+            runner.request_stop(
+                f"early stopping: {self.monitor} has not improved by more than "
+                f"{self.min_delta} for {self.wait_count} validations (best "
+                f"{self.best_score:.4f})"
+            )
 
     def state_dict(self) -> dict:
         return {"best_score": self.best_score, "wait_count": self.wait_count}

@@ -1,16 +1,17 @@
 """EMAHook: evaluate and test with a weight average of the model being trained."""
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 import distributed_runner.averaged_model  # noqa: F401  (registers the averages in MODELS)
 from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import HOOKS, MODELS, check_arguments
+from distributed_runner.registry import HOOKS, MODELS
+from distributed_runner.signatures import check_arguments
 
 from .hook import DataBatch, Hook
-
 
 EMA_IN_STATE_DICT = "ema_in_state_dict"  # meta flag: state_dict holds the average (MMEngine)
 
@@ -46,8 +47,14 @@ class EMAHook(Hook):
 
     priority = "NORMAL"
 
-    def __init__(self, ema_type: str = "ExponentialMovingAverage", strict_load: bool = False,
-                 begin_iter: int = 0, begin_epoch: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        ema_type: str = "ExponentialMovingAverage",
+        strict_load: bool = False,
+        begin_iter: int = 0,
+        begin_epoch: int = 0,
+        **kwargs: Any,
+    ) -> None:
         if begin_iter < 0 or begin_epoch < 0:
             raise ArgumentError("", "begin_iter and begin_epoch must be >= 0")
         if begin_iter and begin_epoch:
@@ -55,8 +62,7 @@ class EMAHook(Hook):
         self.ema_cfg = dict(type=ema_type, **kwargs)
         # a typo in the type or its arguments fails at registration, not after an epoch
         with argument_errors():
-            check_arguments(MODELS.resolve(ema_type, "ema_type"), kwargs, "",
-                            supplied=["model"])
+            check_arguments(MODELS.resolve(ema_type, "ema_type"), kwargs, "", supplied=["model"])
         self.strict_load = strict_load
         self.begin_iter, self.begin_epoch = int(begin_iter), int(begin_epoch)
         self.enabled_by_epoch = self.begin_epoch > 0
@@ -74,8 +80,11 @@ class EMAHook(Hook):
         self._pairs = self.ema_model.swap_pairs(runner.model)
 
     def before_train(self, runner) -> None:
-        begin, most, name = (self.begin_epoch, runner.max_epochs, "begin_epoch") \
-            if self.enabled_by_epoch else (self.begin_iter, runner.max_iters, "begin_iter")
+        begin, most, name = (
+            (self.begin_epoch, runner.max_epochs, "begin_epoch")
+            if self.enabled_by_epoch
+            else (self.begin_iter, runner.max_iters, "begin_iter")
+        )
         if begin > most:
             raise ArgumentError(name, f"{begin} is after the end of training ({most})")
         self._copy_if_pending(runner)
@@ -89,19 +98,26 @@ class EMAHook(Hook):
             try:
                 mismatched = self.ema_model.load_state_dict(state, strict=self.strict_load)
             except RuntimeError as e:
-                raise ArgumentError("strict_load", f"ema_state_dict does not fit the "
-                                                   f"model: {str(e).splitlines()[0]}") from None
+                raise ArgumentError(
+                    "strict_load",
+                    f"ema_state_dict does not fit the model: {str(e).splitlines()[0]}",
+                ) from None
             if mismatched:
-                runner.logger.warning("ema_state_dict: %d keys did not match "
-                                      "(strict_load=False)", len(mismatched))
+                runner.logger.warning(
+                    "ema_state_dict: %d keys did not match (strict_load=False)", len(mismatched)
+                )
             return
         if runner.loading_for == "resume":
             if self.strict_load:
-                raise ArgumentError("strict_load", "the checkpoint has no ema_state_dict; set "
-                                                   "strict_load=False to start the average from "
-                                                   "its weights")
-            runner.logger.warning("checkpoint has no ema_state_dict: the average starts from "
-                                  "the loaded weights")
+                raise ArgumentError(
+                    "strict_load",
+                    "the checkpoint has no ema_state_dict; set "
+                    "strict_load=False to start the average from "
+                    "its weights",
+                )
+            runner.logger.warning(
+                "checkpoint has no ema_state_dict: the average starts from the loaded weights"
+            )
         self._copy_pending = True  # from the weights the runner is about to load
 
     def _copy_if_pending(self, runner) -> None:
@@ -117,8 +133,9 @@ class EMAHook(Hook):
             return runner.epoch + 1 >= self.begin_epoch
         return runner.iter + 1 >= self.begin_iter
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self, runner, batch_idx: int, data_batch: DataBatch = None, outputs: dict | None = None
+    ) -> None:
         if self._ema_started(runner):
             self.ema_model.update_parameters(runner.model)
         else:
@@ -138,7 +155,7 @@ class EMAHook(Hook):
         self._copy_if_pending(runner)
         self._swap_ema_parameters()
 
-    def _swap_back(self, runner, metrics: Optional[dict] = None) -> None:
+    def _swap_back(self, runner, metrics: dict | None = None) -> None:
         if self._swapped:  # at after_val/after_test: only when the evaluation raised
             self._swap_ema_parameters()
 
@@ -156,8 +173,10 @@ class EMAHook(Hook):
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         self._copy_if_pending(runner)
-        checkpoint["ema_state_dict"] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
-                                        for k, v in self.ema_model.state_dict().items()}
+        checkpoint["ema_state_dict"] = {
+            k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+            for k, v in self.ema_model.state_dict().items()
+        }
         if "state_dict" in checkpoint:  # a full checkpoint: the average is what it deploys
             self._swap_ema_state_dict(checkpoint)
             checkpoint.setdefault("meta", {})[EMA_IN_STATE_DICT] = True

@@ -1,4 +1,5 @@
 """EmptyCacheHook: give cached, unused GPU memory back to the driver at chosen moments."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -24,8 +25,9 @@ class EmptyCacheHook(Hook):
 
     priority = "NORMAL"
 
-    def __init__(self, before_epoch: bool = False, after_epoch: bool = True,
-                 after_iter: bool = False) -> None:
+    def __init__(
+        self, before_epoch: bool = False, after_epoch: bool = True, after_iter: bool = False
+    ) -> None:
         self.on_before_epoch, self.on_after_epoch = bool(before_epoch), bool(after_epoch)
         self.on_after_iter = bool(after_iter)
         self.emptied = 0  # how many times the cache was emptied (or would have been, on CPU)
@@ -44,7 +46,13 @@ class EmptyCacheHook(Hook):
         if self.on_after_epoch:
             self._empty()
 
-    def _after_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                    outputs: Any = None, mode: str = "train") -> None:
+    def _after_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: Any = None,
+        mode: str = "train",
+    ) -> None:
         if self.on_after_iter:
             self._empty()

@@ -24,10 +24,12 @@ written or training stops, loudly. ``sink_specs`` is read once, when the Runner 
 holds for a hook's ``state_dict``/``load_state_dict``, which the checkpoint code calls (a
 checkpoint missing a hook's state would resume wrongly).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 

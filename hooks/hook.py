@@ -35,16 +35,19 @@ extension point in use. The ``runner`` every mount point receives is typed
 :class:`~distributed_runner.runner_api.RunnerAPI`: the part of the Runner a hook may rely on.
 
 Counters follow MMEngine: inside a hook ``runner.epoch`` and ``runner.iter`` are 0-based and count
-the epoch / iteration in progress; they advance *after* ``after_train_epoch`` / ``after_train_iter``.
+the epoch / iteration in progress; they advance *after* ``after_train_epoch`` /
+``after_train_iter``.
 So the helpers below count from 1: ``every_n_train_iters(runner, 5)`` is true after the 5th,
 10th, ... iteration.
 """
+
 from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.counting import every_nth
 from distributed_runner.errors import ConfigError, did_you_mean
@@ -53,20 +56,31 @@ if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
 
 
-DataBatch = Optional[Union[dict, tuple, list]]
+DataBatch = dict | tuple | list | None
 
 MMENGINE_MOUNT_POINTS: tuple[str, ...] = (
-    "before_run", "after_run",
-    "before_train", "after_train",
-    "before_train_epoch", "after_train_epoch",
-    "before_train_iter", "after_train_iter",
-    "before_val", "after_val",
-    "before_val_epoch", "after_val_epoch",
-    "before_val_iter", "after_val_iter",
-    "before_test", "after_test",
-    "before_test_epoch", "after_test_epoch",
-    "before_test_iter", "after_test_iter",
-    "before_save_checkpoint", "after_load_checkpoint",
+    "before_run",
+    "after_run",
+    "before_train",
+    "after_train",
+    "before_train_epoch",
+    "after_train_epoch",
+    "before_train_iter",
+    "after_train_iter",
+    "before_val",
+    "after_val",
+    "before_val_epoch",
+    "after_val_epoch",
+    "before_val_iter",
+    "after_val_iter",
+    "before_test",
+    "after_test",
+    "before_test_epoch",
+    "after_test_epoch",
+    "before_test_iter",
+    "after_test_iter",
+    "before_save_checkpoint",
+    "after_load_checkpoint",
 )
 # Our additions to MMEngine's 22: a hook written for MMEngine never defines them, so it is
 # unaffected; a hook written for us may.
@@ -123,18 +137,25 @@ class Hook:
         """After each training epoch, before ``runner.epoch`` advances."""
         self._after_epoch(runner, mode="train")
 
-    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
-                          data_batch: DataBatch = None) -> None:
+    def before_train_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
+    ) -> None:
         """Before each training step. ``batch_idx`` counts within the epoch in an epoch-based
         loop; in an iteration-based loop it is the global iteration (``runner.iter``), as in
         MMEngine."""
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="train")
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         """After each training step; ``outputs`` holds the detached losses (``outputs['loss']``)."""
-        self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
-                         mode="train")
+        self._after_iter(
+            runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs, mode="train"
+        )
 
     # -- validation ----------------------------------------------------------------------------
     def before_val(self, runner: RunnerAPI) -> None:
@@ -147,20 +168,27 @@ class Hook:
         """Before the pass over the validation data."""
         self._before_epoch(runner, mode="val")
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         """After validation; ``metrics`` are identical on every rank."""
         self._after_epoch(runner, mode="val")
 
-    def before_val_iter(self, runner: RunnerAPI, batch_idx: int,
-                        data_batch: DataBatch = None) -> None:
+    def before_val_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
+    ) -> None:
         """Before each validation batch."""
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="val")
 
-    def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                       outputs: Optional[Sequence] = None) -> None:
+    def after_val_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: Sequence | None = None,
+    ) -> None:
         """After each validation batch; ``outputs`` are the model's predictions."""
-        self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
-                         mode="val")
+        self._after_iter(
+            runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs, mode="val"
+        )
 
     # -- testing -------------------------------------------------------------------------------
     def before_test(self, runner: RunnerAPI) -> None:
@@ -173,20 +201,27 @@ class Hook:
         """Before the pass over the test data."""
         self._before_epoch(runner, mode="test")
 
-    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         """After testing; ``metrics`` are identical on every rank."""
         self._after_epoch(runner, mode="test")
 
-    def before_test_iter(self, runner: RunnerAPI, batch_idx: int,
-                         data_batch: DataBatch = None) -> None:
+    def before_test_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
+    ) -> None:
         """Before each test batch."""
         self._before_iter(runner, batch_idx=batch_idx, data_batch=data_batch, mode="test")
 
-    def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                        outputs: Optional[Sequence] = None) -> None:
+    def after_test_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: Sequence | None = None,
+    ) -> None:
         """After each test batch; ``outputs`` are the model's predictions."""
-        self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
-                         mode="test")
+        self._after_iter(
+            runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs, mode="test"
+        )
 
     # -- MMEngine's shared helpers: the train/val/test epoch and iteration mount points above
     # forward to these, so a hook that overrides only ``_after_iter`` runs after every training,
@@ -197,12 +232,19 @@ class Hook:
     def _after_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         """After every train/val/test epoch, unless that mount point is overridden."""
 
-    def _before_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                     mode: str = "train") -> None:
+    def _before_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None, mode: str = "train"
+    ) -> None:
         """Before every train/val/test iteration, unless that mount point is overridden."""
 
-    def _after_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                    outputs: Any = None, mode: str = "train") -> None:
+    def _after_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: Any = None,
+        mode: str = "train",
+    ) -> None:
         """After every train/val/test iteration, unless that mount point is overridden."""
 
     # -- helpers (count from 1, as MMEngine does; n <= 0 means never) ---------------------------
@@ -237,8 +279,10 @@ class Hook:
 
 FORWARDED_TO: dict[str, str] = {
     f"{when}_{stage}_{unit}": f"_{when}_{unit}"
-    for when in ("before", "after") for stage in ("train", "val", "test")
-    for unit in ("epoch", "iter")}
+    for when in ("before", "after")
+    for stage in ("train", "val", "test")
+    for unit in ("epoch", "iter")
+}
 """Mount point -> the MMEngine helper the base class forwards it to (``_after_iter`` ...)."""
 
 
@@ -268,8 +312,10 @@ def imix_style_mounts(hook: Hook) -> frozenset[str]:
             params = list(inspect.signature(getattr(type(hook), name)).parameters.values())
         except (TypeError, ValueError):  # a builtin or an odd callable: called the usual way
             continue
-        if len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
-                                                   params[0].POSITIONAL_OR_KEYWORD):
+        if len(params) == 1 and params[0].kind in (
+            params[0].POSITIONAL_ONLY,
+            params[0].POSITIONAL_OR_KEYWORD,
+        ):
             found.add(name)
     return frozenset(found)
 
@@ -285,8 +331,10 @@ def check_mount_point_names(hook: Hook, key: str) -> None:
         if cls is Hook or cls is object:
             continue
         for attr, value in vars(cls).items():
-            if (callable(value) and _LOOKS_LIKE_MOUNT_POINT.match(attr)
-                    and attr not in MOUNT_POINTS):
-                raise ConfigError(key, f"{type(hook).__name__}.{attr} is not a mount point"
-                                       f"{did_you_mean(attr, MOUNT_POINTS)}; rename it, or "
-                                       f"prefix it with '_' if it is a helper")
+            if callable(value) and _LOOKS_LIKE_MOUNT_POINT.match(attr) and attr not in MOUNT_POINTS:
+                raise ConfigError(
+                    key,
+                    f"{type(hook).__name__}.{attr} is not a mount point"
+                    f"{did_you_mean(attr, MOUNT_POINTS)}; rename it, or "
+                    f"prefix it with '_' if it is a helper",
+                )

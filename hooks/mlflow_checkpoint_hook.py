@@ -1,4 +1,5 @@
 """MLflowCheckpointHook: the run's kept checkpoints as artifacts of its MLflow run."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -16,18 +17,22 @@ if TYPE_CHECKING:
 @HOOKS.register_module()
 class MLflowCheckpointHook(Hook):
     """After training, upload the last, best and published checkpoints (CheckpointHook's
-    ``saved_files()``) to the MLflow run of the run's MLflow sink (``runner.sinks``), under ``checkpoints/``, so
-    the run is complete in MLflow alone. ``kinds`` picks which (default all three).
+    ``saved_files()``) to the MLflow run of the run's MLflow sink (``runner.sinks``), under
+    ``checkpoints/``, so the run is complete in MLflow alone. ``kinds`` picks which (default all
+    three).
 
-    Needs an ``mlflow`` sink (LoggerHook's ``sinks=``) and ``checkpoint`` to be a CheckpointHook. Runs after
-    CheckpointHook (LOWEST), on rank 0 only. The weights are plain ``state_dict`` checkpoints (no
-    pickled model class), loadable with ``torch.load(weights_only=True)`` anywhere.
+    Needs an ``mlflow`` sink (LoggerHook's ``sinks=``) and ``checkpoint`` to be a CheckpointHook.
+    Runs after CheckpointHook (LOWEST), on rank 0 only. The weights are plain ``state_dict``
+    checkpoints (no pickled model class), loadable with ``torch.load(weights_only=True)`` anywhere.
     """
 
     priority = "LOWEST"
 
-    def __init__(self, kinds: tuple[str, ...] = ("last", "best", "published"),
-                 artifact_path: str = "checkpoints") -> None:
+    def __init__(
+        self,
+        kinds: tuple[str, ...] = ("last", "best", "published"),
+        artifact_path: str = "checkpoints",
+    ) -> None:
         self.kinds = tuple(kinds)
         self.artifact_path = artifact_path
         self.uploaded: list[str] = []
@@ -38,9 +43,11 @@ class MLflowCheckpointHook(Hook):
         checkpoint_hook = runner.get_hook("checkpoint")
         sink = runner.sinks.of_type(MLflowSink)
         if sink is None or checkpoint_hook is None or not hasattr(checkpoint_hook, "saved_files"):
-            runner.logger.warning("MLflowCheckpointHook needs an 'mlflow' sink "
-                                  "(default_hooks.logger.sinks) and default_hooks.checkpoint: "
-                                  "nothing uploaded")
+            runner.logger.warning(
+                "MLflowCheckpointHook needs an 'mlflow' sink "
+                "(default_hooks.logger.sinks) and default_hooks.checkpoint: "
+                "nothing uploaded"
+            )
             return
         files = checkpoint_hook.saved_files()
         for kind in self.kinds:

@@ -1,7 +1,9 @@
 """NonFiniteLossHook: what to do when the loss is NaN or infinite — raise, skip, or roll back."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
 import torch
 
 from distributed_runner.errors import ArgumentError
@@ -41,8 +43,9 @@ class NonFiniteLossHook(Hook, StepGuard):
 
     def __init__(self, policy: str = "raise", lr_scale: float = 0.5, max_events: int = 3) -> None:
         if policy not in POLICIES:
-            raise ArgumentError("policy", f"unknown policy {policy!r}: use "
-                                               f"{', '.join(map(repr, POLICIES))}")
+            raise ArgumentError(
+                "policy", f"unknown policy {policy!r}: use {', '.join(map(repr, POLICIES))}"
+            )
         if not 0.0 < float(lr_scale) <= 1.0:
             raise ArgumentError("lr_scale", "must be in (0, 1]")
         if int(max_events) < 0:
@@ -58,15 +61,22 @@ class NonFiniteLossHook(Hook, StepGuard):
 
     def reject_step(self, runner: RunnerAPI, loss: torch.Tensor) -> str:
         self.events += 1
-        where = f"non-finite loss at iteration {runner.iter + 1} (rank {runner.rank}: {loss.item()})"
+        where = (
+            f"non-finite loss at iteration {runner.iter + 1} (rank {runner.rank}: {loss.item()})"
+        )
         if self.policy == "raise" or self.events > self.max_events:
             limit = "" if self.policy == "raise" else f" after {self.max_events} events"
             raise FloatingPointError(f"{where}{limit}; lower the learning rate or clip gradients")
         runner.message_hub.update_info("non_finite_events", self.events)
-        runner.logger.warning("%s: %s (event %d of at most %d)", where,
-                              "step skipped on every rank" if self.policy == "skip" else
-                              f"rolling back and scaling the LR by {self.lr_scale}",
-                              self.events, self.max_events)
+        runner.logger.warning(
+            "%s: %s (event %d of at most %d)",
+            where,
+            "step skipped on every rank"
+            if self.policy == "skip"
+            else f"rolling back and scaling the LR by {self.lr_scale}",
+            self.events,
+            self.max_events,
+        )
         if self.policy == "rollback":
             self._kept = self.state_dict()
         return self.policy
@@ -78,8 +88,11 @@ class NonFiniteLossHook(Hook, StepGuard):
             self._kept = None
         self.lr_factor *= self.lr_scale
         scale_learning_rate(runner, self.lr_scale)
-        runner.logger.warning("learning rate scaled by %s (now %s of the configured schedule)",
-                              self.lr_scale, self.lr_factor)
+        runner.logger.warning(
+            "learning rate scaled by %s (now %s of the configured schedule)",
+            self.lr_scale,
+            self.lr_factor,
+        )
 
     def state_dict(self) -> dict:
         return {"events": self.events, "lr_factor": self.lr_factor}

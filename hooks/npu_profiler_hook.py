@@ -1,10 +1,11 @@
 """NPUProfilerHook: Ascend NPU profiling (``torch_npu.npu.profile``) of iterations
 ``begin`` .. ``end - 1``, with MMEngine's arguments."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
@@ -33,17 +34,28 @@ class NPUProfilerHook(Hook):
 
     priority = "VERY_LOW"
 
-    def __init__(self, begin: int = 0, end: int = 1, result_path: str = "cann_profiling",
-                 exit_after_profiling: bool = True, use_e2e_profiler: bool = False,
-                 ge_profiling_to_std_out: bool = False) -> None:
+    def __init__(
+        self,
+        begin: int = 0,
+        end: int = 1,
+        result_path: str = "cann_profiling",
+        exit_after_profiling: bool = True,
+        use_e2e_profiler: bool = False,
+        ge_profiling_to_std_out: bool = False,
+    ) -> None:
         try:
             import torch_npu
         except ImportError as e:
-            raise ArgumentError("", "NPUProfilerHook needs the torch_npu package (Ascend NPUs; "
-                                    "pip install torch-npu), which cannot be imported here") from e
+            raise ArgumentError(
+                "",
+                "NPUProfilerHook needs the torch_npu package (Ascend NPUs; "
+                "pip install torch-npu), which cannot be imported here",
+            ) from e
         if int(begin) < 0 or int(begin) >= int(end):
-            raise ArgumentError("end", f"must be greater than begin ({begin}): iterations "
-                                       f"begin .. end - 1 are profiled")
+            raise ArgumentError(
+                "end",
+                f"must be greater than begin ({begin}): iterations begin .. end - 1 are profiled",
+            )
         self.begin, self.end = int(begin), int(end)
         self.result_path = result_path
         self.exit_after_profiling = bool(exit_after_profiling)
@@ -58,25 +70,37 @@ class NPUProfilerHook(Hook):
         if runner.rank != 0:
             return
         if runner.train_loop is not None and self.end > runner.max_iters:
-            raise ArgumentError("end", f"{self.end} is past the last iteration "
-                                       f"(max_iters {runner.max_iters})")
+            raise ArgumentError(
+                "end", f"{self.end} is past the last iteration (max_iters {runner.max_iters})"
+            )
         path = Path(self.result_path)
         path = path if path.is_absolute() else Path(runner.work_dir) / path
         path.mkdir(parents=True, exist_ok=True)
         self.result_path = str(path)
-        self.profiler = self._npu.npu.profile(self.result_path,
-                                              use_e2e_profiler=self.use_e2e_profiler)
+        self.profiler = self._npu.npu.profile(
+            self.result_path, use_e2e_profiler=self.use_e2e_profiler
+        )
 
-    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
-                          data_batch: DataBatch = None) -> None:
+    def before_train_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
+    ) -> None:
         if self.profiler is not None and runner.iter == self.begin:
             self.profiler.__enter__()
             self.profiling = True
-            runner.logger.info("NPUProfilerHook: profiling iterations %d..%d into %s",
-                               self.begin, self.end - 1, self.result_path)
+            runner.logger.info(
+                "NPUProfilerHook: profiling iterations %d..%d into %s",
+                self.begin,
+                self.end - 1,
+                self.result_path,
+            )
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if runner.iter != self.end - 1:
             return
         if self.profiling:
@@ -84,5 +108,7 @@ class NPUProfilerHook(Hook):
             self.profiler.__exit__(None, None, None)
             self.profiling = False
         if self.exit_after_profiling:
-            runner.request_stop(f"NPUProfilerHook: iterations {self.begin}..{self.end - 1} "
-                                f"profiled (exit_after_profiling=True)")
+            runner.request_stop(
+                f"NPUProfilerHook: iterations {self.begin}..{self.end - 1} "
+                f"profiled (exit_after_profiling=True)"
+            )

@@ -1,10 +1,12 @@
 """PrepareTTAHook: test with test-time augmentation."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import MODELS, HOOKS, check_arguments
+from distributed_runner.registry import HOOKS, MODELS
+from distributed_runner.signatures import check_arguments
 from distributed_runner.tta import TTAModel
 
 from .hook import Hook
@@ -24,13 +26,17 @@ class PrepareTTAHook(Hook):
 
     priority = "NORMAL"
 
-    def __init__(self, tta_cfg: Optional[dict] = None) -> None:
+    def __init__(self, tta_cfg: dict | None = None) -> None:
         self.tta_cfg = dict(tta_cfg or {"type": "TTAModel"})
         self.tta_cfg.setdefault("type", "TTAModel")
         with argument_errors():
             cls = MODELS.resolve(self.tta_cfg["type"], "tta_cfg")
-            check_arguments(cls, {k: v for k, v in self.tta_cfg.items() if k != "type"},
-                            "tta_cfg", supplied=["module"])
+            check_arguments(
+                cls,
+                {k: v for k, v in self.tta_cfg.items() if k != "type"},
+                "tta_cfg",
+                supplied=["module"],
+            )
         self._original: Any = None
 
     def before_test(self, runner: RunnerAPI) -> None:
@@ -41,8 +47,11 @@ class PrepareTTAHook(Hook):
             raise ArgumentError("tta_cfg", "did not build a model")
         runner.wrapped_model = wrapped
         if isinstance(wrapped, TTAModel):
-            runner.logger.info("testing with %d augmented views merged by %s",
-                               len(wrapped.transforms), wrapped.merge)
+            runner.logger.info(
+                "testing with %d augmented views merged by %s",
+                len(wrapped.transforms),
+                wrapped.merge,
+            )
 
     def after_test(self, runner: RunnerAPI) -> None:
         if self._original is not None:

@@ -1,8 +1,8 @@
 """Hook priorities: lower runs first, equal values keep registration order."""
+
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Union
 
 from distributed_runner.errors import ConfigError, did_you_mean
 
@@ -21,7 +21,7 @@ class Priority(IntEnum):
     LOWEST = 100
 
 
-PriorityLike = Union[Priority, str, int]
+PriorityLike = Priority | str | int
 
 
 def get_priority(priority: PriorityLike, key: str = "priority") -> int:
@@ -32,27 +32,40 @@ def get_priority(priority: PriorityLike, key: str = "priority") -> int:
     if isinstance(priority, int) and not isinstance(priority, bool):  # True is no priority
         if 0 <= priority <= 100:
             return priority
-        raise ConfigError(key, f"priority {priority} is out of range: use an int in 0..100 or a "
-                               f"level name ({levels})")
+        raise ConfigError(
+            key,
+            f"priority {priority} is out of range: use an int in 0..100 or a level name ({levels})",
+        )
     elif isinstance(priority, str):
         member = Priority.__members__.get(priority.strip().upper())
         if member is not None:
             return int(member)
-        raise ConfigError(key, f"unknown priority {priority!r}"
-                               f"{did_you_mean(priority.upper(), Priority.__members__)}; use one of "
-                               f"{levels} or an int in 0..100")
-    raise ConfigError(key, f"priority must be a Priority, a level name or an int in 0..100, got "
-                           f"{type(priority).__name__} {priority!r}")
+        near = did_you_mean(priority.upper(), Priority.__members__)
+        raise ConfigError(
+            key, f"unknown priority {priority!r}{near}; use one of {levels} or an int in 0..100"
+        )
+    raise ConfigError(
+        key,
+        f"priority must be a Priority, a level name or an int in 0..100, got "
+        f"{type(priority).__name__} {priority!r}",
+    )
 
 
 # iMIX's seven levels (seed 004: lower runs first, its NORMAL is 30) and where each lands on
 # MMEngine's scale; an int between two of them lands proportionally between their values
-IMIX_LEVELS = {"HIGHEST": 0, "HIGHER": 10, "HIGH": 20, "NORMAL": 30, "LOW": 40, "LOWER": 50,
-               "LOWEST": 60}
+IMIX_LEVELS = {
+    "HIGHEST": 0,
+    "HIGHER": 10,
+    "HIGH": 20,
+    "NORMAL": 30,
+    "LOW": 40,
+    "LOWER": 50,
+    "LOWEST": 60,
+}
 _IMIX_TO_OURS = {0: 0, 10: 10, 20: 30, 30: 50, 40: 70, 50: 90, 60: 100}
 
 
-def imix_level(level: Union[str, int], key: str = "level") -> int:
+def imix_level(level: str | int, key: str = "level") -> int:
     """Our priority for an iMIX hook config's ``level``: one of its level names, an int in 0..60
     on its scale, or its ``PriorityStatus`` enum member (``level='HIGHER'`` -> 10,
     ``level=30`` -> NORMAL's 50)."""
@@ -61,10 +74,13 @@ def imix_level(level: Union[str, int], key: str = "level") -> int:
     if isinstance(level, str):
         name = level.strip().upper()
         if name not in IMIX_LEVELS:
-            raise ConfigError(key, f"unknown iMIX level {level!r}"
-                                   f"{did_you_mean(name, IMIX_LEVELS)}; use one of "
-                                   f"{', '.join(IMIX_LEVELS)} or an int in 0..60 (or priority= "
-                                   f"on MMEngine's scale)")
+            raise ConfigError(
+                key,
+                f"unknown iMIX level {level!r}"
+                f"{did_you_mean(name, IMIX_LEVELS)}; use one of "
+                f"{', '.join(IMIX_LEVELS)} or an int in 0..60 (or priority= "
+                f"on MMEngine's scale)",
+            )
         return _IMIX_TO_OURS[IMIX_LEVELS[name]]
     if isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 60:
         low = level // 10 * 10

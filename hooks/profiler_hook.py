@@ -1,14 +1,18 @@
-"""ProfilerHook: torch.profiler over the first epochs or iterations, traces and an operator table."""
+"""ProfilerHook: torch.profiler over the first epochs or iterations, traces and an operator
+table."""
+
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS, accepts
+from distributed_runner.registry import HOOKS
+from distributed_runner.signatures import accepts
 
 from .hook import DataBatch, Hook
 
@@ -16,17 +20,21 @@ if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
 
 
-
 def _check_trace_keys(spec: dict) -> None:
     """``on_trace_ready``'s keys besides ``type`` are arguments of torch's trace handler
     (``tb_trace``) or of the operator table (``log_trace``), as in MMEngine."""
     if spec["type"] == "tb_trace":
-        target, takes = "torch.profiler.tensorboard_trace_handler", \
-            lambda k: k == "dir_name" or accepts(torch.profiler.tensorboard_trace_handler, k)
+        target, takes = (
+            "torch.profiler.tensorboard_trace_handler",
+            lambda k: k == "dir_name" or accepts(torch.profiler.tensorboard_trace_handler, k),
+        )
     else:
         from torch.autograd.profiler_util import EventList
-        target, takes = "the operator table (EventList.table)", \
-            lambda k: accepts(EventList.table, k)
+
+        target, takes = (
+            "the operator table (EventList.table)",
+            lambda k: accepts(EventList.table, k),
+        )
     for key in spec:
         if key != "type" and not takes(key):
             raise ArgumentError(f"on_trace_ready.{key}", f"{target} takes no {key!r}")
@@ -58,34 +66,52 @@ class ProfilerHook(Hook):
     priority = "VERY_LOW"
     on_error = "warn"  # a profiling problem never stops training
 
-    def __init__(self, by_epoch: bool = True, profile_times: int = 1,
-                 activity_with_cpu: bool = True, activity_with_cuda: Optional[bool] = False,
-                 schedule: Optional[dict] = None,
-                 on_trace_ready: Union[Callable, dict, None] = None,
-                 record_shapes: bool = False, profile_memory: bool = False,
-                 with_stack: bool = False, with_flops: bool = False,
-                 json_trace_path: Optional[str] = None, sort_by: Optional[str] = None,
-                 row_limit: int = 20) -> None:
+    def __init__(
+        self,
+        by_epoch: bool = True,
+        profile_times: int = 1,
+        activity_with_cpu: bool = True,
+        activity_with_cuda: bool | None = False,
+        schedule: dict | None = None,
+        on_trace_ready: Callable | dict | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        json_trace_path: str | None = None,
+        sort_by: str | None = None,
+        row_limit: int = 20,
+    ) -> None:
         if int(profile_times) < 1:
             raise ArgumentError("profile_times", "must be >= 1")
-        if isinstance(on_trace_ready, dict) and on_trace_ready.get("type") not in ("tb_trace",
-                                                                                 "log_trace"):
-            raise ArgumentError("on_trace_ready.type", "use 'tb_trace' or 'log_trace' (or "
-                                                           "pass a callable)")
+        if isinstance(on_trace_ready, dict) and on_trace_ready.get("type") not in (
+            "tb_trace",
+            "log_trace",
+        ):
+            raise ArgumentError(
+                "on_trace_ready.type", "use 'tb_trace' or 'log_trace' (or pass a callable)"
+            )
         if isinstance(on_trace_ready, dict):
             _check_trace_keys(on_trace_ready)
         if schedule is not None and not isinstance(schedule, dict):
-            raise ArgumentError("schedule", "a dict of torch.profiler.schedule arguments, "
-                                                 "e.g. dict(wait=1, warmup=1, active=3)")
+            raise ArgumentError(
+                "schedule",
+                "a dict of torch.profiler.schedule arguments, "
+                "e.g. dict(wait=1, warmup=1, active=3)",
+            )
         self.by_epoch, self.profile_times = bool(by_epoch), int(profile_times)
         self.activity_with_cpu, self.activity_with_cuda = activity_with_cpu, activity_with_cuda
         self.schedule, self.on_trace_ready = schedule, on_trace_ready
-        self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory,
-                            with_stack=with_stack, with_flops=with_flops)
+        self.options: dict[str, Any] = {
+            "record_shapes": record_shapes,
+            "profile_memory": profile_memory,
+            "with_stack": with_stack,
+            "with_flops": with_flops,
+        }
         self.json_trace_path, self.sort_by, self.row_limit = json_trace_path, sort_by, row_limit
         self.profiler: Any = None
         self.table: str = ""
-        self.trace_dir: Optional[Path] = None
+        self.trace_dir: Path | None = None
         self.worker_name = ""
         self._steps = 0
 
@@ -101,11 +127,12 @@ class ProfilerHook(Hook):
                 raise ArgumentError("activity_with_cuda", "CUDA is not available here")
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         if not acts:
-            raise ArgumentError("", "no activity to profile: enable activity_with_cpu or "
-                                   "activity_with_cuda")
+            raise ArgumentError(
+                "", "no activity to profile: enable activity_with_cpu or activity_with_cuda"
+            )
         return acts
 
-    def _trace_handler(self, runner: RunnerAPI) -> Optional[Callable]:
+    def _trace_handler(self, runner: RunnerAPI) -> Callable | None:
         spec = self.on_trace_ready
         if callable(spec):
             return spec
@@ -120,11 +147,18 @@ class ProfilerHook(Hook):
     def before_train(self, runner: RunnerAPI) -> None:
         schedule = torch.profiler.schedule(**self.schedule) if self.schedule else None
         # acc_events: the table covers every active cycle of the schedule, not just the last
-        extra = {"acc_events": True} if schedule is not None and accepts(
-            torch.profiler.profile, "acc_events") else {}
+        extra: dict[str, Any] = (
+            {"acc_events": True}
+            if schedule is not None and accepts(torch.profiler.profile, "acc_events")
+            else {}
+        )
         self.profiler = torch.profiler.profile(
-            activities=self._activities(runner), schedule=schedule,
-            on_trace_ready=self._trace_handler(runner), **self.options, **extra)
+            activities=self._activities(runner),
+            schedule=schedule,
+            on_trace_ready=self._trace_handler(runner),
+            **self.options,
+            **extra,
+        )
         self.profiler.__enter__()
         self._steps = 0
 
@@ -137,8 +171,13 @@ class ProfilerHook(Hook):
         if self._steps >= self.profile_times:
             self._stop(runner)
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if not self.by_epoch:
             self._step(runner)
 
@@ -158,8 +197,14 @@ class ProfilerHook(Hook):
             path = Path(self.json_trace_path.format(rank=runner.rank))
             path = path if path.is_absolute() else Path(runner.work_dir) / path
             path.parent.mkdir(parents=True, exist_ok=True)
-            saved = sorted(self.trace_dir.glob(f"{self.worker_name}*.json"),
-                           key=lambda p: p.stat().st_mtime) if self.trace_dir else []
+            saved = (
+                sorted(
+                    self.trace_dir.glob(f"{self.worker_name}*.json"),
+                    key=lambda p: p.stat().st_mtime,
+                )
+                if self.trace_dir
+                else []
+            )
             if saved:  # the TensorBoard handler already wrote this Chrome-format trace
                 shutil.copyfile(saved[-1], path)
             else:
@@ -167,8 +212,10 @@ class ProfilerHook(Hook):
         try:
             averages = prof.key_averages()
         except (AssertionError, RuntimeError):  # a schedule whose active window never came
-            runner.logger.warning("ProfilerHook: nothing was recorded; check schedule= against "
-                                  "profile_times=%d", self.profile_times)
+            runner.logger.warning(
+                "ProfilerHook: nothing was recorded; check schedule= against profile_times=%d",
+                self.profile_times,
+            )
             return
         cuda = any(a == torch.profiler.ProfilerActivity.CUDA for a in prof.activities)
         sort_by = self.sort_by or ("self_cuda_time_total" if cuda else "self_cpu_time_total")
@@ -176,5 +223,10 @@ class ProfilerHook(Hook):
         if isinstance(self.on_trace_ready, dict) and self.on_trace_ready["type"] == "log_trace":
             table_options.update((k, v) for k, v in self.on_trace_ready.items() if k != "type")
         self.table = averages.table(**table_options)
-        runner.logger.info("profile of the first %d %s (rank %d):\n%s", self.profile_times,
-                           "epochs" if self.by_epoch else "iterations", runner.rank, self.table)
+        runner.logger.info(
+            "profile of the first %d %s (rank %d):\n%s",
+            self.profile_times,
+            "epochs" if self.by_epoch else "iterations",
+            runner.rank,
+            self.table,
+        )

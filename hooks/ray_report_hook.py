@@ -1,5 +1,6 @@
 """RayReportHook: every saved checkpoint reported to Ray Train, so a restarted worker group
 resumes from it."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,11 @@ class RayReportHook(Hook):
         import ray.train
 
         meta = checkpoint.get("meta", {})
-        metrics: dict[str, Any] = {"epoch": meta.get("epoch"), "iter": meta.get("iter"),
-                                   "checkpoint": Path(path).name}
+        metrics: dict[str, Any] = {
+            "epoch": meta.get("epoch"),
+            "iter": meta.get("iter"),
+            "checkpoint": Path(path).name,
+        }
         for key, buf in runner.message_hub.log_scalars.items():
             if key.startswith("val/") and len(buf):
                 metrics[key] = buf.current()
@@ -55,23 +59,33 @@ class RayReportHook(Hook):
         path = Path(path)
         name = f"{path.stem}-{time.time_ns()}"
         if shards:  # every rank uploads its own shard files into the one checkpoint folder
-            name = dist.broadcast_object(name if runner.rank == 0 else None)
+            name = dist.broadcast_object(name if runner.rank == 0 else "")  # rank 0's
         # an asynchronous save is uploaded asynchronously too: Ray copies the folder to
         # storage in the background and deletes it afterwards
         background = bool(meta.get("async_save"))
-        upload = dict(checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-                      delete_local_checkpoint_after_upload=True) if background else {}
+        upload = (
+            {
+                "checkpoint_upload_mode": ray.train.CheckpointUploadMode.ASYNC,
+                "delete_local_checkpoint_after_upload": True,
+            }
+            if background
+            else {}
+        )
         tmp = tempfile.mkdtemp(prefix="drun-report-")
         try:
-            for source, target in self._files(runner.rank, path, shards):
-                target = Path(tmp) / target
+            for source, relative in self._files(runner.rank, path, shards):
+                target = Path(tmp) / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     os.link(source, target)  # same filesystem: no copy before Ray persists it
                 except OSError:
                     shutil.copy2(source, target)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=name, **upload)
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                checkpoint_dir_name=name,
+                **upload,
+            )
         finally:
             if not background:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -84,6 +98,9 @@ class RayReportHook(Hook):
         files = [(p, p.name) for p in (path, checksum_path(path)) if rank == 0 and p.is_file()]
         if shards:
             folder = path.parent / shards["dir"]
-            files += [(f, f"{shards['dir']}/{f.name}") for f in sorted(folder.iterdir())
-                      if is_ranks_file(f.name, rank)]
+            files += [
+                (f, f"{shards['dir']}/{f.name}")
+                for f in sorted(folder.iterdir())
+                if is_ranks_file(f.name, rank)
+            ]
         return files

@@ -1,4 +1,5 @@
 """DistSamplerSeedHook: a new shuffle every epoch, the same on every rank."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -24,7 +25,9 @@ class DistSamplerSeedHook(Hook):
 
     def before_train_epoch(self, runner: RunnerAPI) -> None:
         loader = runner.train_dataloader
-        for sampler in (getattr(loader, "sampler", None),
-                        getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        for sampler in (
+            getattr(loader, "sampler", None),
+            getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+        ):
             if sampler is not None and hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(runner.epoch)

@@ -1,7 +1,9 @@
 """SyncBuffersHook: one set of BatchNorm statistics for all ranks."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
 import torch
 
 from distributed_runner import dist

@@ -1,8 +1,10 @@
 """VisualizationHook: a grid of input images with predicted and true labels, per evaluation."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -14,7 +16,6 @@ from .hook import DataBatch, Hook
 
 if TYPE_CHECKING:
     from distributed_runner.runner_api import RunnerAPI
-
 
 
 def _field(batch: Any, key: str, index: int) -> Any:
@@ -44,7 +45,8 @@ class VisualizationHook(Hook):
     ``p:<predicted>`` and ``t:<true label>`` (``label_key``/``label_index``) in green when right,
     red when wrong — as one grid, and write it
 
-    * to TensorBoard (``<stage>/predictions``) when the run has a ``tensorboard`` sink (``runner.sinks``),
+    * to TensorBoard (``<stage>/predictions``) when the run has a ``tensorboard`` sink
+      (``runner.sinks``),
     * to MLflow as ``visualizations/<stage>_iter_<N>.png`` when it has an ``mlflow`` sink,
     * to ``work_dir/<out_dir>/<stage>_iter_<N>.png`` always.
 
@@ -60,23 +62,34 @@ class VisualizationHook(Hook):
     priority = "LOW"
     on_error = "warn"
 
-    def __init__(self, interval: int = 1, max_images: int = 16, image_key: str = "inputs",
-                 label_key: str = "labels", image_index: int = 0, label_index: int = 1,
-                 scale: int = 4, out_dir: str = "vis", stages: Sequence[str] = ("val", "test"),
-                 draw_gt: bool = True, draw_pred: bool = True) -> None:
+    def __init__(
+        self,
+        interval: int = 1,
+        max_images: int = 16,
+        image_key: str = "inputs",
+        label_key: str = "labels",
+        image_index: int = 0,
+        label_index: int = 1,
+        scale: int = 4,
+        out_dir: str = "vis",
+        stages: Sequence[str] = ("val", "test"),
+        draw_gt: bool = True,
+        draw_pred: bool = True,
+    ) -> None:
         if int(interval) < 1 or int(max_images) < 1 or int(scale) < 1:
             raise ArgumentError("", "interval, max_images and scale must be >= 1")
         unknown = set(stages) - {"val", "test"}
         if unknown:
-            raise ArgumentError("stages", f"unknown stage {sorted(unknown)[0]!r}: use "
-                                               f"'val' and/or 'test'")
+            raise ArgumentError(
+                "stages", f"unknown stage {sorted(unknown)[0]!r}: use 'val' and/or 'test'"
+            )
         self.interval, self.max_images, self.scale = int(interval), int(max_images), int(scale)
         self.image_key, self.label_key = image_key, label_key
         self.image_index, self.label_index = int(image_index), int(label_index)
         self.out_dir, self.stages = out_dir, tuple(stages)
         self.draw_gt, self.draw_pred = bool(draw_gt), bool(draw_pred)
         self.written: list[Path] = []
-        self._samples: list[tuple[torch.Tensor, int, Optional[int]]] = []
+        self._samples: list[tuple[torch.Tensor, int, int | None]] = []
         self._active = False
         self._evaluations = 0
 
@@ -94,8 +107,10 @@ class VisualizationHook(Hook):
         images = _field(data_batch, self.image_key, self.image_index)
         labels = _field(data_batch, self.label_key, self.label_index)
         if not torch.is_tensor(images) or images.dim() not in (3, 4):
-            raise ValueError("inputs are not images (N x C x H x W or N x H x W): set this "
-                             "hook's image_key / image_index")
+            raise ValueError(
+                "inputs are not images (N x C x H x W or N x H x W): set this "
+                "hook's image_key / image_index"
+            )
         preds = outputs if torch.is_tensor(outputs) else torch.as_tensor(outputs)
         preds = preds.argmax(-1) if preds.is_floating_point() else preds
         for i in range(min(len(images), self.max_images - len(self._samples))):
@@ -108,18 +123,28 @@ class VisualizationHook(Hook):
     def before_test_epoch(self, runner: RunnerAPI) -> None:
         self._begin(runner, "test")
 
-    def after_val_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                       outputs: Optional[Sequence] = None) -> None:
+    def after_val_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: Sequence | None = None,
+    ) -> None:
         self._collect(data_batch, outputs)
 
-    def after_test_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                        outputs: Optional[Sequence] = None) -> None:
+    def after_test_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: Sequence | None = None,
+    ) -> None:
         self._collect(data_batch, outputs)
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._publish(runner, "val")
 
-    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._publish(runner, "test")
 
     # -- drawing and writing -------------------------------------------------------------------
@@ -129,17 +154,18 @@ class VisualizationHook(Hook):
 
         tiles = [_tile(img, self.scale) for img, _, _ in self._samples]
         h = max(t.shape[0] for t in tiles)
-        w = max(max(t.shape[1] for t in tiles), 48)
+        w = max(48, *(t.shape[1] for t in tiles))
         cols = min(len(tiles), 8)
         rows = -(-len(tiles) // cols)
         caption = 12
         canvas = Image.new("RGB", (cols * (w + 2), rows * (h + caption + 2)), "white")
         pen = ImageDraw.Draw(canvas)
-        for n, (tile, (_, pred, label)) in enumerate(zip(tiles, self._samples)):
+        for n, (tile, (_, pred, label)) in enumerate(zip(tiles, self._samples, strict=True)):
             x, y = (n % cols) * (w + 2), (n // cols) * (h + caption + 2)
             canvas.paste(Image.fromarray(tile), (x, y))
-            shown = ([f"p:{pred}"] if self.draw_pred else []) + \
-                ([f"t:{label}"] if self.draw_gt and label is not None else [])
+            shown = ([f"p:{pred}"] if self.draw_pred else []) + (
+                [f"t:{label}"] if self.draw_gt and label is not None else []
+            )
             text = " ".join(shown)
             color = (0, 140, 0) if label is None or label == pred else (200, 0, 0)
             pen.text((x + 1, y + h), text, fill=color)

@@ -3,6 +3,7 @@
 Used by ``configs/digits_cnn.py`` through ``custom_imports``. Needs ``scikit-learn`` (the
 ``examples`` extra).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,9 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the digits example needs scikit-learn: pip install "
-                          "'distributed-runner[examples]'") from e
+        raise ImportError(
+            "the digits example needs scikit-learn: pip install 'distributed-runner[examples]'"
+        ) from e
     data = load_digits()
     images = (data.images.astype(np.float32) / 16.0)[:, None]
     return images, data.target.astype(np.int64)
@@ -36,13 +38,18 @@ class DigitsDataset(Dataset):
     classifier takes ``pixel_values``).
     """
 
-    def __init__(self, split: str = "train", val_fraction: float = 0.2, split_seed: int = 0,
-                 inputs_key: str = "inputs") -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        inputs_key: str = "inputs",
+    ) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
         images, labels = load_digits_arrays()
         order = np.random.default_rng(split_seed).permutation(len(labels))
-        n_val = int(round(len(labels) * val_fraction))
+        n_val = round(len(labels) * val_fraction)
         keep = {"train": order[n_val:], "val": order[:n_val], "all": order}[split]
         self.images = torch.from_numpy(images[keep])
         self.labels = torch.from_numpy(labels[keep])
@@ -68,13 +75,16 @@ class DigitsCNN(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.fc2 = nn.Linear(64, num_classes)
 
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None,
-                mode: str = "predict") -> dict | torch.Tensor:
+    def forward(
+        self, inputs: torch.Tensor, labels: torch.Tensor | None = None, mode: str = "predict"
+    ) -> dict | torch.Tensor:
         if inputs.dim() == 2:  # flat 64-pixel rows (the Parquet copy of the data)
             inputs = inputs.view(-1, 1, 8, 8)
         x = F.relu(self.bn1(self.conv1(inputs)))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         logits = self.fc2(self.drop(F.relu(self.fc1(x.flatten(1)))))
         if mode == "loss":
+            if labels is None:
+                raise ValueError("DigitsCNN: mode='loss' needs labels (the dataset's 'labels')")
             return {"loss": F.cross_entropy(logits, labels)}
         return logits

@@ -11,6 +11,7 @@ Ray Data variant (``configs/gpt_bytes_raydata.py``) reads the same files with
 
 :func:`complete` continues a text prompt with a trained model, to see what it learned.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def shard_files(data_root: str | Path, split: str) -> list[Path]:
     folder = Path(data_root) / split
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
-        raise ArgumentError("data_root", f"no shards in {folder}: {MAKE} (or point "
-                                         f"data_root at its output folder)")
+        raise ArgumentError(
+            "data_root", f"no shards in {folder}: {MAKE} (or point data_root at its output folder)"
+        )
     return files
 
 
@@ -46,13 +48,15 @@ def read_blocks(files: list[Path], max_rows: int | None = None) -> np.ndarray:
         column = pq.read_table(path, columns=["input_ids"]).column("input_ids").combine_chunks()
         width = getattr(column.type, "list_size", None)
         if width is None:
-            raise ArgumentError("data_root", f"{path}: input_ids is not a fixed-size list: "
-                                             f"{MAKE}")
+            raise ArgumentError("data_root", f"{path}: input_ids is not a fixed-size list: {MAKE}")
         values = column.flatten().to_numpy()
         if parts and width != parts[0].shape[1]:
-            raise ArgumentError("data_root", f"{path}: blocks of {width} bytes among blocks of "
-                                             f"{parts[0].shape[1]}: rebuild the corpus into an "
-                                             f"empty folder")
+            raise ArgumentError(
+                "data_root",
+                f"{path}: blocks of {width} bytes among blocks of "
+                f"{parts[0].shape[1]}: rebuild the corpus into an "
+                f"empty folder",
+            )
         parts.append(values.astype(np.uint8).reshape(-1, width))
         rows += len(parts[-1])
         if max_rows is not None and rows >= max_rows:
@@ -72,8 +76,13 @@ class ByteShards(Dataset):
     checked here so a mismatch is one line before training instead of an index error inside it.
     """
 
-    def __init__(self, data_root: str = "data/byte_corpus", split: str = "train",
-                 max_rows: int | None = None, block_size: int | None = None) -> None:
+    def __init__(
+        self,
+        data_root: str = "data/byte_corpus",
+        split: str = "train",
+        max_rows: int | None = None,
+        block_size: int | None = None,
+    ) -> None:
         if split not in ("train", "val"):
             raise ArgumentError("split", f"got {split!r}; takes 'train' or 'val'")
         if max_rows is not None and max_rows < 1:
@@ -82,9 +91,12 @@ class ByteShards(Dataset):
         self.split = split
         self.blocks = read_blocks(shard_files(data_root, split), max_rows)
         if block_size is not None and block_size != self.blocks.shape[1]:
-            raise ArgumentError("block_size", f"{block_size}, but the corpus in {data_root} has "
-                                              f"blocks of {self.blocks.shape[1]}: rebuild it "
-                                              f"with --block-size {block_size}")
+            raise ArgumentError(
+                "block_size",
+                f"{block_size}, but the corpus in {data_root} has "
+                f"blocks of {self.blocks.shape[1]}: rebuild it "
+                f"with --block-size {block_size}",
+            )
 
     @property
     def block_size(self) -> int:
@@ -104,8 +116,14 @@ class ByteShards(Dataset):
 
 
 @torch.no_grad()
-def complete(model: torch.nn.Module, prompt: str, max_new_bytes: int = 200,
-             temperature: float = 0.8, top_k: int | None = 20, seed: int = 0) -> str:
+def complete(
+    model: torch.nn.Module,
+    prompt: str,
+    max_new_bytes: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = 20,
+    seed: int = 0,
+) -> str:
     """``prompt`` continued by ``model`` byte by byte (sampled), decoded as UTF-8.
 
     Written out rather than ``model.generate`` so it needs nothing from the model but

@@ -7,6 +7,7 @@ The Runner builds the sinks the config names (LoggerHook's ``sinks=``) once, as 
 :class:`SinkSet` that every hook reaches as ``runner.sinks``. A new sink subclasses
 :class:`LogSink`, registers with ``@LOG_SINKS.register_module()`` and is named in the config.
 """
+
 from .base import LogRecord, LogSink, build_sink, validate_sink_spec
 from .jsonl import JsonlSink
 from .mlflow import MLflowSink
@@ -16,6 +17,17 @@ from .tensorboard import TensorBoardSink
 from .terminal import TerminalSink
 from .wandb import WandbSink
 
-__all__ = ["LogRecord", "LogSink", "SinkSet", "build_sink", "validate_sink_spec", "JsonlSink",
-           "MLflowSink", "ParquetSink", "TensorBoardSink", "TerminalSink", "WandbSink",
-           "read_scalars"]
+__all__ = [
+    "JsonlSink",
+    "LogRecord",
+    "LogSink",
+    "MLflowSink",
+    "ParquetSink",
+    "SinkSet",
+    "TensorBoardSink",
+    "TerminalSink",
+    "WandbSink",
+    "build_sink",
+    "read_scalars",
+    "validate_sink_spec",
+]

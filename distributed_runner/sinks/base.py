@@ -1,12 +1,14 @@
 """The sink interface LoggerHook writes to."""
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, closest
-from ..registry import LOG_SINKS, check_arguments
+from ..registry import LOG_SINKS
+from ..signatures import check_arguments
 
 if TYPE_CHECKING:
     from ..runner_api import RunnerAPI
@@ -34,7 +36,7 @@ class LogRecord:
     epoch: int
     scalars: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
-    metric_step: Optional[int] = None
+    metric_step: int | None = None
     created: float = field(default_factory=time.time)
 
     @property
@@ -65,9 +67,15 @@ class LogSink:
         """Called after ``after_run``, also when the run raised."""
 
 
-_ALIASES = {"terminal": "TerminalSink", "jsonl": "JsonlSink", "json": "JsonlSink",
-            "tensorboard": "TensorBoardSink", "parquet": "ParquetSink", "mlflow": "MLflowSink",
-            "wandb": "WandbSink"}
+_ALIASES = {
+    "terminal": "TerminalSink",
+    "jsonl": "JsonlSink",
+    "json": "JsonlSink",
+    "tensorboard": "TensorBoardSink",
+    "parquet": "ParquetSink",
+    "mlflow": "MLflowSink",
+    "wandb": "WandbSink",
+}
 
 
 def validate_sink_spec(spec: Any, key: str) -> None:
@@ -78,14 +86,19 @@ def validate_sink_spec(spec: Any, key: str) -> None:
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or "type" not in spec:
-        raise ConfigError(key, "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink")
+        raise ConfigError(
+            key, "a sink is a name ('terminal', 'jsonl'), dict(type=...) or a LogSink"
+        )
     name = spec["type"]
     if isinstance(name, str) and name not in _ALIASES and LOG_SINKS.get(name) is None:
         near = closest(name, list(_ALIASES) + LOG_SINKS.keys())[:1]
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ConfigError(key, f"unknown sink {name!r}{hint}; built in: "
-                               f"{', '.join(n for n in _ALIASES if n != 'json')}, or a class "
-                               f"registered with @LOG_SINKS.register_module()")
+        raise ConfigError(
+            key,
+            f"unknown sink {name!r}{hint}; built in: "
+            f"{', '.join(n for n in _ALIASES if n != 'json')}, or a class "
+            f"registered with @LOG_SINKS.register_module()",
+        )
     cls = LOG_SINKS.resolve(_ALIASES.get(name, name), key)
     check_arguments(cls, {k: v for k, v in spec.items() if k != "type"}, key)
 

@@ -1,11 +1,12 @@
 """JsonlSink: every record as one JSON line in ``work_dir/logs/scalars.jsonl``."""
+
 from __future__ import annotations
 
 import functools
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, IO
+from typing import IO, TYPE_CHECKING
 
 from ..registry import LOG_SINKS
 from .base import LogRecord, LogSink
@@ -19,8 +20,11 @@ def _json_template(mode: str, keys: tuple) -> str:
     """The line of a record with these scalar keys, with %-slots for step, epoch and the values:
     a run has a handful of these, and filling one costs a fraction of json.dumps (the same text:
     json writes a finite float as repr() does)."""
-    return "".join(['{"mode": ', json.dumps(mode).replace("%", "%%"), ', "step": %d, "epoch": %d']
-                   + [f", {json.dumps(k).replace('%', '%%')}: %r" for k in keys] + ["}\n"])
+    return "".join(
+        ['{"mode": ', json.dumps(mode).replace("%", "%%"), ', "step": %d, "epoch": %d']
+        + [f", {json.dumps(k).replace('%', '%%')}: %r" for k in keys]
+        + ["}\n"]
+    )
 
 
 def json_line(record: LogRecord) -> str:
@@ -32,7 +36,10 @@ def json_line(record: LogRecord) -> str:
                 break
         else:
             return _json_template(record.mode, tuple(scalars)) % (
-                record.step, record.epoch, *scalars.values())
+                record.step,
+                record.epoch,
+                *scalars.values(),
+            )
     line = {"mode": record.mode, "step": record.step, "epoch": record.epoch, **scalars}
     return json.dumps(line) + "\n"
 

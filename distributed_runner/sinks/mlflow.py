@@ -30,6 +30,7 @@
   ``experiment_name``. ``run_name``: default the Ray run name (or work_dir's folder name) and the
   run's start time, e.g. ``digits_cnn-20261122_181500``, so runs of one experiment are told apart.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,9 @@ import queue
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..config import to_plain
 from ..log import LOGGER_NAME
@@ -61,17 +63,21 @@ RUN_FILE = "mlflow_run.json"
 
 def tracking_uri(configured: str | None, work_dir: Path) -> str:
     """Where the sink logs (see the module docstring)."""
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or \
-        f"sqlite:///{Path(work_dir) / 'mlflow.db'}"
+    return (
+        configured
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or f"sqlite:///{Path(work_dir) / 'mlflow.db'}"
+    )
 
 
 def _ray_job_id() -> str | None:
     """The Ray job this process belongs to (``ray job submit``), if any."""
     try:
         import ray
+
         if ray.is_initialized():
             return ray.get_runtime_context().get_job_id()
-    except Exception:
+    except Exception:  # noqa: BLE001 - the job id only labels the run: no Ray, no label
         return None
     return None
 
@@ -99,10 +105,16 @@ def _main_module_hidden() -> Iterator[None]:
 class MLflowSink(LogSink):
     """See the module docstring."""
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None,
-                 run_name: str | None = None, max_buffer: int = 100_000,
-                 flush_interval: float = 2.0, close_timeout: float = 60.0,
-                 log_params: bool = True) -> None:
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        run_name: str | None = None,
+        max_buffer: int = 100_000,
+        flush_interval: float = 2.0,
+        close_timeout: float = 60.0,
+        log_params: bool = True,
+    ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_name = run_name
@@ -122,9 +134,11 @@ class MLflowSink(LogSink):
         self.work_dir = Path(runner.work_dir)
         self.uri = tracking_uri(self.tracking_uri, self.work_dir)
         self.shown_uri = redact_url(self.uri)  # what logs and files say: no password
-        tags = {"world_size": str(runner.world_size),
-                "launcher": runner.launcher if isinstance(runner.launcher, str) else "ray",
-                "experiment_name": runner.experiment_name}
+        tags = {
+            "world_size": str(runner.world_size),
+            "launcher": runner.launcher if isinstance(runner.launcher, str) else "ray",
+            "experiment_name": runner.experiment_name,
+        }
         launcher = runner.cfg.get("launcher") if hasattr(runner.cfg, "get") else None
         ray_name = launcher.get("name") if isinstance(launcher, dict) else None
         if ray_name:
@@ -135,14 +149,21 @@ class MLflowSink(LogSink):
         commit = getattr(runner.cfg, "git_commit", None)
         if commit:
             tags["git_commit"] = commit
-        experiment = (self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
-                      or runner.experiment_name)
+        experiment = (
+            self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or runner.experiment_name
+        )
         run_name = self.run_name or f"{ray_name or self.work_dir.name}-{runner.timestamp}"
         # plain strings only: the sender is another process, and a config may hold objects
-        params = {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
-                  for k, v in flatten(redact(to_plain(runner.cfg))).items()}
-        self._run_info = {"experiment": experiment, "run_name": run_name,
-                          "tags": tags, "params": params if self.log_params else None}
+        params = {
+            k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+            for k, v in flatten(redact(to_plain(runner.cfg))).items()
+        }
+        self._run_info = {
+            "experiment": experiment,
+            "run_name": run_name,
+            "tags": tags,
+            "params": params if self.log_params else None,
+        }
         self._outcome = "FINISHED"
         self._run_opened = False  # each train()/val()/test() has its own sender to tell
         self._opening: int | None = None  # the id of the ensure_run request not yet answered
@@ -150,8 +171,12 @@ class MLflowSink(LogSink):
         ctx = multiprocessing.get_context("spawn")
         self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
         settings = {"max_buffer": self.max_buffer, "flush_interval": self.flush_interval}
-        self._process = ctx.Process(target=sender_main, name="mlflow-sender", daemon=True,
-                                    args=(self.uri, settings, self._inbox, self._outbox))
+        self._process = ctx.Process(
+            target=sender_main,
+            name="mlflow-sender",
+            daemon=True,
+            args=(self.uri, settings, self._inbox, self._outbox),
+        )
         with _main_module_hidden():
             self._process.start()
 
@@ -171,8 +196,7 @@ class MLflowSink(LogSink):
                 if timeout is None:
                     answer_id, ok, result = self._outbox.get_nowait()
                 else:
-                    answer_id, ok, result = self._outbox.get(
-                        timeout=max(end - time.monotonic(), 0))
+                    answer_id, ok, result = self._outbox.get(timeout=max(end - time.monotonic(), 0))
             except queue.Empty:
                 return None
             self._answers[answer_id] = (ok, result)
@@ -218,20 +242,33 @@ class MLflowSink(LogSink):
         if ok:
             self._adopt(result)
         else:
-            logger.warning("MLflow at %s is unreachable (%s); training goes on, metrics are "
-                           "buffered and the run is opened when the server answers",
-                           self.shown_uri, result)
+            logger.warning(
+                "MLflow at %s is unreachable (%s); training goes on, metrics are "
+                "buffered and the run is opened when the server answers",
+                self.shown_uri,
+                result,
+            )
 
     def _adopt(self, run_id: str | None) -> None:
         """Record the run id the sender reports (in LoggerHook's state and work_dir)."""
-        if run_id is None or run_id == self.run_id and (self.work_dir / RUN_FILE).is_file():
+        if run_id is None or (run_id == self.run_id and (self.work_dir / RUN_FILE).is_file()):
             return
         self.run_id = run_id
-        (self.work_dir / RUN_FILE).write_text(json.dumps(
-            {"run_id": run_id, "tracking_uri": self.shown_uri,
-             "experiment": self._run_info["experiment"]}))
-        logger.info("MLflow run %s in experiment %r at %s", run_id,
-                    self._run_info["experiment"], self.shown_uri)
+        (self.work_dir / RUN_FILE).write_text(
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "tracking_uri": self.shown_uri,
+                    "experiment": self._run_info["experiment"],
+                }
+            )
+        )
+        logger.info(
+            "MLflow run %s in experiment %r at %s",
+            run_id,
+            self._run_info["experiment"],
+            self.shown_uri,
+        )
 
     # -- records -------------------------------------------------------------------------------
     def write(self, record: LogRecord) -> None:
@@ -240,8 +277,10 @@ class MLflowSink(LogSink):
         if not getattr(self, "_run_opened", False):
             self._ensure_run()
         now = int(record.created * 1000)  # when it happened, not when the queue wrote it
-        self._pending.extend((f"{record.mode}/{k}", float(v), now, record.chart_step)
-                             for k, v in record.scalars.items())
+        self._pending.extend(
+            (f"{record.mode}/{k}", float(v), now, record.chart_step)
+            for k, v in record.scalars.items()
+        )
         # hand over in chunks: one queue message per ~second, not one per step
         if len(self._pending) >= 1000 or time.monotonic() - self._handed > 1.0:
             self._hand_over()
@@ -265,9 +304,12 @@ class MLflowSink(LogSink):
                 logger.warning("MLflow: flush before the checkpoint failed (%s)", e)
             waited = time.monotonic() - start
             if opening and waited > 1.0:  # so that a slow first checkpoint is explained
-                logger.info("MLflow: the checkpoint waited %.1f s for the sender to start and "
-                            "open the run (its id goes into the checkpoint); only the first one "
-                            "does", waited)
+                logger.info(
+                    "MLflow: the checkpoint waited %.1f s for the sender to start and "
+                    "open the run (its id goes into the checkpoint); only the first one "
+                    "does",
+                    waited,
+                )
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file (a checkpoint) or a folder's files (its shards) to the run."""
@@ -282,8 +324,9 @@ class MLflowSink(LogSink):
         if self._process is None:
             return
         try:
-            summary = self._request("close", self.close_timeout, self._outcome,
-                                    timeout=self.close_timeout + 60)
+            summary = self._request(
+                "close", self.close_timeout, self._outcome, timeout=self.close_timeout + 60
+            )
         except RuntimeError as e:
             summary = None
             logger.warning("MLflow sender did not finish (%s)", e)
@@ -294,15 +337,26 @@ class MLflowSink(LogSink):
         if summary:
             self._adopt(summary["run_id"])
             self.dropped = summary["dropped"]
-            link = summary.get("experiment_id") and self.shown_uri.startswith(("http://",
-                                                                               "https://"))
+            link = summary.get("experiment_id") and self.shown_uri.startswith(
+                ("http://", "https://")
+            )
             if link:
-                logger.info("MLflow run %s (%s): %s/#/experiments/%s/runs/%s", summary["run_id"],
-                            self._outcome, self.shown_uri.rstrip("/"),
-                            summary["experiment_id"], summary["run_id"])
+                logger.info(
+                    "MLflow run %s (%s): %s/#/experiments/%s/runs/%s",
+                    summary["run_id"],
+                    self._outcome,
+                    self.shown_uri.rstrip("/"),
+                    summary["experiment_id"],
+                    summary["run_id"],
+                )
             if summary["unsent"]:
-                logger.warning("MLflow: %d metrics could not be sent before the run ended",
-                               summary["unsent"])
+                logger.warning(
+                    "MLflow: %d metrics could not be sent before the run ended", summary["unsent"]
+                )
             if summary["dropped"]:
-                logger.warning("MLflow: %d metrics were dropped (buffer of %d full while the "
-                               "server was unreachable)", summary["dropped"], self.max_buffer)
+                logger.warning(
+                    "MLflow: %d metrics were dropped (buffer of %d full while the "
+                    "server was unreachable)",
+                    summary["dropped"],
+                    self.max_buffer,
+                )

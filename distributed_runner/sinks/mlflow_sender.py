@@ -11,6 +11,7 @@ sender answers requests with ``(request_id, ok, result)`` on the reply queue. Co
 ``ensure_run`` (create the run, or adopt a restored one and learn which steps it has), ``flush``,
 ``artifact``, ``close`` (send what is left, end the run with the outcome it is given).
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,16 +63,22 @@ class _Sender:
             self.run_id, self.experiment_id = run_id, run.info.experiment_id
             return run_id
         experiment = self.client.get_experiment_by_name(info["experiment"])
-        experiment_id = experiment.experiment_id if experiment else \
-            self.client.create_experiment(info["experiment"])
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            else self.client.create_experiment(info["experiment"])
+        )
         run = self.client.create_run(experiment_id, run_name=info["run_name"], tags=info["tags"])
         self.run_id, self.experiment_id = run.info.run_id, experiment_id
         if info["params"] is not None:
             from mlflow.entities import Param
-            params = [Param(_KEY_CHARS.sub("_", k)[:250], str(v)[:6000])
-                      for k, v in info["params"].items()]
+
+            params = [
+                Param(_KEY_CHARS.sub("_", k)[:250], str(v)[:6000])
+                for k, v in info["params"].items()
+            ]
             for i in range(0, len(params), 100):
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
+                self.client.log_batch(self.run_id, params=params[i : i + 100])
         return self.run_id
 
     # -- metrics -----------------------------------------------------------------------------
@@ -89,20 +96,25 @@ class _Sender:
         if not self.buffer or self.run_id is None:
             return self.run_id is not None or not self.buffer
         batch = [self.buffer.popleft() for _ in range(min(BATCH, len(self.buffer)))]
-        todo = [Metric(k, v, ts, step) for k, v, ts, step in batch
-                if (k, step) not in self.logged]
+        todo = [Metric(k, v, ts, step) for k, v, ts, step in batch if (k, step) not in self.logged]
         try:
             if todo:
                 self.client.log_batch(self.run_id, metrics=todo)
-        except Exception as e:
+        # any exception: whatever the client raises (HTTP, connection, MLflow errors), training
+        # goes on and the batch waits in the buffer; the warning names the error
+        except Exception as e:  # noqa: BLE001
             self.buffer.extendleft(reversed(batch))
             while len(self.buffer) > self.max_buffer:
                 self.buffer.pop()
                 self.dropped += 1
             if not self.down:
-                self.log.warning("MLflow at %s is unreachable (%s); training goes on and "
-                                 "metrics are buffered (up to %d)", self.uri,
-                                 str(e).splitlines()[0][:160], self.max_buffer)
+                self.log.warning(
+                    "MLflow at %s is unreachable (%s); training goes on and "
+                    "metrics are buffered (up to %d)",
+                    self.uri,
+                    str(e).splitlines()[0][:160],
+                    self.max_buffer,
+                )
                 self.down = True
             return False
         if self.down:
@@ -116,7 +128,7 @@ class _Sender:
             try:
                 self.ensure_run(*self.failed_open)
                 self.failed_open = None
-            except Exception:
+            except Exception:  # noqa: BLE001 - still down (warned once): the next flush retries
                 pass
 
     def drain(self, deadline: float) -> bool:
@@ -163,6 +175,10 @@ class _Sender:
 
     def artifact(self, path: str, *rest: Any) -> None:
         """Log a file, or a folder (a checkpoint's shards), to the run."""
+        if self.run_id is None:
+            raise RuntimeError(
+                "no MLflow run to log to: the server did not answer when the run was to start"
+            )
         log = self.client.log_artifacts if os.path.isdir(path) else self.client.log_artifact
         log(self.run_id, path, *rest)
 
@@ -175,9 +191,13 @@ class _Sender:
         # a resume adopts it and sends the rest
         if self.run_id is not None and (sent or outcome != "FINISHED"):
             self.client.set_terminated(self.run_id, outcome)
-        return {"sent": sent, "unsent": len(self.buffer), "dropped": self.dropped,
-                "run_id": self.run_id,
-                "experiment_id": None if self.down else self.experiment_id}
+        return {
+            "sent": sent,
+            "unsent": len(self.buffer),
+            "dropped": self.dropped,
+            "run_id": self.run_id,
+            "experiment_id": None if self.down else self.experiment_id,
+        }
 
 
 def _run_command(sender: _Sender, command: str, args: Any) -> Any:
@@ -202,9 +222,14 @@ def _answer(sender: _Sender, message: tuple, outbox: Any) -> bool:
             outbox.put((request_id, True, sender.close(timeout, outcome)))
             return True
         outbox.put((request_id, True, _run_command(sender, command, args)))
-    except Exception as e:
-        outbox.put((request_id, False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                    if str(e) else type(e).__name__))
+    except Exception as e:  # noqa: BLE001 - any failure is answered to the caller, which raises
+        outbox.put(
+            (
+                request_id,
+                False,
+                f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__,
+            )
+        )
     return False
 
 
@@ -216,8 +241,12 @@ def _setup_process() -> None:
     # MLflow's own "View run ... at" line repeats the tracking URI, password included: the sink
     # logs the link itself, redacted
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%m/%d %H:%M:%S")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%m/%d %H:%M:%S",
+    )
 
 
 def sender_main(uri: str, settings: dict, inbox: Any, outbox: Any) -> None:

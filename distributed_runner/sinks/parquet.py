@@ -7,6 +7,7 @@ and renamed — so a crash cannot damage what was written, and a resumed run app
 logs again the steps between its checkpoint and the crash; :func:`read_scalars` keeps, for every
 (mode, tag, step), the row of the latest attempt (exact resume makes them equal anyway).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ class ParquetSink(LogSink):
     def write(self, record: LogRecord) -> None:
         now = record.created  # when it happened, not when the queue wrote it
         for tag, value in record.scalars.items():
-            self._rows.append((record.mode, tag, record.step, record.epoch, float(value), now,
-                               self._attempt))
+            self._rows.append(
+                (record.mode, tag, record.step, record.epoch, float(value), now, self._attempt)
+            )
         if len(self._rows) >= self.rows_per_file:
             self.flush()
 
@@ -54,8 +56,8 @@ class ParquetSink(LogSink):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        columns = list(zip(*self._rows))
-        table = pa.table({name: pa.array(col) for name, col in zip(COLUMNS, columns)})
+        columns = list(zip(*self._rows, strict=True))
+        table = pa.table({name: pa.array(col) for name, col in zip(COLUMNS, columns, strict=True)})
         final = self.path / f"part-{self._attempt}-{self._part:05d}.parquet"
         tmp = final.with_name(f".{final.name}.tmp")
         pq.write_table(table, tmp)
@@ -75,14 +77,22 @@ def read_scalars(work_dir: str | os.PathLike, folder: str = "logs/scalars") -> A
     path = Path(work_dir) / folder
     parts = sorted(path.glob("part-*.parquet"))
     if not parts:
-        raise FileNotFoundError(f"no Parquet scalars under {path}: was ParquetSink configured "
-                                f"(LoggerHook(sinks=[..., 'parquet']))?")
+        raise FileNotFoundError(
+            f"no Parquet scalars under {path}: was ParquetSink configured "
+            f"(LoggerHook(sinks=[..., 'parquet']))?"
+        )
     table = pa.concat_tables(pq.read_table(p) for p in parts)
     # latest attempt wins for every (mode, tag, step)
     table = table.sort_by([("attempt", "descending")])
-    keys = [f"{m}\x00{t}\x00{s}" for m, t, s in zip(table["mode"].to_pylist(),
-                                                      table["tag"].to_pylist(),
-                                                      table["step"].to_pylist())]
+    keys = [
+        f"{m}\x00{t}\x00{s}"
+        for m, t, s in zip(
+            table["mode"].to_pylist(),
+            table["tag"].to_pylist(),
+            table["step"].to_pylist(),
+            strict=True,
+        )
+    ]
     seen: set[str] = set()
     keep = []
     for i, key in enumerate(keys):

@@ -17,11 +17,13 @@ checkpoint is written, so a resumed run finds every record up to its checkpoint.
 builds real sinks; on the other ranks the set is empty and every call is free. A sink that fails
 is reported once and skipped; the others still write.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..log import LOGGER_NAME
@@ -45,7 +47,7 @@ class SinkSet:
         self._queue = RecordQueue(self._write_now)
 
     @classmethod
-    def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> "SinkSet":
+    def build(cls, specs: Sequence[tuple[str, Any]], build: bool = True) -> SinkSet:
         """Validate every ``(config key, spec)``; build them when ``build`` (rank 0; building
         validates each first, so a bad spec is the same one-line error either way)."""
         if not build:
@@ -99,13 +101,18 @@ class SinkSet:
     def _failed(self, i: int, key: str, sink: LogSink, exc: Exception) -> None:
         self._failures[i] = self._failures.get(i, 0) + 1
         if self._failures[i] == 1:
-            _log.warning("sink %s failed (%s: %s; configured at %s); it is skipped for this "
-                         "record and later failures are only counted", type(sink).__name__,
-                         type(exc).__name__, exc, key)
+            _log.warning(
+                "sink %s failed (%s: %s; configured at %s); it is skipped for this "
+                "record and later failures are only counted",
+                type(sink).__name__,
+                type(exc).__name__,
+                exc,
+                key,
+            )
 
     # -- lifecycle (the Runner's) ----------------------------------------------------------------
     @contextlib.contextmanager
-    def opened(self, runner: RunnerAPI) -> Iterator["SinkSet"]:
+    def opened(self, runner: RunnerAPI) -> Iterator[SinkSet]:
         """Open every sink for one ``train()``/``val()``/``test()``; close them at the end, also
         when it raised (buffered records are flushed)."""
         self._open = []
@@ -116,8 +123,13 @@ class SinkSet:
                 self.close("FAILED")
                 raise
             except Exception as exc:  # noqa: BLE001 - a sink that cannot open is left out
-                _log.warning("sink %s (%s) could not open (%s: %s); this run goes on without it",
-                             type(sink).__name__, key, type(exc).__name__, exc)
+                _log.warning(
+                    "sink %s (%s) could not open (%s: %s); this run goes on without it",
+                    type(sink).__name__,
+                    key,
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             self._open.append((key, sink))
         outcome = "FAILED"
@@ -138,23 +150,36 @@ class SinkSet:
             try:
                 sink.finish(outcome)
             except Exception as exc:  # noqa: BLE001
-                _log.warning("sink %s (%s) failed to record the outcome %s: %s: %s",
-                             type(sink).__name__, key, outcome, type(exc).__name__, exc)
+                _log.warning(
+                    "sink %s (%s) failed to record the outcome %s: %s: %s",
+                    type(sink).__name__,
+                    key,
+                    outcome,
+                    type(exc).__name__,
+                    exc,
+                )
         for key, sink in self._open:
             try:
                 sink.close()
             except Exception as exc:  # noqa: BLE001
-                _log.warning("sink %s (%s) failed to close: %s: %s", type(sink).__name__, key,
-                             type(exc).__name__, exc)
+                _log.warning(
+                    "sink %s (%s) failed to close: %s: %s",
+                    type(sink).__name__,
+                    key,
+                    type(exc).__name__,
+                    exc,
+                )
         self._open = []
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> list:
         """Per sink, what must survive resume (the MLflow run id), or None."""
-        return [sink.state_dict() if hasattr(sink, "state_dict") else None
-                for _, sink in self._sinks]
+        return [
+            sink.state_dict() if hasattr(sink, "state_dict") else None for _, sink in self._sinks
+        ]
 
     def load_state_dict(self, states: Sequence[Any]) -> None:
-        for (_, sink), state in zip(self._sinks, states):
+        # not strict: a resumed run may name more sinks than its checkpoint (those start fresh)
+        for (_, sink), state in zip(self._sinks, states, strict=False):
             if state is not None and hasattr(sink, "load_state_dict"):
                 sink.load_state_dict(state)

@@ -1,4 +1,5 @@
 """TensorBoardSink: scalars under stable tags, the config as text, hparams at the end."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,8 +46,11 @@ class TensorBoardSink(LogSink):
             self._writer.add_scalar(f"{record.mode}/{name}", value, record.chart_step,
                                     walltime=record.created)
         if record.mode == "val":
-            self._last_val = {f"hparam/val/{k}": v for k, v in record.scalars.items()
-                              if k not in ("time", "data_time")}
+            self._last_val = {
+                f"hparam/val/{k}": v
+                for k, v in record.scalars.items()
+                if k not in ("time", "data_time")
+            }
 
     def add_image(self, tag: str, image: Any, step: int) -> None:
         """An ``H x W x 3`` uint8 image under ``tag`` (VisualizationHook's predictions)."""
@@ -61,8 +65,11 @@ class TensorBoardSink(LogSink):
         if self._writer is None:
             return
         if self.hparams and self._last_val:
-            params = {k: v for k, v in flatten(self._config).items()
-                      if isinstance(v, (int, float, str, bool))}
+            params = {
+                k: v
+                for k, v in flatten(self._config).items()
+                if isinstance(v, (int, float, str, bool))
+            }
             self._writer.add_hparams(params, self._last_val, run_name="hparams")
         self._writer.close()
         self._writer = None

@@ -1,4 +1,5 @@
 """TerminalSink: one MMEngine-style line per logging interval, through the run's logger."""
+
 from __future__ import annotations
 
 import datetime
@@ -30,8 +31,10 @@ def _scalar_template(keys: tuple) -> tuple[tuple[str, ...], str]:
     fraction of formatting each value on its own."""
     order = tuple([k for k in _FIRST if k in keys] + [k for k in keys if k not in _FIRST])
     specs = (".4e" if k == "lr" or k.startswith("lr_") else ".4f" for k in order)
-    return order, "  ".join(f"{k.replace('{', '{{').replace('}', '}}')}: {{:{spec}}}"
-                            for k, spec in zip(order, specs))
+    return order, "  ".join(
+        f"{k.replace('{', '{{').replace('}', '}}')}: {{:{spec}}}"
+        for k, spec in zip(order, specs, strict=True)
+    )
 
 
 def format_scalars(scalars: dict[str, Any]) -> str:
@@ -40,7 +43,9 @@ def format_scalars(scalars: dict[str, Any]) -> str:
     values = [scalars[k] for k in order]
     for value in values:
         if type(value) is not float:  # ints, numpy scalars: each as format_value shows it
-            return "  ".join(f"{k}: {format_value(k, v)}" for k, v in zip(order, values))
+            return "  ".join(
+                f"{k}: {format_value(k, v)}" for k, v in zip(order, values, strict=True)
+            )
     return template.format(*values)
 
 
@@ -55,8 +60,11 @@ def format_record(record: LogRecord) -> str:
             m = info.get("max_iters", 0)
             where = f"Iter(train) [{record.step:>{len(str(m))}}/{m}]"
     else:
-        where = f"Epoch({record.mode}) [{record.epoch}]" if info.get("by_epoch", True) \
+        where = (
+            f"Epoch({record.mode}) [{record.epoch}]"
+            if info.get("by_epoch", True)
             else f"Iter({record.mode}) [{record.step}]"
+        )
     parts = [where]
     if "eta" in info:
         parts.append(f"eta: {datetime.timedelta(seconds=int(info['eta']))}")
@@ -86,8 +94,11 @@ class TerminalSink(LogSink):
     def __init__(self, progress: str | bool = "auto", console: Any = None) -> None:
         if progress not in ("auto", True, False):
             from ..errors import ConfigError
-            raise ConfigError("default_hooks.logger.sinks", "TerminalSink(progress=...) takes "
-                                                            "'auto', True or False")
+
+            raise ConfigError(
+                "default_hooks.logger.sinks",
+                "TerminalSink(progress=...) takes 'auto', True or False",
+            )
         self.progress = progress
         self.console = console
         self._bar: Any = None
@@ -111,13 +122,19 @@ class TerminalSink(LogSink):
         logger = self._logger
         on_bar = self._bar is not None and record.mode == "train"
         if logger.isEnabledFor(logging.INFO):  # while the bar owns the terminal: the files only
-            log_info_line(logger, format_record(record), [
-                h for h in logger.handlers if is_file_handler(h)] if on_bar else None,
-                flush_now=record.mode != "train", created=record.created)
+            log_info_line(
+                logger,
+                format_record(record),
+                [h for h in logger.handlers if is_file_handler(h)] if on_bar else None,
+                flush_now=record.mode != "train",
+                created=record.created,
+            )
         if on_bar:
-            self._bar.values = "  ".join(f"{k}: {format_value(k, v)}"
-                                     for k, v in record.scalars.items()
-                                     if k not in ("time", "data_time"))
+            self._bar.values = "  ".join(
+                f"{k}: {format_value(k, v)}"
+                for k, v in record.scalars.items()
+                if k not in ("time", "data_time")
+            )
 
     def flush(self) -> None:
         LINE_FLUSHER.flush_now()
@@ -136,30 +153,51 @@ class TerminalSink(LogSink):
 def _live_bar(console: Any, state: Any) -> Any:
     """A rich Progress that, before each refresh, reads its position from ``state``."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     class StateProgress(Progress):
         values = ""
-        task = None
+        task: TaskID | None = None
 
         def sync(self) -> None:
             if self.task is None:  # add_task refreshes before it returns the task's id
                 return
-            epoch = f"epoch {min(state.epoch + 1, state.max_epochs)}/{state.max_epochs}" \
-                if state.by_epoch else "train"
-            self.update(self.task, completed=min(state.iter, state.max_iters),
-                        description=epoch, values=self.values)
+            epoch = (
+                f"epoch {min(state.epoch + 1, state.max_epochs)}/{state.max_epochs}"
+                if state.by_epoch
+                else "train"
+            )
+            self.update(
+                self.task,
+                completed=min(state.iter, state.max_iters),
+                description=epoch,
+                values=self.values,
+            )
 
         def get_renderables(self):
             self.sync()
             return super().get_renderables()
 
-    bar = StateProgress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-                        TimeRemainingColumn(), TextColumn("{task.fields[values]}"),
-                        console=console or Console(), transient=False, refresh_per_second=8,
-                        speed_estimate_period=60.0)
-    bar.task = bar.add_task("train", total=max(state.max_iters, 1), completed=state.iter,
-                            values="")
+    bar = StateProgress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[values]}"),
+        console=console or Console(),
+        transient=False,
+        refresh_per_second=8,
+        speed_estimate_period=60.0,
+    )
+    bar.task = bar.add_task("train", total=max(state.max_iters, 1), completed=state.iter, values="")
     return bar

@@ -21,15 +21,17 @@ backends). Optional: ``pip install wandb`` (the project's ``wandb`` extra).
   retried at every record. On an interactive terminal without a login, wandb itself asks for
   one: use ``mode='offline'`` or log in first.
 * **Cost.** The run starts at the first record (its id may come from the checkpoint the run
-  resumes, which is loaded after the sinks open): ``wandb.init`` takes 1–3 s here, once, inside
+  resumes, which is loaded after the sinks open): ``wandb.init`` takes 1-3 s here, once, inside
   that step. After it, ``log`` hands the values to W&B's own background process.
 """
+
 from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..config import to_plain
 from ..errors import ArgumentError
@@ -47,25 +49,44 @@ RUN_FILE = "wandb_run.json"
 class WandbSink(LogSink):
     """See the module docstring."""
 
-    def __init__(self, project: Optional[str] = None, entity: Optional[str] = None,
-                 name: Optional[str] = None, group: Optional[str] = None,
-                 tags: Optional[Sequence[str]] = None, mode: Optional[str] = None,
-                 dir: Optional[str] = None, init_kwargs: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        tags: Sequence[str] | None = None,
+        mode: str | None = None,
+        dir: str | None = None,
+        init_kwargs: dict | None = None,
+    ) -> None:
         try:  # checked here: a config naming it fails when the Runner is built, not mid-run
             importlib.import_module("wandb")
         except ImportError as e:
-            raise ArgumentError("", "the wandb sink needs the wandb package: pip install wandb "
-                                    "(or the project's extra: pip install -e '.[wandb]')") from e
+            raise ArgumentError(
+                "",
+                "the wandb sink needs the wandb package: pip install wandb "
+                "(or the project's extra: pip install -e '.[wandb]')",
+            ) from e
         if mode not in (None, "online", "offline", "disabled"):
             raise ArgumentError("mode", f"{mode!r}: use 'online', 'offline' or 'disabled'")
-        self.settings = {"project": project, "entity": entity, "name": name, "group": group,
-                         "tags": list(tags) if tags else None, "mode": mode, "dir": dir}
+        self.settings = {
+            "project": project,
+            "entity": entity,
+            "name": name,
+            "group": group,
+            "tags": list(tags) if tags else None,
+            "mode": mode,
+            "dir": dir,
+        }
         self.init_kwargs = dict(init_kwargs or {})
         clash = sorted(set(self.init_kwargs) & (set(self.settings) | {"id", "resume", "config"}))
         if clash:
-            raise ArgumentError(f"init_kwargs.{clash[0]}", "set by the sink (or its own "
-                                                           "argument of that name): remove it")
-        self.run_id: Optional[str] = None  # restored from a checkpoint through LoggerHook
+            raise ArgumentError(
+                f"init_kwargs.{clash[0]}",
+                "set by the sink (or its own argument of that name): remove it",
+            )
+        self.run_id: str | None = None  # restored from a checkpoint through LoggerHook
         self._run: Any = None
         self._outcome = "FINISHED"
         self._modes: set[str] = set()
@@ -79,7 +100,7 @@ class WandbSink(LogSink):
     def open(self, runner: RunnerAPI) -> None:
         self.work_dir = Path(runner.work_dir)
         self._outcome, self._modes = "FINISHED", set()
-        self._start_error: Optional[str] = None
+        self._start_error: str | None = None
         self._runner_name = f"{self.work_dir.name}-{runner.timestamp}"
         self._config = redact(to_plain(runner.cfg))
         self._experiment = runner.experiment_name
@@ -88,18 +109,24 @@ class WandbSink(LogSink):
         """Start (or resume) the run at the first record: a run that never logs opens none."""
         import wandb
 
-        settings = {k: v for k, v in self.settings.items() if v is not None}
+        settings: dict[str, Any] = {k: v for k, v in self.settings.items() if v is not None}
         settings.setdefault("dir", str(self.work_dir))
         settings.setdefault("project", self._experiment)
         settings.setdefault("name", self._runner_name)
         Path(settings["dir"]).mkdir(parents=True, exist_ok=True)
-        resume = {"id": self.run_id, "resume": "allow"} if self.run_id else {}
+        resume: dict[str, Any] = {"id": self.run_id, "resume": "allow"} if self.run_id else {}
         self._run = wandb.init(config=self._config, **settings, **resume, **self.init_kwargs)
         if self.run_id != self._run.id:
             self.run_id = self._run.id
-            (self.work_dir / RUN_FILE).write_text(json.dumps(
-                {"run_id": self.run_id, "project": settings["project"],
-                 "mode": self.settings["mode"] or "default"}))
+            (self.work_dir / RUN_FILE).write_text(
+                json.dumps(
+                    {
+                        "run_id": self.run_id,
+                        "project": settings["project"],
+                        "mode": self.settings["mode"] or "default",
+                    }
+                )
+            )
 
     def write(self, record: LogRecord) -> None:
         if self._run is None:

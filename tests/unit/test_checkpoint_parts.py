@@ -5,7 +5,7 @@ import torch
 import distributed_runner.checkpoint as checkpoint
 from distributed_runner.checkpoint import read_pointer
 from distributed_runner.checkpoint_parts import PARTS, PUBLISHABLE_KEYS, layout_text
-from hooks.checkpoint_hook import CHECKPOINT_KEYS
+from hooks.checkpoint_args import CHECKPOINT_KEYS
 from tests.toy import make_runner
 
 

@@ -127,20 +127,45 @@ def test_the_graph_sees_relative_lazy_and_type_checking_imports():
     assert f"{TOP}.version" in graph[TOP]
 
 
-def test_no_import_cycles():
-    assert cycles(import_graph()) == []
+def floor(module: str) -> int:
+    """A module's floor, counted from the top: 0 the package ``__init__``, 1 the entry points,
+    2 the Runner, 3 everything else."""
+    if module == TOP:
+        return 0
+    if module in ENTRY_POINTS:
+        return 1
+    return 2 if module == f"{TOP}.runner" else 3
 
 
-def test_nothing_imports_the_package_init():
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import of a module on a higher floor (rules 2-4); an
+    entry point importing another (``cli`` -> ``launcher`` -> ``ray_worker``) is not upward."""
+    return sorted((m, dep) for m, deps in graph.items() for dep in deps
+                  if floor(dep) < floor(m) and not (floor(dep) == floor(m) == 1))
+
+
+def test_no_import_cycles_and_no_upward_imports():
     graph = import_graph()
-    assert sorted(m for m, deps in graph.items() if TOP in deps) == []
+    assert cycles(graph) == []
+    assert upward_imports(graph) == []
 
 
-def test_only_the_top_floor_imports_the_runner_and_the_entry_points():
-    graph = import_graph()
-    upward = sorted((m, dep) for m, deps in graph.items() for dep in deps
-                    if dep in ENTRY_POINTS | {f"{TOP}.runner"} and m not in TOP_FLOOR)
-    assert upward == []
+def test_the_checks_find_a_planted_cycle_and_planted_upward_imports():
+    """The checks can fail: in a small graph shaped like the tree before issue 29
+    (``dispatch`` <-> ``hook_order``, ``checkpoint_state`` importing the package ``__init__``)
+    plus a loop importing the Runner, each bad edge is found and the allowed ones are not."""
+    d = {name: f"{TOP}.{name}" for name in (
+        "version", "dispatch", "hook_order", "checkpoint_state", "loops", "runner", "cli",
+        "launcher", "ray_worker")}
+    graph = {
+        TOP: {d["version"], d["runner"]}, d["version"]: set(),
+        d["dispatch"]: {d["hook_order"]}, d["hook_order"]: {d["dispatch"]},
+        d["checkpoint_state"]: {TOP}, d["loops"]: {d["runner"], d["dispatch"]},
+        d["runner"]: {d["loops"]}, d["cli"]: {d["launcher"], d["runner"]},
+        d["launcher"]: {d["ray_worker"]}, d["ray_worker"]: {d["runner"]},
+    }
+    assert cycles(graph) == [[d["dispatch"], d["hook_order"]], [d["loops"], d["runner"]]]
+    assert upward_imports(graph) == [(d["checkpoint_state"], TOP), (d["loops"], d["runner"])]
 
 
 def test_the_package_init_imports_only_the_version_eagerly():
