@@ -21,20 +21,23 @@ than formatting its line. A terminal gets each line at once, as does every other
 flush also takes the training lines before it. A process killed outright loses at most its last
 second of training lines; the end of a run, a checkpoint and ``logging.shutdown`` flush them all.
 """
+
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 LOGGER_NAME = "distributed_runner"
 _MARK = "_distributed_runner_handler"
 _LAZY = "_distributed_runner_lazy_flush"  # training lines may wait for LineFlusher
 FLUSH_SECONDS = 1.0
+DATE_FORMAT = "%m/%d %H:%M:%S"
 
 
 class _SecondsFormatter(logging.Formatter):
@@ -47,14 +50,15 @@ class _SecondsFormatter(logging.Formatter):
 
     def __init__(self, rank: int) -> None:
         self.rank_prefix = f"[rank {rank}] " if rank else ""
-        super().__init__(f"%(asctime)s %(levelname)s {self.rank_prefix}%(message)s",
-                         datefmt="%m/%d %H:%M:%S")
+        super().__init__(
+            f"%(asctime)s %(levelname)s {self.rank_prefix}%(message)s", datefmt=DATE_FORMAT
+        )
 
     def _time_text(self, created: float) -> str:
         second = int(created)
         if second != self._second:
             self._second = second
-            self._text = time.strftime(self.datefmt, self.converter(created))
+            self._text = time.strftime(self.datefmt or DATE_FORMAT, self.converter(created))
         return self._text
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
@@ -152,10 +156,9 @@ class LineFlusher:
         with self._lock:
             handlers, self._pending = self._pending, set()
         for handler in handlers:
-            try:
+            # a closed stream: nothing left to flush into
+            with contextlib.suppress(Exception):
                 handler.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush into
-                pass
 
     def _start(self) -> None:
         self._pid = os.getpid()
@@ -177,34 +180,46 @@ class LineFlusher:
 LINE_FLUSHER = LineFlusher()
 # a forked child (a DataLoader worker) inherits the streams' buffers: flush them first, or a
 # child that logs would write the parent's pending lines a second time
-os.register_at_fork(before=LINE_FLUSHER.flush_now,
-                    after_in_child=LINE_FLUSHER._after_fork_in_child)
+os.register_at_fork(before=LINE_FLUSHER.flush_now, after_in_child=LINE_FLUSHER._after_fork_in_child)
 
 
-def log_info_line(logger: logging.Logger, message: str,
-                  handlers: Iterable[logging.Handler] | None = None,
-                  flush_now: bool = False, created: float | None = None) -> None:
+def log_info_line(
+    logger: logging.Logger,
+    message: str,
+    handlers: Iterable[logging.Handler] | None = None,
+    flush_now: bool = False,
+    created: float | None = None,
+    queued: bool = False,
+) -> None:
     """``logger.info(message)`` for a line written every few iterations (module docstring);
     ``handlers``: only these of the logger's handlers (e.g. the files while a progress bar owns
     the terminal); ``flush_now``: no waiting for LineFlusher (a line a person waits for);
-    ``created``: when the line's event happened (``time.time()``; default: now)."""
+    ``created``: when the line's event happened (``time.time()``; default: now); ``queued``: the
+    line comes from the record queue itself — any other line first writes what is queued."""
     if not logger.isEnabledFor(logging.INFO):
         return
+    if not queued:
+        for drain in list(before_other_lines):
+            drain()
     record = None
     text = None
     if created is None:
         created = time.time()
-    for handler in (logger.handlers if handlers is None else handlers):
+    for handler in logger.handlers if handlers is None else handlers:
         if handler.level > logging.INFO:
             continue
         fmt = handler.formatter
-        if getattr(handler, _MARK, False) and type(fmt) is _SecondsFormatter \
-                and _only_ours(handler.filters) and not logger.filters:
+        if (
+            getattr(handler, _MARK, False)
+            and type(fmt) is _SecondsFormatter
+            and _only_ours(handler.filters)
+            and not logger.filters
+        ):
             if text is None:
                 text = fmt.info_line(message, created) + "\n"
             try:
-                with handler.lock:
-                    handler.stream.write(text)
+                with handler.lock:  # type: ignore[union-attr]  # created with the handler
+                    handler.stream.write(text)  # type: ignore[attr-defined]  # a StreamHandler
                 if flush_now or not getattr(handler, _LAZY, False):
                     handler.flush()
                 else:
@@ -213,7 +228,7 @@ def log_info_line(logger: logging.Logger, message: str,
             except Exception:  # noqa: BLE001 - reported as logging reports a failed emit
                 pass
         if record is None:
-            record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, None, None)
+            record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, (), None)
             record.created = created
             if logger.filters and not logger.filter(record):
                 return
@@ -232,8 +247,9 @@ class MMLogger:
     get_current_instance = staticmethod(current_logger)
 
 
-def print_log(msg: str, logger: logging.Logger | str | None = None,
-              level: int = logging.INFO) -> None:
+def print_log(
+    msg: str, logger: logging.Logger | str | None = None, level: int = logging.INFO
+) -> None:
     """MMEngine's ``print_log``: ``logger=None`` prints; ``'current'`` logs to the run's logger;
     ``'silent'`` drops the message; a logger or a logger's name logs there."""
     if logger is None:
@@ -247,5 +263,7 @@ def print_log(msg: str, logger: logging.Logger | str | None = None,
     elif isinstance(logger, str):
         logging.getLogger(logger).log(level, msg)
     else:
-        raise TypeError(f"print_log: logger must be None, 'current', 'silent', a logging.Logger "
-                        f"or a logger name, not {type(logger).__name__}")
+        raise TypeError(
+            f"print_log: logger must be None, 'current', 'silent', a logging.Logger "
+            f"or a logger name, not {type(logger).__name__}"
+        )

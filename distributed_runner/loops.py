@@ -56,20 +56,25 @@ endless pass of the data (reshuffled at each wrap) between one ``before_train_ep
 data_batch is the rank's micro-batches of one global batch, and the step one optimizer step over
 them.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import DataLoader
 
 from . import dist
 from .config_check import check_train_cfg
 from .data import resume_sampler
-from .model_steps import choose_step, predictor
+
+# the validation and test loops live in eval_loops.py; imported here so LOOPS has them and
+# ``from distributed_runner.loops import ValLoop`` keeps working
+from .eval_loops import TestLoop, ValLoop  # noqa: F401
+from .model_steps import choose_step
 from .preemption import TrainingPreempted
 from .registry import LOOPS
-from .step import RollbackRequested, move_to
+from .step import RollbackRequested
 from .train_state import TrainState
 
 if TYPE_CHECKING:
@@ -83,9 +88,16 @@ class _TrainLoopBase:
 
     by_epoch = True
 
-    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, max_epochs: int | None = None,
-                 max_iters: int | None = None, val_begin: int = 1, val_interval: int = 1,
-                 agree_every: int | str = "auto") -> None:
+    def __init__(
+        self,
+        runner: RunnerAPI,
+        dataloader: DataLoader,
+        max_epochs: int | None = None,
+        max_iters: int | None = None,
+        val_begin: int = 1,
+        val_interval: int = 1,
+        agree_every: int | str = "auto",
+    ) -> None:
         self.runner = runner
         self.dataloader = dataloader
         self.val_begin = int(val_begin)
@@ -94,11 +106,12 @@ class _TrainLoopBase:
         length = {"max_epochs": max_epochs} if self.by_epoch else {"max_iters": max_iters}
         check_train_cfg({**length, "agree_every": agree_every})  # also for a Runner built in Python
         if self.by_epoch:
-            max_iters = max_epochs * len(dataloader)
+            max_iters = int(max_epochs or 0) * len(dataloader)
         else:
             max_epochs = 1
-        self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters,
-                                by_epoch=self.by_epoch)
+        self.state = TrainState(
+            max_epochs=int(max_epochs or 0), max_iters=int(max_iters or 0), by_epoch=self.by_epoch
+        )
         self._skip_by_iterating = 0  # consumed batches a sampler without resume_at cannot skip
         self._agree = dist.is_distributed()  # ranks must agree on requests
         # the hot path, looked up once: the mount points' callers, and the step (when training
@@ -117,18 +130,25 @@ class _TrainLoopBase:
         """Continue after ``position`` (from a checkpoint's meta)."""
         state = self.state
         state.restore(position)
-        if not resume_sampler(self.dataloader, state.data_epoch, state.batch_in_epoch) \
-                and state.batch_in_epoch:
+        if (
+            not resume_sampler(self.dataloader, state.data_epoch, state.batch_in_epoch)
+            and state.batch_in_epoch
+        ):
             self.runner.logger.warning(
                 "train_dataloader's sampler cannot start mid-epoch; the consumed batches of "
-                "this epoch are skipped by iterating over them (use DefaultSampler to avoid it)")
+                "this epoch are skipped by iterating over them (use DefaultSampler to avoid it)"
+            )
             self._skip_by_iterating = state.batch_in_epoch
 
     def _val_due(self, done: int) -> bool:
         """After ``done`` epochs (iters): every val_interval from val_begin, and the last."""
         last = self.state.max_epochs if self.by_epoch else self.state.max_iters
-        return (self.runner.val_loop is not None and self.val_interval > 0
-                and done >= self.val_begin and (done % self.val_interval == 0 or done == last))
+        return (
+            self.runner.val_loop is not None
+            and self.val_interval > 0
+            and done >= self.val_begin
+            and (done % self.val_interval == 0 or done == last)
+        )
 
     def _validate(self) -> None:
         if self.runner.val_loop is not None:
@@ -156,7 +176,7 @@ class _TrainLoopBase:
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
         runner, state, callers = self.runner, self.state, self._callers
         callers["before_train_iter"](batch_idx=batch_idx, data_batch=data_batch)
-        outputs = self.step(data_batch)
+        outputs = self.step(data_batch)  # type: ignore[misc]  # chosen before training starts
         # the iteration's end, written out here only (it runs every iteration): while
         # after_train_iter runs the iteration counts as done (TrainState.position), then the
         # next one is in progress
@@ -174,8 +194,11 @@ class _TrainLoopBase:
     def act_on_requests(self, allow_val: bool = True, after_iter: bool = False) -> None:
         """Resolve requests across ranks (collective when distributed) and act on them."""
         runner = self.runner
-        agreed = runner.requests.resolve_after_iter(runner.logger) if after_iter \
+        agreed = (
+            runner.requests.resolve_after_iter(runner.logger)
+            if after_iter
             else runner.requests.resolve()
+        )
         if not agreed:
             return
         record, done = runner.requests.record, self.state.iter
@@ -188,9 +211,13 @@ class _TrainLoopBase:
                 raise TrainingPreempted(agreed["preempt"], path)
         if "val" in agreed:
             if runner.val_loop is None or not allow_val:
-                runner.logger.warning("validation requested (%s) but %s", "; ".join(agreed["val"]),
-                                      "no val_dataloader is configured" if runner.val_loop is None
-                                      else "a validation just ran")
+                runner.logger.warning(
+                    "validation requested (%s) but %s",
+                    "; ".join(agreed["val"]),
+                    "no val_dataloader is configured"
+                    if runner.val_loop is None
+                    else "a validation just ran",
+                )
             else:
                 record(done, "val", agreed["val"], runner.logger)
                 self._validate()
@@ -218,11 +245,23 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = True
 
-    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, max_epochs: int,
-                 val_begin: int = 1, val_interval: int = 1,
-                 agree_every: int | str = "auto") -> None:
-        super().__init__(runner, dataloader, max_epochs=max_epochs, val_begin=val_begin,
-                         val_interval=val_interval, agree_every=agree_every)
+    def __init__(
+        self,
+        runner: RunnerAPI,
+        dataloader: DataLoader,
+        max_epochs: int,
+        val_begin: int = 1,
+        val_interval: int = 1,
+        agree_every: int | str = "auto",
+    ) -> None:
+        super().__init__(
+            runner,
+            dataloader,
+            max_epochs=max_epochs,
+            val_begin=val_begin,
+            val_interval=val_interval,
+            agree_every=agree_every,
+        )
 
     def run_training(self) -> None:
         state = self.state
@@ -252,7 +291,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 class _EndlessBatches:
     """Batches forever: each pass is a data epoch; the sampler reshuffles at each wrap."""
 
-    def __init__(self, loop: "IterBasedTrainLoop") -> None:
+    def __init__(self, loop: IterBasedTrainLoop) -> None:
         self.loop = loop
         self._it: Iterator | None = None
 
@@ -261,8 +300,9 @@ class _EndlessBatches:
         while True:
             if self._it is None:
                 sampler = getattr(loop.dataloader, "sampler", None)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(state.data_epoch)
+                set_epoch = getattr(sampler, "set_epoch", None)
+                if set_epoch is not None:
+                    set_epoch(state.data_epoch)
                 self._it = loop._batches()
             item = next(self._it, None)
             if item is not None:
@@ -277,11 +317,23 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, max_iters: int,
-                 val_begin: int = 1, val_interval: int = 1000,
-                 agree_every: int | str = "auto") -> None:
-        super().__init__(runner, dataloader, max_iters=max_iters, val_begin=val_begin,
-                         val_interval=val_interval, agree_every=agree_every)
+    def __init__(
+        self,
+        runner: RunnerAPI,
+        dataloader: DataLoader,
+        max_iters: int,
+        val_begin: int = 1,
+        val_interval: int = 1000,
+        agree_every: int | str = "auto",
+    ) -> None:
+        super().__init__(
+            runner,
+            dataloader,
+            max_iters=max_iters,
+            val_begin=val_begin,
+            val_interval=val_interval,
+            agree_every=agree_every,
+        )
 
     def run_training(self) -> None:
         runner, state = self.runner, self.state
@@ -304,60 +356,3 @@ class IterBasedTrainLoop(_TrainLoopBase):
         state.finishing("epoch")
         runner.call_hook("after_train_epoch")
         state.epoch_done()
-
-
-class _EvalLoop:
-    """One pass over val or test data with the matching mount points."""
-
-    stage = ""
-
-    def __init__(self, runner: RunnerAPI, dataloader: DataLoader, evaluator: Any) -> None:
-        self.runner = runner
-        self.dataloader = dataloader
-        self.evaluator = evaluator
-        self._names = {k: k.format(self.stage) for k in
-                       ("before_{}", "after_{}", "before_{}_epoch", "after_{}_epoch",
-                        "before_{}_iter", "after_{}_iter")}
-
-    def run(self) -> dict:
-        runner, n = self.runner, self._names
-        with runner.hook_bracket(n["before_{}"], n["after_{}"]):
-            runner.call_hook(n["before_{}_epoch"])
-            # taken after the before_* hooks: a model they swapped in (PrepareTTAHook) is the one
-            # put in eval mode and called
-            model, self._predict = runner.wrapped_model, predictor(runner, self.stage)
-            was_training = model.training
-            model.eval()
-            try:
-                with torch.no_grad():
-                    for batch_idx, data_batch in enumerate(self.dataloader):
-                        self.run_iter(batch_idx, data_batch)
-                metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
-                runner.call_hook(n["after_{}_epoch"], metrics=metrics)
-            finally:
-                model.train(was_training)
-        return metrics
-
-    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
-        runner, n = self.runner, self._names
-        runner.call_hook(n["before_{}_iter"], batch_idx=batch_idx, data_batch=data_batch)
-        if runner.device.type != "cpu":
-            data_batch = move_to(data_batch, runner.device)
-        outputs = self._predict(data_batch)  # model_steps.predictor: val_step / test_step
-        self.evaluator.process(data_batch, outputs)
-        runner.call_hook(n["after_{}_iter"], batch_idx=batch_idx, data_batch=data_batch,
-                         outputs=outputs)
-
-
-@LOOPS.register_module()
-class ValLoop(_EvalLoop):
-    """Validation: ``before_val`` ... ``after_val_epoch(metrics)`` ... ``after_val``."""
-
-    stage = "val"
-
-
-@LOOPS.register_module()
-class TestLoop(_EvalLoop):
-    """Testing: ``before_test`` ... ``after_test_epoch(metrics)`` ... ``after_test``."""
-
-    stage = "test"

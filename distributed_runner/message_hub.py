@@ -16,13 +16,14 @@ and the floats replace the tensors in the history. On a GPU that keeps the step 
 sync per logged value; on a CPU it saves a conversion per value per step — the logger pays for
 them once per logging interval instead. A history holds at most ``history`` values, tensors or not.
 """
+
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from functools import partial
 from itertools import islice
-from collections.abc import Iterator, MutableMapping
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -41,7 +42,7 @@ def _as_floats(values: Iterable[Any]) -> list[float]:
                 converted = torch.stack(picked).tolist()
         except RuntimeError:  # several elements, mixed dtypes or shapes: the mean of each
             converted = [t.detach().double().mean().item() for t in picked]
-        for i, c in zip(tensors, converted):
+        for i, c in zip(tensors, converted, strict=True):
             values[i] = c
     return [float(v) for v in values]
 
@@ -56,7 +57,7 @@ class HistoryBuffer:
     kept once a count other than 1 has been given, so the common case is one append.
     """
 
-    __slots__ = ("_values", "_counts", "append_one")
+    __slots__ = ("_counts", "_values", "append_one")
 
     def __init__(self, max_length: int = DEFAULT_HISTORY) -> None:
         self._values: deque = deque(maxlen=max_length)
@@ -77,7 +78,7 @@ class HistoryBuffer:
 
     def _append_with_count(self, value: Any) -> None:
         self._values.append(value)
-        self._counts.append(1)
+        self._counts.append(1)  # type: ignore[union-attr]  # installed once counts exist
 
     def _last(self, n: int) -> list[float]:
         """The last ``n`` values as floats, newest first; tensors among them are converted in one
@@ -107,13 +108,13 @@ class HistoryBuffer:
         n = len(values) if window is None else min(window, len(values))
         if self._counts is None and type(values[-1]) is float:  # usually floats only, then
             total = sum(islice(reversed(values), n))  # a tensor or an int among them makes the
-            if type(total) is float:                 # sum something else: the general way
+            if type(total) is float:  # sum something else: the general way
                 return total / n
         vals = self._last(n)
         if self._counts is None:
             return sum(vals) / n
         counts = list(islice(reversed(self._counts), n))
-        return sum(v * c for v, c in zip(vals, counts)) / sum(counts)
+        return sum(v * c for v, c in zip(vals, counts, strict=True)) / sum(counts)
 
     def values(self) -> list[float]:
         return self._last(len(self._values))[::-1]
@@ -122,13 +123,12 @@ class HistoryBuffer:
         return list(self._counts) if self._counts is not None else [1] * len(self._values)
 
     def state_dict(self) -> dict:
-        return {"values": self.values(), "counts": self.counts(),
-                "max_length": self._values.maxlen}
+        return {"values": self.values(), "counts": self.counts(), "max_length": self._values.maxlen}
 
     @classmethod
-    def from_state(cls, state: dict) -> "HistoryBuffer":
+    def from_state(cls, state: dict) -> HistoryBuffer:
         buf = cls(int(state.get("max_length", DEFAULT_HISTORY)))
-        for v, c in zip(state["values"], state["counts"]):
+        for v, c in zip(state["values"], state["counts"], strict=True):
             buf.update(float(v), int(c))
         return buf
 
@@ -146,12 +146,13 @@ class PulledHistory(HistoryBuffer):
         self._pull = pull
 
     @classmethod
-    def adopting(cls, old: HistoryBuffer | None, pull: Callable[[], None],
-                 max_length: int) -> "PulledHistory":
+    def adopting(
+        cls, old: HistoryBuffer | None, pull: Callable[[], None], max_length: int
+    ) -> PulledHistory:
         """A pulled history that starts with ``old``'s values (a checkpoint's)."""
         buf = cls(pull, max_length)
         if old is not None:
-            for value, count in zip(old.values(), old.counts()):
+            for value, count in zip(old.values(), old.counts(), strict=True):
                 buf.update(value, count)
         return buf
 
@@ -193,7 +194,7 @@ class RuntimeInfo(MutableMapping):
     docstring). Reads of a derived key ask its provider; writes are stored and win until the
     provider's stamp moves on."""
 
-    __slots__ = ("_stored", "_providers", "_written_at")
+    __slots__ = ("_providers", "_stored", "_written_at")
 
     def __init__(self) -> None:
         self._stored: dict[str, Any] = {}
@@ -233,8 +234,11 @@ class RuntimeInfo(MutableMapping):
         del self._stored[key]
 
     def _present(self) -> list[str]:
-        derived = [k for k, p in self._providers.items()
-                   if k not in self._stored and p.value() is not MISSING]
+        derived = [
+            k
+            for k, p in self._providers.items()
+            if k not in self._stored and p.value() is not MISSING
+        ]
         return [*self._stored, *derived]
 
     def __iter__(self) -> Iterator[str]:
@@ -293,10 +297,15 @@ class MessageHub:
 
     def state_dict(self) -> dict:
         """Plain containers only (checkpoints are loaded with ``weights_only=True``)."""
-        info = {k: v for k, v in self.runtime_info.items()
-                if isinstance(v, (int, float, str, bool, type(None)))}
-        return {"runtime_info": info,
-                "log_scalars": {k: b.state_dict() for k, b in self.log_scalars.items()}}
+        info = {
+            k: v
+            for k, v in self.runtime_info.items()
+            if isinstance(v, (int, float, str, bool, type(None)))
+        }
+        return {
+            "runtime_info": info,
+            "log_scalars": {k: b.state_dict() for k, b in self.log_scalars.items()},
+        }
 
     @property
     def history_length(self) -> int:
@@ -306,8 +315,9 @@ class MessageHub:
     def pull_scalar(self, key: str, pull: Callable[[], None]) -> None:
         """Have ``key``'s history filled by ``pull`` when read (:class:`PulledHistory`); values
         it holds already (a resumed run's) stay."""
-        self.log_scalars[key] = PulledHistory.adopting(self.log_scalars.get(key), pull,
-                                                       self._history)
+        self.log_scalars[key] = PulledHistory.adopting(
+            self.log_scalars.get(key), pull, self._history
+        )
 
     def load_state_dict(self, state: dict) -> None:
         # values owners recorded before the load belong to the state it replaces: handed over
@@ -316,7 +326,8 @@ class MessageHub:
         for pull in dict.fromkeys(pulls.values()):
             pull()
         self.runtime_info.update(state.get("runtime_info", {}))
-        self.log_scalars = {k: HistoryBuffer.from_state(s)
-                            for k, s in state.get("log_scalars", {}).items()}
+        self.log_scalars = {
+            k: HistoryBuffer.from_state(s) for k, s in state.get("log_scalars", {}).items()
+        }
         for key, pull in pulls.items():
             self.pull_scalar(key, pull)

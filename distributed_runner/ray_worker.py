@@ -8,6 +8,7 @@ Ray Train has already started the process group (gloo on CPU, NCCL on GPU) when 
 Runner sees the rank and world size through :mod:`distributed_runner.dist` like under torchrun and
 wraps the model in DDP itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def restore_from_ray(work_dir: str, rank: int) -> str | None:
     checkpoint.to_directory(str(local))
     files = sorted(local.glob("*.pth"))
     if len(files) != 1:
-        raise RuntimeError(f"Ray checkpoint {checkpoint.path} holds {len(files)} .pth files, "
-                           f"expected one")
+        raise RuntimeError(
+            f"Ray checkpoint {checkpoint.path} holds {len(files)} .pth files, expected one"
+        )
     return str(files[0])
 
 

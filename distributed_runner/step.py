@@ -25,10 +25,11 @@ Hugging Face or timm model, any ``forward`` without ``mode``) is called without 
 (:func:`call_as_is`), and :class:`LossOf` finds the loss in what it returns. Which of the two is
 decided once per run (model_steps.choose_step), which hands the steps a ``call``/``parse`` pair.
 """
+
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -42,8 +43,7 @@ if TYPE_CHECKING:
 class StepStrategy(Protocol):
     """One training iteration's work on one batch; returns the values to log."""
 
-    def __call__(self, data_batch: Any) -> dict:
-        ...
+    def __call__(self, data_batch: Any) -> dict: ...
 
 
 class RollbackRequested(Exception):
@@ -133,9 +133,12 @@ class LossOf:
             return loss
         if torch.is_tensor(loss):
             what = f"a tensor of shape {list(loss.shape)}, not a 0-dim loss"
-        raise ConfigError("model", f"{self.owner}.forward returned no loss ({what}): put the "
-                                   f"targets in the batch (labels=...), or give the model a "
-                                   f"forward(..., mode) that returns dict(loss=...)")
+        raise ConfigError(
+            "model",
+            f"{self.owner}.forward returned no loss ({what}): put the "
+            f"targets in the batch (labels=...), or give the model a "
+            f"forward(..., mode) that returns dict(loss=...)",
+        )
 
 
 def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
@@ -145,23 +148,27 @@ def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
         if type(value) is torch.Tensor and not value.dim():
             return value, {"loss": value.detach()}
     if not isinstance(losses, dict):
-        raise TypeError(f"forward(mode='loss') must return a dict of tensors, got "
-                        f"{type(losses).__name__}")
+        raise TypeError(
+            f"forward(mode='loss') must return a dict of tensors, got {type(losses).__name__}"
+        )
     log_vars: dict[str, Any] = {}
     total = None
     n_losses = 0
-    for key, value in losses.items():
-        if isinstance(value, (list, tuple)):
-            value = sum(v.mean() for v in value)
-        elif value.dim():
-            value = value.mean()
+    for key, given in losses.items():
+        if isinstance(given, (list, tuple)):
+            value = sum(v.mean() for v in given)
+        elif given.dim():
+            value = given.mean()
+        else:
+            value = given
         log_vars[key] = value.detach()
         if "loss" in key:
             total = value if total is None else total + value
             n_losses += 1
     if total is None:
-        raise ValueError(f"forward(mode='loss') returned no key containing 'loss' "
-                         f"(keys: {', '.join(losses)})")
+        raise ValueError(
+            f"forward(mode='loss') returned no key containing 'loss' (keys: {', '.join(losses)})"
+        )
     if n_losses == 1 and "loss" in log_vars:  # the common case: log_vars['loss'] is the total
         return total, log_vars
     return total, {"loss": total.detach(), **log_vars}
@@ -170,16 +177,19 @@ def parse_losses(losses: dict) -> tuple[torch.Tensor, dict]:
 def detached(log_vars: Any) -> dict:
     """A model's own log values (its train_step's or parse_losses') as the logs take them."""
     if not isinstance(log_vars, dict):
-        raise TypeError(f"train_step must return a dict of values to log, got "
-                        f"{type(log_vars).__name__}")
+        raise TypeError(
+            f"train_step must return a dict of values to log, got {type(log_vars).__name__}"
+        )
     return {k: v.detach() if torch.is_tensor(v) else v for k, v in log_vars.items()}
 
 
 def detaching(parse: Callable) -> Callable[[Any], tuple[torch.Tensor, dict]]:
     """``parse`` (a model's own ``parse_losses``) with its log values :func:`detached`."""
+
     def parse_and_detach(losses: Any) -> tuple[torch.Tensor, dict]:
         loss, log_vars = parse(losses)
         return loss, detached(log_vars)
+
     return parse_and_detach
 
 
@@ -199,14 +209,17 @@ def guards_allow(runner: RunnerAPI, loss: torch.Tensor, guards: tuple, agree: bo
     raises itself."""
     verdicts = [bool(guard.check_loss(loss)) for guard in guards]
     if agree:
-        verdicts = [bool(v) for v in dist.all_reduce(
-            torch.tensor(verdicts, dtype=torch.int32), "min").tolist()]
-    for guard, ok in zip(guards, verdicts):
+        verdicts = [
+            bool(v)
+            for v in dist.all_reduce(torch.tensor(verdicts, dtype=torch.int32), "min").tolist()
+        ]
+    for guard, ok in zip(guards, verdicts, strict=True):
         if not ok:
             action = guard.reject_step(runner, loss)
             if action == "rollback":
-                raise RollbackRequested(guard, f"{type(guard).__name__} at iteration "
-                                               f"{runner.iter + 1}")
+                raise RollbackRequested(
+                    guard, f"{type(guard).__name__} at iteration {runner.iter + 1}"
+                )
             return False
     return True
 
@@ -219,8 +232,12 @@ class PlainStep:
     iteration of most runs; with no step guards to ask. ``call``/``parse``: for a model taken as
     it is (:func:`call_as_is`, :class:`LossOf`); None for MMEngine's convention, inlined."""
 
-    def __init__(self, runner: RunnerAPI, call: Callable[[Any, Any], Any] | None = None,
-                 parse: Callable[[Any], tuple[torch.Tensor, dict]] | None = None) -> None:
+    def __init__(
+        self,
+        runner: RunnerAPI,
+        call: Callable[[Any, Any], Any] | None = None,
+        parse: Callable[[Any], tuple[torch.Tensor, dict]] | None = None,
+    ) -> None:
         self.runner, self.call, self.parse = runner, call, parse
         self.to_device = runner.device.type != "cpu"
 
@@ -235,7 +252,8 @@ class PlainStep:
                 losses = call_model(runner.wrapped_model, data_batch, "loss")
             loss, log_vars = parse_losses(losses)
         else:
-            loss, log_vars = self.parse(self.call(runner.wrapped_model, data_batch))
+            # both are given together (__init__)
+            loss, log_vars = self.parse(self.call(runner.wrapped_model, data_batch))  # type: ignore[misc]
         loss.backward()
         optimizer = runner.optim_wrapper.optimizer
         optimizer.step()
@@ -249,9 +267,13 @@ class GuardedStep:
     ``call``: (model, batch) -> losses (``mode='loss'``, or :func:`call_as_is`). A step some
     guard rejects is counted by the OptimWrapper, not taken, and logged as ``skipped_steps``."""
 
-    def __init__(self, runner: RunnerAPI, preprocess: Callable | None = None,
-                 parse: Callable[[Any], tuple[torch.Tensor, dict]] = parse_losses,
-                 call: Callable[[Any, Any], Any] = call_for_loss) -> None:
+    def __init__(
+        self,
+        runner: RunnerAPI,
+        preprocess: Callable | None = None,
+        parse: Callable[[Any], tuple[torch.Tensor, dict]] = parse_losses,
+        call: Callable[[Any, Any], Any] = call_for_loss,
+    ) -> None:
         self.runner, self.preprocess, self.parse, self.call = runner, preprocess, parse, call
         self.to_device = runner.device.type != "cpu"
         self.agree = dist.is_distributed()  # the ranks must take the same branch
@@ -296,7 +318,7 @@ class ElasticStep(GuardedStep):
     def __call__(self, micro_batches: Any) -> dict:
         runner = self.runner
         model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
-        count, logged = len(micro_batches), {}
+        count, logged = len(micro_batches), dict[str, Any]()
         for i, data in enumerate(micro_batches):
             last = i == count - 1
             context = optim_wrapper.micro_batch_context(model, sync=last)

@@ -14,12 +14,14 @@ Counting costs metadata only: ``len(batch['inputs'])``, ``input_ids.numel()``. A
 size; LoggerHook averages over ranks), ``mfu`` a device's: ``tokens/s per device x FLOPs per
 token / peak FLOP/s of the device``.
 """
+
 from __future__ import annotations
 
 import logging
 import re
 from collections import deque
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,19 +33,38 @@ from .log import LOGGER_NAME
 # GPUs without bf16 (V100, T4). Matched in order against torch.cuda.get_device_name() (so the
 # specific names come before the general ones: 'H100 PCIe' before 'H100').
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    (r"GH200", 989.4), (r"H200 NVL", 835.5), (r"H200", 989.4),
-    (r"H100 NVL", 835.5), (r"H100 PCIe", 756.0), (r"H100", 989.4), (r"H800", 989.4),
-    (r"B200", 2250.0), (r"A100", 312.0), (r"A800", 312.0), (r"A10G", 70.0), (r"\bA10\b", 125.0),
-    (r"A30", 165.0), (r"A40", 149.7), (r"L40S", 362.1), (r"L40", 181.0), (r"\bL4\b", 121.0),
-    (r"RTX A6000", 154.8), (r"RTX 6000 Ada", 364.2), (r"RTX 4090", 165.2), (r"RTX 3090", 71.0),
-    (r"V100", 125.0), (r"\bT4\b", 65.0), (r"MI300X", 1307.4), (r"MI250X", 383.0),
+    (r"GH200", 989.4),
+    (r"H200 NVL", 835.5),
+    (r"H200", 989.4),
+    (r"H100 NVL", 835.5),
+    (r"H100 PCIe", 756.0),
+    (r"H100", 989.4),
+    (r"H800", 989.4),
+    (r"B200", 2250.0),
+    (r"A100", 312.0),
+    (r"A800", 312.0),
+    (r"A10G", 70.0),
+    (r"\bA10\b", 125.0),
+    (r"A30", 165.0),
+    (r"A40", 149.7),
+    (r"L40S", 362.1),
+    (r"L40", 181.0),
+    (r"\bL4\b", 121.0),
+    (r"RTX A6000", 154.8),
+    (r"RTX 6000 Ada", 364.2),
+    (r"RTX 4090", 165.2),
+    (r"RTX 3090", 71.0),
+    (r"V100", 125.0),
+    (r"\bT4\b", 65.0),
+    (r"MI300X", 1307.4),
+    (r"MI250X", 383.0),
 )
 
 SAMPLES, TOKENS, MFU = "train/samples_per_s", "train/tokens_per_s", "train/mfu"
 _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
-def peak_tflops_of(device_name: str, overrides: Optional[dict] = None) -> Optional[float]:
+def peak_tflops_of(device_name: str, overrides: dict | None = None) -> float | None:
     """The dense bf16 peak of ``device_name`` (``overrides`` first: pattern -> TFLOP/s), or None."""
     for pattern, tflops in [*(overrides or {}).items(), *PEAK_TFLOPS]:
         if re.search(pattern, device_name, re.IGNORECASE):
@@ -69,34 +90,61 @@ def _check_key(name: str, value: Any) -> None:
         raise ArgumentError(name, f"expected 'auto', None or a batch key, got {value!r}")
 
 
-def _check_options(samples_key: Any, tokens_key: Any, flops_per_token: Any,
-                   peak_tflops: Any) -> None:
+def _check_options(
+    samples_key: Any, tokens_key: Any, flops_per_token: Any, peak_tflops: Any
+) -> None:
     """One-line errors for values the meter cannot use (names are the hook's arguments)."""
     _check_key("samples_key", samples_key)
     _check_key("tokens_key", tokens_key)
-    if not (flops_per_token in (None, "auto", "6N") or (
-            isinstance(flops_per_token, (int, float)) and not isinstance(flops_per_token, bool)
-            and flops_per_token > 0)):
-        raise ArgumentError("flops_per_token", f"expected 'auto', '6N', None or a positive "
-                                               f"number of FLOPs per token, got "
-                                               f"{flops_per_token!r}")
-    ok = peak_tflops is None or (isinstance(peak_tflops, (int, float)) and peak_tflops > 0) or (
-        isinstance(peak_tflops, dict) and all(isinstance(k, str) and isinstance(v, (int, float))
-                                              and v > 0 for k, v in peak_tflops.items()))
+    if not (
+        flops_per_token in (None, "auto", "6N")
+        or (
+            isinstance(flops_per_token, (int, float))
+            and not isinstance(flops_per_token, bool)
+            and flops_per_token > 0
+        )
+    ):
+        raise ArgumentError(
+            "flops_per_token",
+            f"expected 'auto', '6N', None or a positive "
+            f"number of FLOPs per token, got "
+            f"{flops_per_token!r}",
+        )
+    ok = (
+        peak_tflops is None
+        or (isinstance(peak_tflops, (int, float)) and peak_tflops > 0)
+        or (
+            isinstance(peak_tflops, dict)
+            and all(
+                isinstance(k, str) and isinstance(v, (int, float)) and v > 0
+                for k, v in peak_tflops.items()
+            )
+        )
+    )
     if not ok or isinstance(peak_tflops, bool):
-        raise ArgumentError("peak_tflops", f"expected None (the built-in table), TFLOP/s per "
-                                           f"device, or {{'device name pattern': TFLOP/s}}, got "
-                                           f"{peak_tflops!r}")
+        raise ArgumentError(
+            "peak_tflops",
+            f"expected None (the built-in table), TFLOP/s per "
+            f"device, or {{'device name pattern': TFLOP/s}}, got "
+            f"{peak_tflops!r}",
+        )
 
 
-def sample_counter(batch: Any, key: Optional[str]) -> Optional[Callable[[Any], Any]]:
+def sample_counter(batch: Any, key: str | None) -> Callable[[Any], Any] | None:
     """How to count the samples of batches shaped like ``batch`` (``key``: 'auto' or a dict key),
     or None when they cannot be counted cheaply."""
     if isinstance(batch, dict):
         if key == "auto":  # the first entry holding one row per sample, preferred names first
             names = [k for k in ("inputs", "input_ids", "pixel_values") if k in batch]
-            key = next((k for k in [*names, *batch] if isinstance(batch[k], (list, tuple))
-                        or (torch.is_tensor(batch[k]) and batch[k].dim())), None)
+            key = next(
+                (
+                    k
+                    for k in [*names, *batch]
+                    if isinstance(batch[k], (list, tuple))
+                    or (torch.is_tensor(batch[k]) and batch[k].dim())
+                ),
+                None,
+            )
         if key is None or key not in batch:
             return None
         value = batch[key]
@@ -118,7 +166,7 @@ def _rows(value: Any) -> int:
     return value.shape[0] if type(value) is torch.Tensor else len(value)
 
 
-def token_counter(batch: Any, key: Optional[str]) -> Optional[Callable[[Any], Any]]:
+def token_counter(batch: Any, key: str | None) -> Callable[[Any], Any] | None:
     """How to count the tokens of batches shaped like ``batch``: 'auto' sums ``attention_mask``
     (on its device) or takes ``input_ids.numel()``; a declared key holds a count (an int or 0-dim
     tensor), a mask (bool, or a name ending in 'mask': summed) or token ids (``numel``)."""
@@ -152,15 +200,20 @@ class ThroughputMeter:
     table; nothing on a CPU). MFU needs both.
     """
 
-    def __init__(self, samples_key: Optional[str] = "auto", tokens_key: Optional[str] = "auto",
-                 flops_per_token: Union[str, float, None] = "auto",
-                 peak_tflops: Union[float, dict, None] = None) -> None:
+    def __init__(
+        self,
+        samples_key: str | None = "auto",
+        tokens_key: str | None = "auto",
+        flops_per_token: str | float | None = "auto",
+        peak_tflops: float | dict | None = None,
+    ) -> None:
         _check_options(samples_key, tokens_key, flops_per_token, peak_tflops)
         self.samples_key, self.tokens_key = samples_key, tokens_key
         self.flops_per_token, self.peak_tflops = flops_per_token, peak_tflops
-        self.flops: Optional[float] = None  # per token, once training starts
-        self.peak: Optional[float] = None  # TFLOP/s of this rank's device
-        self._samples = self._tokens = None
+        self.flops: float | None = None  # per token, once training starts
+        self.peak: float | None = None  # TFLOP/s of this rank's device
+        self._samples: Callable[[Any], Any] | None = None
+        self._tokens: Callable[[Any], Any] | None = None
         self._chosen = False
         self._rate_scale = 1e6
         self._mfu_scale = 0.0
@@ -171,10 +224,11 @@ class ThroughputMeter:
         self._rate_scale = 1e6 * max(int(world_size), 1)  # rates per microsecond -> per second
         self.flops = self._flops_per_token(model)
         self.peak = self._device_peak(device)
-        self._mfu_scale = (self.flops * 1e6 / (self.peak * 1e12)) if self.flops and self.peak \
-            else 0.0
+        self._mfu_scale = (
+            (self.flops * 1e6 / (self.peak * 1e12)) if self.flops and self.peak else 0.0
+        )
 
-    def _flops_per_token(self, model: nn.Module) -> Optional[float]:
+    def _flops_per_token(self, model: nn.Module) -> float | None:
         choice = self.flops_per_token
         if choice is None or isinstance(choice, (int, float)):
             return choice
@@ -186,7 +240,7 @@ class ThroughputMeter:
                 return None
         return 6.0 * flop_params(model)
 
-    def _device_peak(self, device: torch.device) -> Optional[float]:
+    def _device_peak(self, device: torch.device) -> float | None:
         if isinstance(self.peak_tflops, (int, float)):
             return float(self.peak_tflops)
         if device.type != "cuda":
@@ -198,8 +252,9 @@ class ThroughputMeter:
         self._hub = hub
         self._noted: deque = deque(maxlen=hub.history_length)  # (samples, tokens, seconds)
         self._note = self._noted.append
-        keys = ([SAMPLES] if self._samples is not None else []) + (
-            [TOKENS] + ([MFU] if self._mfu_scale else []) if self._tokens is not None else [])
+        keys: list[str] = ([SAMPLES] if self._samples is not None else []) + (
+            [TOKENS] + ([MFU] if self._mfu_scale else []) if self._tokens is not None else []
+        )
         for key in keys:
             hub.pull_scalar(key, self.hand_over)
 
@@ -223,12 +278,17 @@ class ThroughputMeter:
         self._chosen = True
         self._samples = sample_counter(batch, self.samples_key) if self.samples_key else None
         self._tokens = token_counter(batch, self.tokens_key)
-        explicit = [k for k, c in (("samples_key", self._samples), ("tokens_key", self._tokens))
-                    if c is None and getattr(self, k) not in (None, "auto")]
+        explicit = [
+            k
+            for k, c in (("samples_key", self._samples), ("tokens_key", self._tokens))
+            if c is None and getattr(self, k) not in (None, "auto")
+        ]
         for name in explicit:
             logging.getLogger(LOGGER_NAME).warning(
-                "IterTimerHook: %s=%r is not in the batch; no throughput from it", name,
-                getattr(self, name))
+                "IterTimerHook: %s=%r is not in the batch; no throughput from it",
+                name,
+                getattr(self, name),
+            )
 
     def record(self, hub: Any, batch: Any, seconds: float) -> None:
         """One iteration of ``seconds`` on ``batch``. Only its counts are noted here: the rates
@@ -238,11 +298,18 @@ class ThroughputMeter:
             self._choose(batch)
             self._start_recording(hub)
         try:
-            self._note((self._samples(batch) if self._samples is not None else None,
-                        self._tokens(batch) if self._tokens is not None else None, seconds))
+            self._note(
+                (
+                    self._samples(batch) if self._samples is not None else None,
+                    self._tokens(batch) if self._tokens is not None else None,
+                    seconds,
+                )
+            )
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             # a batch unlike the first: stop rather than log a window mixing counted and not
             logging.getLogger(LOGGER_NAME).warning(
                 "IterTimerHook: cannot count this batch (%s: %s); throughput no longer logged",
-                type(e).__name__, e)
+                type(e).__name__,
+                e,
+            )
             self._samples = self._tokens = None

@@ -14,10 +14,10 @@ records it as done (resume continues after it, never repeats it).
 epoch-based run; in an iteration-based run (``epoch`` stays 0) it counts the wraps of the endless
 data stream, so the sampler reshuffles per pass and resumes inside the right one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
@@ -31,7 +31,7 @@ class TrainState:
     iter: int = 0
     data_epoch: int = 0
     batch_in_epoch: int = 0  # completed batches of the current data pass
-    finishing_step: Optional[str] = None  # 'iter' / 'epoch' while its after_* mount point runs
+    finishing_step: str | None = None  # 'iter' / 'epoch' while its after_* mount point runs
     val_due_after: bool = False  # a validation is due once the finishing step completes
     # restored from a checkpoint saved before a validation that was due (its meta 'val_pending'):
     # the resumed run validates first
@@ -64,13 +64,25 @@ class TrainState:
         """What has been completed, as a checkpoint's ``meta`` records it (exact at any mount
         point): ``epoch`` (the data pass), ``iter``, ``iter_in_epoch``, ``val_pending``."""
         if self.finishing_step == "iter":
-            return {"epoch": self.data_epoch, "iter": self.iter + 1,
-                    "iter_in_epoch": self.batch_in_epoch + 1, "val_pending": self.val_due_after}
+            return {
+                "epoch": self.data_epoch,
+                "iter": self.iter + 1,
+                "iter_in_epoch": self.batch_in_epoch + 1,
+                "val_pending": self.val_due_after,
+            }
         if self.finishing_step == "epoch":
-            return {"epoch": self.data_epoch + 1 if self.by_epoch else self.data_epoch,
-                    "iter": self.iter, "iter_in_epoch": 0, "val_pending": self.val_due_after}
-        return {"epoch": self.data_epoch, "iter": self.iter, "iter_in_epoch": self.batch_in_epoch,
-                "val_pending": False}
+            return {
+                "epoch": self.data_epoch + 1 if self.by_epoch else self.data_epoch,
+                "iter": self.iter,
+                "iter_in_epoch": 0,
+                "val_pending": self.val_due_after,
+            }
+        return {
+            "epoch": self.data_epoch,
+            "iter": self.iter,
+            "iter_in_epoch": self.batch_in_epoch,
+            "val_pending": False,
+        }
 
     def restore(self, position: dict) -> None:
         """Continue after ``position`` (a checkpoint's ``meta``, as :meth:`position` wrote it)."""

@@ -1,9 +1,10 @@
 """IterTimerHook: how long each step and its data loading took, the ETA, and the throughput."""
+
 from __future__ import annotations
 
 import time
 from time import perf_counter
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 from distributed_runner.message_hub import MISSING
 from distributed_runner.model_setup import get_ori_model
@@ -38,12 +39,16 @@ class IterTimerHook(Hook):
     """
 
     priority = "NORMAL"
-    _meter: Optional[ThroughputMeter] = None  # a subclass that skips __init__ has none
-    _eta_inputs: Optional[tuple[float, int]] = None  # (end, iter) of the last step timed
+    _meter: ThroughputMeter | None = None  # a subclass that skips __init__ has none
+    _eta_inputs: tuple[float, int] | None = None  # (end, iter) of the last step timed
 
-    def __init__(self, samples_key: Optional[str] = "auto", tokens_key: Optional[str] = "auto",
-                 flops_per_token: Union[str, float, None] = "auto",
-                 peak_tflops: Union[float, dict, None] = None) -> None:
+    def __init__(
+        self,
+        samples_key: str | None = "auto",
+        tokens_key: str | None = "auto",
+        flops_per_token: str | float | None = "auto",
+        peak_tflops: float | dict | None = None,
+    ) -> None:
         self._t = 0.0
         self._train_start = 0.0
         self._start_iter = 0
@@ -64,24 +69,37 @@ class IterTimerHook(Hook):
     def _before_epoch(self, runner: RunnerAPI, mode: str = "train") -> None:
         self._t = time.perf_counter()
 
-    def _before_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                     mode: str = "train") -> None:
+    def _before_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None, mode: str = "train"
+    ) -> None:
         runner.message_hub.update_scalar(f"{mode}/data_time", perf_counter() - self._t)
 
-    def _after_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                    outputs: Optional[dict] = None, mode: str = "train") -> None:
+    def _after_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+        mode: str = "train",
+    ) -> None:
         now = perf_counter()
         runner.message_hub.update_scalar(f"{mode}/time", now - self._t)
         self._t = now
 
     # training: written out, with the ETA (every step). A subclass that overrides _before_iter or
     # _after_iter (as MMEngine's downstream timers do) gets them called for training too.
-    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
-                          data_batch: DataBatch = None) -> None:
+    def before_train_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
+    ) -> None:
         runner.message_hub.update_scalar("train/data_time", perf_counter() - self._t)
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         now = perf_counter()
         seconds = now - self._t
         runner.message_hub.update_scalar("train/time", seconds)
@@ -94,7 +112,7 @@ class IterTimerHook(Hook):
         """The ETA's inputs of this step (a new tuple: also the provider's stamp)."""
         self._eta_inputs = (now, runner.iter)
 
-    def eta(self) -> Optional[float]:
+    def eta(self) -> float | None:
         """Seconds left: time since this process started training per iteration done since,
         times the iterations left (None before the first step)."""
         if self._eta_inputs is None:
@@ -105,9 +123,9 @@ class IterTimerHook(Hook):
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "_before_iter" in vars(cls) and "before_train_iter" not in vars(cls):
-            cls.before_train_iter = Hook.before_train_iter
+            setattr(cls, "before_train_iter", Hook.before_train_iter)  # noqa: B010 - a method
         if "_after_iter" in vars(cls) and "after_train_iter" not in vars(cls):
-            cls.after_train_iter = _after_train_iter_with_eta
+            setattr(cls, "after_train_iter", _after_train_iter_with_eta)  # noqa: B010 - a method
 
 
 class _EtaProvider:
@@ -126,10 +144,15 @@ class _EtaProvider:
         return self.timer._eta_inputs
 
 
-def _after_train_iter_with_eta(self: IterTimerHook, runner: RunnerAPI, batch_idx: int,
-                               data_batch: DataBatch = None,
-                               outputs: Optional[dict] = None) -> None:
+def _after_train_iter_with_eta(
+    self: IterTimerHook,
+    runner: RunnerAPI,
+    batch_idx: int,
+    data_batch: DataBatch = None,
+    outputs: dict | None = None,
+) -> None:
     """A subclass's ``_after_iter`` for training, then the ETA as IterTimerHook keeps it."""
-    self._after_iter(runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs,
-                     mode="train")
+    self._after_iter(
+        runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs, mode="train"
+    )
     self._record_eta(runner, perf_counter())

@@ -1,18 +1,21 @@
 """LoggerHook: turns the MessageHub's scalars into records for the configured sinks."""
+
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distributed_runner import dist
 from distributed_runner.errors import ArgumentError
+from distributed_runner.hook_report import timing_summary
 from distributed_runner.interval import Interval
+from distributed_runner.quiet_log import log_brief_and_full, run_log_file
 from distributed_runner.redact import redact_url
 from distributed_runner.registry import HOOKS
-from distributed_runner.remote_storage import check_storage_options, copy_run_files, \
-    run_folder
+from distributed_runner.remote_storage import check_storage_options, copy_run_files, run_folder
 from distributed_runner.sinks import LogRecord
 
 from .extension_points import SinkProvider
@@ -65,15 +68,22 @@ class LoggerHook(Hook, SinkProvider):
     priority = "BELOW_NORMAL"
     on_error = "warn"
 
-    def __init__(self, interval: Union[int, str] = 10, ignore_last: bool = True,
-                 sinks: Sequence[Any] = ("terminal", "jsonl"), top_hooks: int = 0,
-                 hook_time_warn_share: float = 0.1, hook_time_warn_seconds: float = 1.0,
-                 interval_exp_name: int = 1000, out_dir: Optional[str] = None,
-                 out_suffix: Union[str, Sequence[str]] = (".json", ".jsonl", ".log", ".py",
-                                                          "yaml"),
-                 keep_local: bool = True, backend_args: Optional[dict] = None,
-                 file_client_args: Optional[dict] = None,
-                 log_metric_by_epoch: bool = True) -> None:
+    def __init__(
+        self,
+        interval: int | str = 10,
+        ignore_last: bool = True,
+        sinks: Sequence[Any] = ("terminal", "jsonl"),
+        top_hooks: int = 0,
+        hook_time_warn_share: float = 0.1,
+        hook_time_warn_seconds: float = 1.0,
+        interval_exp_name: int = 1000,
+        out_dir: str | None = None,
+        out_suffix: str | Sequence[str] = (".json", ".jsonl", ".log", ".py", "yaml"),
+        keep_local: bool = True,
+        backend_args: dict | None = None,
+        file_client_args: dict | None = None,
+        log_metric_by_epoch: bool = True,
+    ) -> None:
         self.every = Interval.parse(interval, by_epoch=False, key="interval")
         if self.every.never:
             raise ArgumentError("interval", "must be >= 1")
@@ -98,29 +108,44 @@ class LoggerHook(Hook, SinkProvider):
         self._by_epoch = runner.by_epoch
         self._epoch_length = len(runner.train_dataloader)
         # the last batch of an epoch is logged even when it does not fill an interval
-        self._log_tail = self._by_epoch and self.every.kind == "iter" and (
-            not self.ignore_last or self._epoch_length <= self.interval)
+        self._log_tail = (
+            self._by_epoch
+            and self.every.kind == "iter"
+            and (not self.ignore_last or self._epoch_length <= self.interval)
+        )
         self._distributed = dist.is_distributed()
         self.every.start_clock()
         self._hook_seconds = dict(runner.hook_seconds()) if self.top_hooks > 0 else {}
         self._share_base: tuple[float, dict] | None = None
         self._share_checked = 0.0
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         kind = self.every.kind
         if kind == "iter":
             due = (batch_idx + 1) % self.interval == 0 or (
-                self._log_tail and batch_idx + 1 == self._epoch_length)
+                self._log_tail and batch_idx + 1 == self._epoch_length
+            )
         elif kind == "epoch":
-            due = self._by_epoch and batch_idx + 1 == self._epoch_length and \
-                (runner.epoch + 1) % self.every.every == 0
+            due = (
+                self._by_epoch
+                and batch_idx + 1 == self._epoch_length
+                and (runner.epoch + 1) % self.every.every == 0
+            )
         else:
             due = self.every.time_due()
         if due:
             self._log_train(runner, batch_idx)
-        if self.interval_exp_name and (runner.iter + 1) % self.interval_exp_name == 0 \
-                and runner.rank == 0:
+        if (
+            self.interval_exp_name
+            and (runner.iter + 1) % self.interval_exp_name == 0
+            and runner.rank == 0
+        ):
             runner.logger.info("Exp name: %s", runner.experiment_name)  # MMEngine's line
 
     def _log_train(self, runner: RunnerAPI, batch_idx: int) -> None:
@@ -136,16 +161,21 @@ class LoggerHook(Hook, SinkProvider):
                 else:
                     smoothed[name] = buf.mean(window)
         if self._distributed and smoothed:
-            avg = dist.all_reduce(torch.tensor(list(smoothed.values()), dtype=torch.float64),
-                                  "mean").tolist()
-            smoothed = dict(zip(smoothed, avg))
+            avg = dist.all_reduce(
+                torch.tensor(list(smoothed.values()), dtype=torch.float64), "mean"
+            ).tolist()
+            smoothed = dict(zip(smoothed, avg, strict=True))
         if runner.rank != 0:
             return
         scalars = {**current, **smoothed}
         if runner.device.type == "cuda":
             scalars["memory"] = float(torch.cuda.max_memory_allocated(runner.device) // 2**20)
-        info = {"by_epoch": self._by_epoch, "iter_in_epoch": batch_idx + 1,
-                "epoch_length": self._epoch_length, "max_iters": runner.max_iters}
+        info: dict[str, Any] = {
+            "by_epoch": self._by_epoch,
+            "iter_in_epoch": batch_idx + 1,
+            "epoch_length": self._epoch_length,
+            "max_iters": runner.max_iters,
+        }
         self._check_hook_shares(runner)
         if self.top_hooks > 0:
             info["hooks"] = self._top_hooks(runner, window)
@@ -154,24 +184,32 @@ class LoggerHook(Hook, SinkProvider):
             info["eta"] = eta
         runner.sinks.write(LogRecord("train", runner.iter + 1, runner.epoch + 1, scalars, info))
 
-    def _log_eval(self, runner: RunnerAPI, mode: str, metrics: Optional[dict]) -> None:
+    def _log_eval(self, runner: RunnerAPI, mode: str, metrics: dict | None) -> None:
         if runner.rank != 0:
             return
         scalars = {k: float(v) for k, v in (metrics or {}).items()}
         for name in ("time", "data_time"):
             buf = runner.message_hub.log_scalars.get(f"{mode}/{name}")
             if buf is not None and len(buf):
-                scalars[name] = buf.mean(len(runner.val_dataloader if mode == "val"
-                                             else runner.test_dataloader))
+                scalars[name] = buf.mean(
+                    len(runner.val_dataloader if mode == "val" else runner.test_dataloader)
+                )
         by_epoch = self.log_metric_by_epoch and runner.by_epoch and mode == "val"
-        runner.sinks.write(LogRecord(mode, runner.iter, runner.epoch, scalars,
-                                     {"by_epoch": runner.by_epoch},
-                                     metric_step=runner.epoch if by_epoch else None))
+        runner.sinks.write(
+            LogRecord(
+                mode,
+                runner.iter,
+                runner.epoch,
+                scalars,
+                {"by_epoch": runner.by_epoch},
+                metric_step=runner.epoch if by_epoch else None,
+            )
+        )
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._log_eval(runner, "val", metrics)
 
-    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._log_eval(runner, "test", metrics)
 
     def _top_hooks(self, runner: RunnerAPI, window: int) -> list[tuple[str, float]]:
@@ -179,7 +217,7 @@ class LoggerHook(Hook, SinkProvider):
         now_seconds = runner.hook_seconds()
         delta = {n: s - self._hook_seconds.get(n, 0.0) for n, s in now_seconds.items()}
         self._hook_seconds = now_seconds
-        top = sorted(delta.items(), key=lambda kv: -kv[1])[:self.top_hooks]
+        top = sorted(delta.items(), key=lambda kv: -kv[1])[: self.top_hooks]
         return [(name, 1e6 * seconds / window) for name, seconds in top if seconds > 0]
 
     def _check_hook_shares(self, runner: RunnerAPI, now_or_never: bool = False) -> None:
@@ -198,20 +236,31 @@ class LoggerHook(Hook, SinkProvider):
         elapsed = now - self._share_base[0]
         for name, total in now_seconds.items() if elapsed > 0 else ():
             spent = total - self._share_base[1].get(name, 0.0)
-            if (spent / elapsed > self.hook_time_warn_share and name not in self._warned_hooks
-                    and spent >= self.hook_time_warn_seconds):
+            if (
+                spent / elapsed > self.hook_time_warn_share
+                and name not in self._warned_hooks
+                and spent >= self.hook_time_warn_seconds
+            ):
                 share = spent / elapsed
                 self._warned_hooks.add(name)
                 runner.logger.warning(
                     "hook %r took %.0f%% of the training time so far (above LoggerHook's "
                     "hook_time_warn_share=%.2f); see the hook time table at the end of training",
-                    name, 100 * share, self.hook_time_warn_share)
+                    name,
+                    100 * share,
+                    self.hook_time_warn_share,
+                )
 
     def after_train(self, runner: RunnerAPI) -> None:
         if self._share_base is not None:
             self._check_hook_shares(runner, now_or_never=True)  # a short run counts too
-        if runner.rank == 0:
-            runner.logger.info(format_hook_timings(runner.hook_timings()))
+        if runner.rank == 0:  # the whole table in run.log, its summary on the terminal
+            rows = runner.hook_timings()
+            log_brief_and_full(
+                runner.logger,
+                timing_summary(rows, run_log_file(runner.logger)),
+                format_hook_timings(rows),
+            )
 
     def after_run(self, runner: RunnerAPI) -> None:
         """Every record written and flushed; ``out_dir``: the run's logs and config (names ending
@@ -223,19 +272,32 @@ class LoggerHook(Hook, SinkProvider):
             # after this one at after_run finds the files whole, and so do the copies below
             runner.sinks.flush()
         if self.out_dir and runner.rank == 0:
-            names = copy_run_files(runner.work_dir, self.out_dir, self.out_suffix,
-                                   self.keep_local, self.backend_args, runner.logger)
-            runner.logger.info("copied %d log files to %s", len(names),
-                               redact_url(run_folder(self.out_dir, runner.work_dir)))
+            names = copy_run_files(
+                runner.work_dir,
+                self.out_dir,
+                self.out_suffix,
+                self.keep_local,
+                self.backend_args,
+                runner.logger,
+            )
+            runner.logger.info(
+                "copied %d log files to %s",
+                len(names),
+                redact_url(run_folder(self.out_dir, runner.work_dir)),
+            )
 
 
 def format_hook_timings(rows: list) -> str:
     """The dispatcher's timing rows as the table logged after training."""
-    lines = ["Hook time (cumulative, inclusive of nested hook calls):",
-             f"  {'hook':<20} {'mount point':<24} {'calls':>8} {'total s':>9} {'mean us':>9}"
-             f" {'errors':>6}"]
+    lines = [
+        "Hook time (cumulative, inclusive of nested hook calls):",
+        f"  {'hook':<20} {'mount point':<24} {'calls':>8} {'total s':>9} {'mean us':>9}"
+        f" {'errors':>6}",
+    ]
     for t in rows:
         mean = 1e6 * t.seconds / t.calls if t.calls else 0.0
-        lines.append(f"  {t.name:<20} {t.mount:<24} {t.calls:>8} {t.seconds:>9.3f} "
-                     f"{mean:>9.1f} {t.errors:>6}")
+        lines.append(
+            f"  {t.name:<20} {t.mount:<24} {t.calls:>8} {t.seconds:>9.3f} "
+            f"{mean:>9.1f} {t.errors:>6}"
+        )
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """ParamSchedulerHook: steps the parameter schedulers at the end of each iteration or epoch."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from distributed_runner.registry import HOOKS
 
@@ -32,8 +33,13 @@ class ParamSchedulerHook(Hook):
             return [s for group in schedulers.values() for s in group]
         return schedulers or []
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if not runner.param_schedulers:  # none configured: every iteration, so the cheap test
             return
         for scheduler in self._schedulers(runner):

@@ -1,7 +1,9 @@
 """RuntimeInfoHook: publishes counters, learning rates, losses and metrics to the MessageHub."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from distributed_runner.registry import HOOKS
 
@@ -22,23 +24,29 @@ class RuntimeInfoHook(Hook):
     """
 
     priority = "VERY_HIGH"
-    _write_iter: Optional[Callable[[int], None]] = None  # set by before_train
+    _write_iter: Callable[[int], None] | None = None  # set by before_train
 
     def __init__(self) -> None:
         self._keys: dict[str, str] = {}  # output key -> 'train/<key>', built once
 
     def before_train(self, runner: RunnerAPI) -> None:
-        runner.message_hub.update_info_dict({
-            "epoch": runner.epoch, "iter": runner.iter,
-            "max_epochs": runner.max_epochs, "max_iters": runner.max_iters})
+        runner.message_hub.update_info_dict(
+            {
+                "epoch": runner.epoch,
+                "iter": runner.iter,
+                "max_epochs": runner.max_epochs,
+                "max_iters": runner.max_iters,
+            }
+        )
         # 'iter' is written every iteration: through the hub's plain store, not the mapping
         self._write_iter = runner.message_hub.runtime_info.store_for("iter")
 
     def before_train_epoch(self, runner: RunnerAPI) -> None:
         runner.message_hub.update_info("epoch", runner.epoch)
 
-    def before_train_iter(self, runner: RunnerAPI, batch_idx: int,
-                          data_batch: DataBatch = None) -> None:
+    def before_train_iter(
+        self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
+    ) -> None:
         hub = runner.message_hub
         if self._write_iter is not None:
             self._write_iter(runner.iter)
@@ -50,8 +58,13 @@ class RuntimeInfoHook(Hook):
             for i in range(1, len(groups)):
                 hub.update_scalar(f"train/lr_group{i}", groups[i]["lr"])
 
-    def after_train_iter(self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner: RunnerAPI,
+        batch_idx: int,
+        data_batch: DataBatch = None,
+        outputs: dict | None = None,
+    ) -> None:
         if not outputs:
             return
         hub, keys = runner.message_hub, self._keys
@@ -61,12 +74,12 @@ class RuntimeInfoHook(Hook):
                 name = keys[key] = f"train/{key}"
             hub.update_scalar(name, value)
 
-    def _metrics(self, runner: RunnerAPI, prefix: str, metrics: Optional[dict[str, Any]]) -> None:
+    def _metrics(self, runner: RunnerAPI, prefix: str, metrics: dict[str, Any] | None) -> None:
         for key, value in (metrics or {}).items():
             runner.message_hub.update_scalar(f"{prefix}/{key}", value)
 
-    def after_val_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._metrics(runner, "val", metrics)
 
-    def after_test_epoch(self, runner: RunnerAPI, metrics: Optional[dict] = None) -> None:
+    def after_test_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         self._metrics(runner, "test", metrics)

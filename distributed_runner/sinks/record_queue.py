@@ -25,6 +25,7 @@ What stays as it was:
   not the write's.
 * **A hung training thread** does not hold its last records back: the writer is another thread.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from ..log import LINE_FLUSHER, before_other_lines
 from .base import LogRecord
@@ -93,8 +94,12 @@ class RecordQueue:
         before_other_lines.add(self.drain)
         # the thread holds the queue weakly: a queue nobody closed (a test's SinkSet) still goes
         _QUEUES.add(self)
-        threading.Thread(target=_write_periodically, args=(weakref.ref(self), self._wake),
-                         name="drun-record-writer", daemon=True).start()
+        threading.Thread(
+            target=_write_periodically,
+            args=(weakref.ref(self), self._wake),
+            name="drun-record-writer",
+            daemon=True,
+        ).start()
 
     def _after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) writes none of its parent's records."""
@@ -124,7 +129,7 @@ def _write_periodically(queue_ref: weakref.ref, wake: threading.Event) -> None:
         time.sleep(WRITE_SECONDS)  # the records of this second share one batch
         queue = queue_ref()
         if queue is None or queue._wake is not wake or queue._closed:  # gone, restarted
-            return                                                   # (a fork) or closed
+            return  # (a fork) or closed
         wake.clear()
         if len(queue):
             try:

@@ -43,8 +43,9 @@ class TensorBoardSink(LogSink):
         if self._writer is None:
             return
         for name, value in record.scalars.items():
-            self._writer.add_scalar(f"{record.mode}/{name}", value, record.chart_step,
-                                    walltime=record.created)
+            self._writer.add_scalar(
+                f"{record.mode}/{name}", value, record.chart_step, walltime=record.created
+            )
         if record.mode == "val":
             self._last_val = {
                 f"hparam/val/{k}": v

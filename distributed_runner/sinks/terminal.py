@@ -128,6 +128,7 @@ class TerminalSink(LogSink):
                 [h for h in logger.handlers if is_file_handler(h)] if on_bar else None,
                 flush_now=record.mode != "train",
                 created=record.created,
+                queued=record.mode == "train",
             )
         if on_bar:
             self._bar.values = "  ".join(
