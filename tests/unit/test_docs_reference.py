@@ -132,5 +132,6 @@ def test_ci_runs_the_test_command_the_readme_gives():
     readme_command = docs_block("test-command").strip()
     run = (ROOT / ".ci" / "run").read_text().splitlines()
     ci_command = next(line for line in run if "pytest" in line and not line.startswith("#"))
+    ci_command = ci_command.removesuffix(" || status=1")  # .ci/run reports every check's failure
     assert shlex.split(ci_command.replace("install -q ", "install ")) == \
         shlex.split(readme_command)
