@@ -133,50 +133,6 @@ class HistoryBuffer:
         return buf
 
 
-class PulledHistory(HistoryBuffer):
-    """A scalar history whose owner hands its values over when someone reads it: ``pull()``
-    writes what the owner recorded since (through :meth:`MessageHub.update_scalar`, the values
-    it would have written at once). For values derived from raw per-step figures — a rate from a
-    count and a duration — that most steps nobody reads."""
-
-    __slots__ = ("_pull",)
-
-    def __init__(self, pull: Callable[[], None], max_length: int = DEFAULT_HISTORY) -> None:
-        super().__init__(max_length)
-        self._pull = pull
-
-    @classmethod
-    def adopting(
-        cls, old: HistoryBuffer | None, pull: Callable[[], None], max_length: int
-    ) -> PulledHistory:
-        """A pulled history that starts with ``old``'s values (a checkpoint's)."""
-        buf = cls(pull, max_length)
-        if old is not None:
-            for value, count in zip(old.values(), old.counts(), strict=True):
-                buf.update(value, count)
-        return buf
-
-    def __len__(self) -> int:
-        self._pull()
-        return super().__len__()
-
-    def current(self) -> float:
-        self._pull()
-        return super().current()
-
-    def mean(self, window: int | None = None) -> float:
-        self._pull()
-        return super().mean(window)
-
-    def values(self) -> list[float]:
-        self._pull()
-        return super().values()
-
-    def counts(self) -> list[int]:
-        self._pull()
-        return super().counts()
-
-
 MISSING: Any = object()  # a provider's answer when it has no value (yet)
 
 
@@ -258,13 +214,51 @@ class RuntimeInfo(MutableMapping):
         return f"RuntimeInfo({dict(self.items())!r})"
 
 
+NOTES_PER_STEP = 16  # the note stream keeps NOTES_PER_STEP x history notes at most
+
+
 class MessageHub:
-    """Runtime info (``epoch``, ``iter``, ``eta`` ...) and scalar histories (``train/loss`` ...)."""
+    """Runtime info (``epoch``, ``iter``, ``eta`` ...) and scalar histories (``train/loss`` ...).
+
+    Scalars a hook records every step may be *noted* rather than written: the hook appends
+    ``(write, figures)`` to the hub's note stream (:meth:`note_stream`), and the hub calls
+    ``write(figures)`` for every note, in the order noted, whenever anyone touches the scalars
+    (``log_scalars``, ``get_scalar``, ``update_scalar``, ``state_dict``, ``load_state_dict``).
+    ``write`` records with :meth:`write_scalar` the values it would have recorded at once. So a
+    reader finds exactly what it would have found had every value been written when noted, and a
+    step pays for an append. The stream keeps at most ``NOTES_PER_STEP x history`` notes; only a
+    run that notes more than that per step and reads nothing for ``history`` steps would lose
+    values still inside a history.
+    """
 
     def __init__(self, history: int = DEFAULT_HISTORY) -> None:
         self._history = history
         self.runtime_info = RuntimeInfo()
-        self.log_scalars: dict[str, HistoryBuffer] = {}
+        self._log_scalars: dict[str, HistoryBuffer] = {}
+        self._noted: deque[tuple[Callable[[Any], None], Any]] = deque(
+            maxlen=NOTES_PER_STEP * history
+        )
+
+    @property
+    def log_scalars(self) -> dict[str, HistoryBuffer]:
+        """Key -> history, every noted value written first."""
+        if self._noted:
+            self._write_noted()
+        return self._log_scalars
+
+    @log_scalars.setter
+    def log_scalars(self, value: dict[str, HistoryBuffer]) -> None:
+        self._log_scalars = value
+
+    def note_stream(self) -> Callable[[tuple[Callable[[Any], None], Any]], None]:
+        """The append of the note stream (class docstring): ``note((write, figures))``."""
+        return self._noted.append
+
+    def _write_noted(self) -> None:
+        noted = self._noted
+        while noted:
+            write, figures = noted.popleft()
+            write(figures)
 
     def update_info(self, key: str, value: Any) -> None:
         self.runtime_info[key] = value
@@ -280,13 +274,20 @@ class MessageHub:
         self.runtime_info.derive(key, provider)
 
     def update_scalar(self, key: str, value: Any, count: int = 1) -> None:
-        buf = self.log_scalars.get(key)
+        """Record ``value``, after every value noted before it."""
+        if self._noted:
+            self._write_noted()
+        self.write_scalar(key, value, count)
+
+    def write_scalar(self, key: str, value: Any, count: int = 1) -> None:
+        """Record ``value`` now, noted values or not: what a note's ``write`` records with."""
+        buf = self._log_scalars.get(key)
         if buf is None or count != 1:
             if buf is None:
-                buf = self.log_scalars[key] = HistoryBuffer(self._history)
+                buf = self._log_scalars[key] = HistoryBuffer(self._history)
             buf.update(value, count)
         else:
-            buf.append_one(value)  # called several times per step: usually deque.append itself
+            buf.append_one(value)
 
     def update_scalars(self, scalars: dict, prefix: str = "") -> None:
         for k, v in scalars.items():
@@ -294,6 +295,11 @@ class MessageHub:
 
     def get_scalar(self, key: str) -> HistoryBuffer:
         return self.log_scalars[key]
+
+    @property
+    def history_length(self) -> int:
+        """How many values each scalar history keeps."""
+        return self._history
 
     def state_dict(self) -> dict:
         """Plain containers only (checkpoints are loaded with ``weights_only=True``)."""
@@ -307,27 +313,11 @@ class MessageHub:
             "log_scalars": {k: b.state_dict() for k, b in self.log_scalars.items()},
         }
 
-    @property
-    def history_length(self) -> int:
-        """How many values each scalar history keeps."""
-        return self._history
-
-    def pull_scalar(self, key: str, pull: Callable[[], None]) -> None:
-        """Have ``key``'s history filled by ``pull`` when read (:class:`PulledHistory`); values
-        it holds already (a resumed run's) stay."""
-        self.log_scalars[key] = PulledHistory.adopting(
-            self.log_scalars.get(key), pull, self._history
-        )
-
     def load_state_dict(self, state: dict) -> None:
-        # values owners recorded before the load belong to the state it replaces: handed over
-        # (then dropped with it), as if they had been written at once; pulled keys stay pulled
-        pulls = {k: b._pull for k, b in self.log_scalars.items() if isinstance(b, PulledHistory)}
-        for pull in dict.fromkeys(pulls.values()):
-            pull()
+        # what was noted before the load belongs to the state it replaces: written, then
+        # dropped with it, as if it had been written at once
+        self._write_noted()
         self.runtime_info.update(state.get("runtime_info", {}))
-        self.log_scalars = {
+        self._log_scalars = {
             k: HistoryBuffer.from_state(s) for k, s in state.get("log_scalars", {}).items()
         }
-        for key, pull in pulls.items():
-            self.pull_scalar(key, pull)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -248,30 +247,24 @@ class ThroughputMeter:
         return peak_tflops_of(torch.cuda.get_device_name(device), self.peak_tflops)
 
     def _start_recording(self, hub: Any) -> None:
-        """The hub's rate histories, filled by :meth:`hand_over` when read."""
+        """Each step's counts go to the hub's note stream; :meth:`_write_rates` turns them into
+        the rates when the hub's scalars are read."""
         self._hub = hub
-        self._noted: deque = deque(maxlen=hub.history_length)  # (samples, tokens, seconds)
-        self._note = self._noted.append
-        keys: list[str] = ([SAMPLES] if self._samples is not None else []) + (
-            [TOKENS] + ([MFU] if self._mfu_scale else []) if self._tokens is not None else []
-        )
-        for key in keys:
-            hub.pull_scalar(key, self.hand_over)
+        self._note = hub.note_stream()
+        self._write = self._write_rates  # the bound method, made once
 
-    def hand_over(self) -> None:
-        """Write the rates of the steps noted since the last read into the hub."""
-        noted, update = self._noted, self._hub.update_scalar
-        scale, mfu_scale = self._rate_scale, self._mfu_scale
-        while noted:
-            samples, tokens, seconds = noted.popleft()
-            us = int(seconds * 1e6 + 0.5) or 1
-            per_us = scale / us
-            if samples is not None:
-                update(SAMPLES, samples * per_us, us)
-            if tokens is not None:
-                update(TOKENS, tokens * per_us, us)
-                if mfu_scale:
-                    update(MFU, tokens * (mfu_scale / us), us)
+    def _write_rates(self, figures: tuple[Any, Any, float]) -> None:
+        """One step's rates, each weighted by the step's microseconds."""
+        samples, tokens, seconds = figures
+        write = self._hub.write_scalar
+        us = int(seconds * 1e6 + 0.5) or 1
+        per_us = self._rate_scale / us
+        if samples is not None:
+            write(SAMPLES, samples * per_us, us)
+        if tokens is not None:
+            write(TOKENS, tokens * per_us, us)
+            if self._mfu_scale:
+                write(MFU, tokens * (self._mfu_scale / us), us)
 
     def _choose(self, batch: Any) -> None:
         """At the first batch: how this run's batches are counted."""
@@ -293,18 +286,17 @@ class ThroughputMeter:
     def record(self, hub: Any, batch: Any, seconds: float) -> None:
         """One iteration of ``seconds`` on ``batch``. Only its counts are noted here: the rates
         (each weighted by the step's microseconds) are computed when the hub's histories are
-        read (:meth:`hand_over`), every figure as it would have been at once."""
+        read (:meth:`_write_rates`), every figure as it would have been at once."""
         if not self._chosen:
             self._choose(batch)
             self._start_recording(hub)
         try:
-            self._note(
-                (
-                    self._samples(batch) if self._samples is not None else None,
-                    self._tokens(batch) if self._tokens is not None else None,
-                    seconds,
-                )
+            figures = (
+                self._samples(batch) if self._samples is not None else None,
+                self._tokens(batch) if self._tokens is not None else None,
+                seconds,
             )
+            self._note((self._write, figures))
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             # a batch unlike the first: stop rather than log a window mixing counted and not
             logging.getLogger(LOGGER_NAME).warning(

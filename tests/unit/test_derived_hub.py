@@ -1,6 +1,7 @@
 """The MessageHub derived instead of written: every runtime key and scalar a hook reads, at every
 mount point, at every priority, is what it was when RuntimeInfoHook and IterTimerHook wrote every
-value on every iteration (the design before issue 27, kept here as the reference)."""
+value on every iteration (the design before issue 27, kept here as the reference: the ETA written
+after every step, the throughput rates written when each step is counted)."""
 from __future__ import annotations
 
 import types
@@ -21,11 +22,19 @@ PRIORITIES = ("HIGHEST", "VERY_HIGH", "ABOVE_NORMAL", "NORMAL", "BELOW_NORMAL", 
 
 
 class WrittenIterTimerHook(IterTimerHook):
-    """The reference design: the ETA written into the hub after every step."""
+    """The reference design: the ETA written into the hub after every step, and the throughput
+    rates at once."""
 
     def before_train(self, runner) -> None:
         super().before_train(runner)
         runner.message_hub.derive_info("eta", None)
+        meter = self._meter
+        if meter is not None:  # its notes written as they are made
+            meter._start_recording = lambda hub: (
+                setattr(meter, "_hub", hub),
+                setattr(meter, "_write", meter._write_rates),
+                setattr(meter, "_note", lambda note: note[0](note[1])),
+            )
 
     def _record_eta(self, runner, now: float) -> None:
         it = runner.iter
