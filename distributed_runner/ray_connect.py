@@ -136,6 +136,32 @@ def probe_address(address: str, timeout: float = 3.0) -> None:
             f"the head running (ray status --address "
             f"{hostport})? check host and port",
         ) from None
+    if "://" not in address:  # a GCS address: is this shell's token the cluster's?
+        check_authentication(hostport)
+
+
+def check_authentication(hostport: str) -> None:
+    """One-line error when the cluster at ``hostport`` refuses this process's authentication
+    (Ray >= 2.59 turns token auth on for local clusters): ``ray.init`` would retry for ~20 s,
+    printing a warning a second, then end in a traceback that does not say what to set."""
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # pragma: no cover - a Ray without them: let ray.init decide
+        return
+    try:
+        GcsClient(address=hostport)
+    except AuthenticationError:
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        raise ConfigError(
+            "launcher.address",
+            f"the Ray cluster at {hostport} refused this shell's authentication "
+            f"(RAY_AUTH_MODE={mode}): set RAY_AUTH_MODE and the token (RAY_AUTH_TOKEN, "
+            f"RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) as on its head, or start the head "
+            f"with RAY_AUTH_MODE=disabled",
+        ) from None
+    except Exception:  # noqa: BLE001 - anything else: ray.init reports it as it would
+        return
 
 
 def check_storage(path: str) -> None:
