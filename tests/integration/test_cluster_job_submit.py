@@ -13,7 +13,6 @@ the session's in-process cluster may run beside it):
 """
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +23,10 @@ from pathlib import Path
 import pytest
 
 from tests.docs_blocks import docs_commands
+from tests.integration.local_cluster import head_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def page_commands() -> tuple[list[str], list[str], list[str]]:
@@ -48,13 +42,7 @@ def head_node(tmp_path_factory):
     temp = Path("/tmp") / f"drun-ray-{os.getpid()}"  # short: Ray's socket paths have a limit
     work_root = tmp_path_factory.mktemp("drun_work_root")
     # its own ports and temp dir: another Ray (the session's in-process cluster) may be running
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_TEMP_DIR=str(temp),
-               DRUN_WORK_ROOT=str(work_root), STOP_GRACE_S="5", RAY_USAGE_STATS_ENABLED="0",
-               **{name: str(free_port()) for name in (
-                   "RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT",
-                   "RAY_AGENT_GRPC_PORT", "RAY_RUNTIME_ENV_AGENT_PORT",
-                   "RAY_METRICS_EXPORT_PORT")})
-    env.pop("RAY_ADDRESS", None)
+    env = head_env(temp, RAY_AUTH_MODE="disabled", DRUN_WORK_ROOT=str(work_root))
     start, _, stop = page_commands()
     out = subprocess.run(["bash", str(ROOT / start[0]), *start[1:]], env=env,
                          capture_output=True, text=True, timeout=120)

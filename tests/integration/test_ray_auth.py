@@ -4,7 +4,6 @@ to set, within seconds (``ray.init`` retries for ~20 s, a warning a second, then
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.local_cluster import head_env
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "drun0test0token0" * 2  # 32 characters
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +22,7 @@ def token_head():
     """A head started by the project's script with RAY_AUTH_MODE=token and its own ports and
     temp dir (the session's in-process cluster may be running)."""
     temp = Path("/tmp") / f"drun-auth-{os.getpid()}"
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN, RAY_TEMP_DIR=str(temp),
-               STOP_GRACE_S="5", RAY_USAGE_STATS_ENABLED="0",
-               **{name: str(free_port()) for name in (
-                   "RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT",
-                   "RAY_AGENT_GRPC_PORT", "RAY_RUNTIME_ENV_AGENT_PORT",
-                   "RAY_METRICS_EXPORT_PORT")})
-    env.pop("RAY_ADDRESS", None)
+    env = head_env(temp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN)
     out = subprocess.run(["bash", str(ROOT / "cluster/local/start_head.sh"), "2"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
