@@ -343,6 +343,12 @@ def import_custom_modules(custom_imports: Any) -> list[types.ModuleType]:
         names = custom_imports
     if isinstance(names, str):
         names = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            "custom_imports",
+            f"takes dict(imports=['my_pkg.my_module', ...]) or a list of module names, got "
+            f"{custom_imports!r}",
+        )
     if os.getcwd() not in sys.path:  # a console script does not put the cwd on sys.path
         sys.path.insert(0, os.getcwd())
     modules = []

@@ -47,6 +47,11 @@ def parse_preemption(cfg: Any) -> dict | None:
     """``preemption`` config -> ``{'signals': [...], 'grace_period': s}`` or None (off)."""
     if cfg is False or cfg is None:
         return None
+    if cfg is not True and not isinstance(cfg, dict):
+        raise ConfigError(
+            "preemption",
+            f"takes True, False or dict(signals=[...], grace_period=seconds), got {cfg!r}",
+        )
     cfg = {} if cfg is True else dict(cfg)
     unknown = set(cfg) - {"signals", "grace_period"}
     if unknown:
@@ -54,12 +59,19 @@ def parse_preemption(cfg: Any) -> dict | None:
             f"preemption.{sorted(unknown)[0]}", "unknown key; use signals= and grace_period="
         )
     signals = cfg.get("signals", ["SIGTERM"])
+    if isinstance(signals, str):
+        signals = [signals]
+    if not isinstance(signals, (list, tuple)):
+        raise ConfigError("preemption.signals", f"takes a list of signal names, got {signals!r}")
     for name in signals:
         if not hasattr(signal, str(name)):
             raise ConfigError(
                 "preemption.signals", f"unknown signal {name!r} (e.g. 'SIGTERM', 'SIGUSR1')"
             )
-    grace = float(cfg.get("grace_period", 25.0))
+    grace = cfg.get("grace_period", 25.0)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)):
+        raise ConfigError("preemption.grace_period", f"takes seconds (> 0), got {grace!r}")
+    grace = float(grace)
     if grace <= 0:
         raise ConfigError("preemption.grace_period", "must be > 0 seconds")
     return {"signals": list(signals), "grace_period": grace}

@@ -63,6 +63,8 @@ WRONG_VALUES = {
     "optim_wrapper": ["'sgd'"],
     "randomness": ["7"],
     "val_cfg": ["'fast'"],
+    "custom_imports": ["5", "{'imports': 5}"],
+    "preemption": ["5", "'yes'", "{'grace_period': 'x'}", "{'signals': 5}"],
 }
 TYPO_KEYS = ["trian_cfg", "optim_wraper", "defualt_hooks", "val_evalutor", "param_schedular",
              "custom_hook", "randomnes", "val_cfgs", "model_wrapper", "train_dataloaders"]
