@@ -145,7 +145,7 @@ def check_authentication(hostport: str) -> None:
     (Ray >= 2.59 turns token auth on for local clusters): ``ray.init`` would retry for ~20 s,
     printing a warning a second, then end in a traceback that does not say what to set."""
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stub
         from ray.exceptions import AuthenticationError
     except ImportError:  # pragma: no cover - a Ray without them: let ray.init decide
         return
