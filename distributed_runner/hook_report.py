@@ -182,3 +182,20 @@ def timing_summary(rows: Sequence[HookTiming], where: str | None, top: int = 3) 
     if where:
         text += f". Full table: {where}"
     return text
+
+
+def timing_table(rows: Sequence[HookTiming]) -> str:
+    """The whole end-of-training hook time table, for the run's log file: one row per (hook,
+    mount point) with its calls, total, mean and errors."""
+    lines = [
+        "Hook time (cumulative, inclusive of nested hook calls):",
+        f"  {'hook':<20} {'mount point':<24} {'calls':>8} {'total s':>9} {'mean us':>9}"
+        f" {'errors':>6}",
+    ]
+    for t in rows:
+        mean = 1e6 * t.seconds / t.calls if t.calls else 0.0
+        lines.append(
+            f"  {t.name:<20} {t.mount:<24} {t.calls:>8} {t.seconds:>9.3f} "
+            f"{mean:>9.1f} {t.errors:>6}"
+        )
+    return "\n".join(lines)

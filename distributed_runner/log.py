@@ -12,7 +12,7 @@ other handler (a user's, pytest's) and any filter still get a real record the no
 LoggerHook's lines reach :func:`log_info_line` from a queue a second late, in a batch
 (:mod:`distributed_runner.sinks.record_queue`); so that the log still reads in the order things
 happened, every other message to the run's own handlers first writes what that queue holds
-(:data:`before_other_lines`, called from the handlers' filter).
+(:func:`write_queued_lines`, called from the handlers' filter).
 
 Those lines are flushed within a second, not one by one: a file, or a stdout that is not a
 terminal (``drun train > out.log``, ``ray job logs``), gets them from :class:`LineFlusher`'s
@@ -30,6 +30,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -70,7 +71,15 @@ class _SecondsFormatter(logging.Formatter):
         return f"{self._time_text(created)} INFO {self.rank_prefix}{message}"
 
 
-before_other_lines: set = set()  # callables that write queued lines (RecordQueue.drain)
+# the record queues (sinks/record_queue.py) that are open, held weakly: each has .drain()
+queued_line_sources: weakref.WeakSet = weakref.WeakSet()
+
+
+def write_queued_lines() -> None:
+    """Write the training lines still queued, on this thread (before any other line, and before
+    a fork: the child must not write them a second time)."""
+    for source in list(queued_line_sources):
+        source.drain()
 
 
 class _QueuedLinesFirst(logging.Filter):
@@ -78,8 +87,7 @@ class _QueuedLinesFirst(logging.Filter):
     written (see the module docstring). Lets every record through."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for drain in list(before_other_lines):
-            drain()
+        write_queued_lines()
         return True
 
 
@@ -199,8 +207,7 @@ def log_info_line(
     if not logger.isEnabledFor(logging.INFO):
         return
     if not queued:
-        for drain in list(before_other_lines):
-            drain()
+        write_queued_lines()
     record = None
     text = None
     if created is None:

@@ -10,7 +10,7 @@ import torch
 
 from distributed_runner import dist
 from distributed_runner.errors import ArgumentError
-from distributed_runner.hook_report import timing_summary
+from distributed_runner.hook_report import timing_summary, timing_table
 from distributed_runner.interval import Interval
 from distributed_runner.quiet_log import log_brief_and_full, run_log_file
 from distributed_runner.redact import redact_url
@@ -259,7 +259,7 @@ class LoggerHook(Hook, SinkProvider):
             log_brief_and_full(
                 runner.logger,
                 timing_summary(rows, run_log_file(runner.logger)),
-                format_hook_timings(rows),
+                timing_table(rows),
             )
 
     def after_run(self, runner: RunnerAPI) -> None:
@@ -285,19 +285,3 @@ class LoggerHook(Hook, SinkProvider):
                 len(names),
                 redact_url(run_folder(self.out_dir, runner.work_dir)),
             )
-
-
-def format_hook_timings(rows: list) -> str:
-    """The dispatcher's timing rows as the table logged after training."""
-    lines = [
-        "Hook time (cumulative, inclusive of nested hook calls):",
-        f"  {'hook':<20} {'mount point':<24} {'calls':>8} {'total s':>9} {'mean us':>9}"
-        f" {'errors':>6}",
-    ]
-    for t in rows:
-        mean = 1e6 * t.seconds / t.calls if t.calls else 0.0
-        lines.append(
-            f"  {t.name:<20} {t.mount:<24} {t.calls:>8} {t.seconds:>9.3f} "
-            f"{mean:>9.1f} {t.errors:>6}"
-        )
-    return "\n".join(lines)

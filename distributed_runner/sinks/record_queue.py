@@ -13,7 +13,7 @@ What stays as it was:
 
 * **Order.** Anything else written to the run's log — a validation record, a checkpoint's line,
   a hook's warning — first writes the records queued before it, on the thread that writes it
-  (:func:`~distributed_runner.log.before_other_lines`, a filter on the run's own log handlers).
+  (:func:`~distributed_runner.log.write_queued_lines`, a filter on the run's own log handlers).
   So the log reads in the order things happened; only a bare ``print()`` is not ordered with
   the queued lines.
 * **What a crash loses.** The thread writes and flushes within a second of a record, as
@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
-from ..log import LINE_FLUSHER, before_other_lines
+from ..log import LINE_FLUSHER, queued_line_sources, write_queued_lines
 from .base import LogRecord
 
 WRITE_SECONDS = 1.0  # a queued record waits at most about this long
@@ -84,16 +84,15 @@ class RecordQueue:
         """Write what is queued; the thread ends at its next wake."""
         self.drain()
         self._closed = True
-        before_other_lines.discard(self.drain)
+        queued_line_sources.discard(self)
         self._wake.set()
 
     def _start(self) -> None:
         self._pid = os.getpid()
         self._wake = threading.Event()
         self._closed = False
-        before_other_lines.add(self.drain)
-        # the thread holds the queue weakly: a queue nobody closed (a test's SinkSet) still goes
-        _QUEUES.add(self)
+        queued_line_sources.add(self)
+        # held weakly, by the thread too: a queue nobody closed (a test's SinkSet) still goes
         threading.Thread(
             target=_write_periodically,
             args=(weakref.ref(self), self._wake),
@@ -106,21 +105,13 @@ class RecordQueue:
         self._lock, self._pending, self._pid, self._draining = threading.RLock(), deque(), 0, False
 
 
-_QUEUES: weakref.WeakSet[RecordQueue] = weakref.WeakSet()
-
-
-def _drain_all() -> None:
-    for queue in list(_QUEUES):
-        queue.drain()
-
-
 def _reset_all_in_child() -> None:
-    for queue in list(_QUEUES):
+    for queue in list(queued_line_sources):
         queue._after_fork_in_child()
 
 
 # before a fork the parent writes what is queued (the child must not write it a second time)
-os.register_at_fork(before=_drain_all, after_in_child=_reset_all_in_child)
+os.register_at_fork(before=write_queued_lines, after_in_child=_reset_all_in_child)
 
 
 def _write_periodically(queue_ref: weakref.ref, wake: threading.Event) -> None:
