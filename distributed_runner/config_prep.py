@@ -56,7 +56,8 @@ RUNNER_KEYS = (
     "strategy",
 )
 # top-level config keys the Runner does not take but other parts of the project read
-OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope")
+# (watchdog: distributed_runner.watchdog_config; tune: the sweep block of ``drun tune``)
+OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope", "watchdog", "tune")
 
 # keys without which nothing can be built -> what to set
 REQUIRED_KEYS = {
