@@ -22,17 +22,19 @@ class RayTrialHook(Hook):
     :class:`~distributed_runner.tune.ray_trial_signal.TrialSignal` actor.
 
     * ``after_val_epoch`` (every rank, after CheckpointHook and early stopping): a checkpoint of
-      this very state is saved (``runner.save_requested_checkpoint``; nothing new is written when
-      the periodic or best checkpoint of this position already was), rank 0 sends the position,
-      the metrics (``val/<key>`` and the bare ``<key>``) and the file to the trial, and every rank
-      waits until the trial releases the report. So the run is *held* while Tune decides and saves:
-      Tune's checkpoint is exactly the state at the result (a PBT pause or fork resumes exactly).
+      this very state is saved (``runner.save_requested_checkpoint``: nothing new is written when
+      the periodic checkpoint of this position already was, as a sweep configures it), rank 0
+      sends the position, the metrics (``val/<key>`` and the bare ``<key>``), ``done`` (the run's
+      last validation) and the file to the trial, and every rank waits until the trial releases
+      the report. So the run is *held* while Tune decides and saves: Tune's checkpoint is exactly
+      the state at the result (a PBT pause or fork resumes exactly). The validation a resumed run
+      repeats (its checkpoint was saved before a validation that was due) is not reported again.
     * a stop (from the trial, at any time): rank 0 keeps one ``wait_stop`` call outstanding and
       looks at it with ``ray.wait(timeout=0)`` after an iteration at most every ``poll_s``
       seconds, so the loop never stalls on it; a stop also releases a held report. Either way rank
-      0 calls ``runner.request_stop(reason)`` and all ranks agree at the next agreement point (at
-      the latest, right after the validation it was held in): ``after_train`` runs, the last
-      checkpoint is written and the sinks close.
+      0 calls ``runner.request_stop(reason)`` and all ranks agree at the next agreement point
+      (``train_cfg.agree_every``, and always right after a validation): ``after_train`` runs, the
+      last checkpoint is written and the sinks close.
     """
 
     priority = "LOWEST"
@@ -47,6 +49,7 @@ class RayTrialHook(Hook):
         self._stop_ref: Any = None  # rank 0's one outstanding wait_stop call
         self._next_poll = 0.0
         self._reports = 0  # reports made by this rank; every rank counts the same
+        self._start_iter = 0
 
     def before_train(self, runner: RunnerAPI) -> None:
         import ray
@@ -58,6 +61,7 @@ class RayTrialHook(Hook):
                 f"RayTrialHook: the trial's signal actor {self.signal!r} is gone "
                 f"(its trial ended?): {e}"
             ) from e
+        self._start_iter = runner.iter  # after a resume: the restored position
         if runner.rank == 0:
             self._stop_ref = self._actor.wait_stop.remote()
 
@@ -83,15 +87,18 @@ class RayTrialHook(Hook):
     def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:
         if self._actor is None:  # a validation outside training (Runner.val)
             return
+        if runner.iter == self._start_iter > 0:
+            return  # the validation a resumed run repeats: Tune has this result already
         import ray
 
         path = runner.save_requested_checkpoint("tune report")  # every rank: it is collective
         self._reports += 1
         if runner.rank == 0:
-            report: dict[str, float] = {"epoch": float(runner.epoch), "iter": float(runner.iter)}
+            report: dict[str, Any] = {"epoch": runner.epoch, "iter": runner.iter}
             for key, value in (metrics or {}).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     report[f"val/{key}"] = report[key] = float(value)
+            report["done"] = runner.iter >= runner.max_iters  # the run's last result
             ray.get(self._actor.put_report.remote(self._reports, report, str(path)))
         reason = ray.get(self._actor.wait_released.remote(self._reports))
         if reason is not None:
