@@ -48,7 +48,6 @@ class RayTrialHook(Hook):
         self._actor: Any = None
         self._stop_ref: Any = None  # rank 0's one outstanding wait_stop call
         self._next_poll = 0.0
-        self._reports = 0  # reports made by this rank; every rank counts the same
         self._start_iter = 0
 
     def before_train(self, runner: RunnerAPI) -> None:
@@ -92,15 +91,15 @@ class RayTrialHook(Hook):
         import ray
 
         path = runner.save_requested_checkpoint("tune report")  # every rank: it is collective
-        self._reports += 1
         if runner.rank == 0:
             report: dict[str, Any] = {"epoch": runner.epoch, "iter": runner.iter}
             for key, value in (metrics or {}).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     report[f"val/{key}"] = report[key] = float(value)
             report["done"] = runner.iter >= runner.max_iters  # the run's last result
-            ray.get(self._actor.put_report.remote(self._reports, report, str(path)))
-        reason = ray.get(self._actor.wait_released.remote(self._reports))
+            ray.get(self._actor.put_report.remote(runner.iter, report, str(path)))
+        # every rank holds here; the report's iteration is the same on every rank
+        reason = ray.get(self._actor.wait_released.remote(runner.iter))
         if reason is not None:
             self._request_stop(runner, reason)
 

@@ -80,7 +80,7 @@ class RayTrainTrialRun:
         self._ended = threading.Event()
         self._error: BaseException | None = None
         self._report_ref: Any = None  # the one outstanding take_report call
-        self._held = 0  # the report the run is held at (0: none)
+        self._held: int | None = None  # the iteration of the report the run is held at
 
     # -- TrialRun ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,9 +146,9 @@ class RayTrainTrialRun:
         """Let the run go on from the report it is held at."""
         import ray
 
-        if self._signal is not None and self._held:
+        if self._signal is not None and self._held is not None:
             ray.get(self._signal.release.remote(self._held))
-            self._held = 0
+            self._held = None
 
     def request_stop(self, reason: str) -> None:
         """Ask rank 0 to request a stop (the loop's own, agreed by all ranks); a held run is

@@ -11,11 +11,14 @@ workers. Holding the workers themselves, inside the report
 (:class:`hooks.ray_trial_hook.RayTrialHook`), is exact, and then the report may as well travel
 straight to the trial.
 
-The protocol, all calls cheap and non-blocking for the caller except the two waits:
+The protocol, all calls cheap and non-blocking for the caller except the two waits. Reports
+are keyed by the iteration they were made at, the same on every rank and across a restart of the
+worker group (``launcher.max_failures``), which repeats iterations from its checkpoint:
 
-* rank 0 :meth:`put_report` ``(n, metrics, checkpoint)``; every rank then :meth:`wait_released`
-  ``(n)``, which returns once the trial :meth:`release` d report ``n`` — or at once after a stop,
-  returning the stop's reason;
+* rank 0 :meth:`put_report` ``(iter, metrics, checkpoint)`` — dropped when that iteration was
+  reported already —; every rank then :meth:`wait_released` ``(iter)``, which returns once the
+  trial :meth:`release` d that report (or a later one) — or at once after a stop, returning the
+  stop's reason;
 * the trial takes reports in order with :meth:`take_report`;
 * :meth:`stop` records the reason (the first one wins) and frees every waiter; rank 0 keeps one
   :meth:`wait_stop` call outstanding and checks it with ``ray.wait(timeout=0)``, so polling costs
@@ -36,11 +39,18 @@ class TrialSignal:
         # asyncio objects bind to the actor's event loop at first use (Python >= 3.10)
         self._reports: asyncio.Queue[tuple[int, dict, str | None]] = asyncio.Queue()
         self._changed = asyncio.Condition()
-        self._released = 0
+        self._released = -1  # the iteration whose report the trial let go on from
+        self._reported = -1  # the newest iteration reported
         self._stop_reason: str | None = None
 
-    async def put_report(self, index: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
+    async def put_report(self, index: int, metrics: dict[str, Any], checkpoint: str | None) -> bool:
+        """Queue the report made at iteration ``index``; ``False`` (dropped) when the trial has
+        had that iteration's report already."""
+        if index <= self._reported:
+            return False
+        self._reported = index
         await self._reports.put((index, metrics, checkpoint))
+        return True
 
     async def take_report(self) -> tuple[int, dict, str | None]:
         return await self._reports.get()
