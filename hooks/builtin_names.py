@@ -21,5 +21,7 @@ BUILTIN_HOOKS: dict[str, str] = {
     "RayReportHook": "ray_report_hook",
     "RuntimeInfoHook": "runtime_info_hook",
     "SyncBuffersHook": "sync_buffers_hook",
+    "TuneForkHook": "tune_fork_hook",
+    "TuneReportHook": "tune_report_hook",
     "VisualizationHook": "visualization_hook",
 }
