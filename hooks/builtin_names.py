@@ -22,5 +22,7 @@ BUILTIN_HOOKS: dict[str, str] = {
     "RayTrialHook": "ray_trial_hook",
     "RuntimeInfoHook": "runtime_info_hook",
     "SyncBuffersHook": "sync_buffers_hook",
+    "TuneForkHook": "tune_fork_hook",
+    "TuneReportHook": "tune_report_hook",
     "VisualizationHook": "visualization_hook",
 }
