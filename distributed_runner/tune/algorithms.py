@@ -84,9 +84,14 @@ def build_scheduler(kind: str, options: dict[str, Any], metric: str, mode: str) 
     return cls(metric=metric, mode=mode, **options)
 
 
-def build_searcher(kind: str, options: dict[str, Any], metric: str, mode: str) -> Any:
-    """The search algorithm object (options already checked)."""
+def build_searcher(
+    kind: str, options: dict[str, Any], metric: str, mode: str, max_concurrent: int = 0
+) -> Any:
+    """The search algorithm object (options already checked). ``max_concurrent`` goes into the
+    random/grid generator itself: Tune ignores ``TuneConfig.max_concurrent_trials`` for a
+    generator (it only wraps a ``Searcher``) and would start every trial at once — Ray Train
+    trials then wait forever for workers (measured: all 4 started on 2 CPUs)."""
     cls = algorithm_class(SEARCHERS, kind)
     if kind in ("random", "grid"):
-        return cls(**options)
+        return cls(max_concurrent=max_concurrent, **options)
     return cls(metric=metric, mode=mode, **options)

@@ -133,9 +133,12 @@ def _tuner(
         param_space={k: to_tune(d) for k, d in spec.space.items()},
         tune_config=tune.TuneConfig(
             num_samples=spec.num_samples,
-            max_concurrent_trials=concurrency,
+            # a random/grid generator takes it itself (build_searcher); Tune would only warn
+            max_concurrent_trials=None if spec.search_alg in ("random", "grid") else concurrency,
             scheduler=build_scheduler(spec.scheduler, scheduler_options, spec.metric, spec.mode),
-            search_alg=build_searcher(spec.search_alg, spec.search_options, spec.metric, spec.mode),
+            search_alg=build_searcher(
+                spec.search_alg, spec.search_options, spec.metric, spec.mode, concurrency
+            ),
             time_budget_s=spec.time_budget_s,
             reuse_actors=False,
         ),
