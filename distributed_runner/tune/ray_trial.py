@@ -17,6 +17,9 @@ How the pieces meet:
   validation with a checkpoint of that exact state, all ranks wait there until
   :meth:`RayTrainTrialRun.resume_after_report`, and :meth:`RayTrainTrialRun.request_stop`
   becomes ``runner.request_stop`` on rank 0 within ``poll_s`` seconds (or at once when held).
+* The Train controller polls the workers every 0.25 s (Train's default is 2 s, which each second
+  ``ray.train.report`` of an epoch waits out: see :data:`TRAIN_POLL_S`), unless
+  ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` is set.
 * The reported checkpoint is rank 0's file in the trial's work_dir; a multi-node sweep keeps the
   trials' work_dirs on shared storage, as the trial actor reads it from its own node.
 """
@@ -24,6 +27,7 @@ How the pieces meet:
 from __future__ import annotations
 
 import copy
+import os
 import re
 import threading
 import time
@@ -39,6 +43,13 @@ from .trial_run import TrialReport
 __all__ = ["RayTrainTrialRun", "ray_trial_resources", "ray_trials_that_fit"]
 
 POLL_S = 0.5  # how often rank 0 looks for a stop, at most (a look is free: ray.wait(timeout=0))
+# How often the Train controller polls the workers, unless RAY_TRAIN_HEALTH_CHECK_INTERVAL_S is
+# set. A worker's ray.train.report (RayReportHook, every saved checkpoint) waits until the
+# controller has taken the previous one, and a trial saves twice at many validations (the
+# periodic and the best file): with Train's default of 2 s, an epoch of the digits sweep took
+# 2.5-3.9 s instead of 0.33-0.40 s, and the 4-trial ASHA sweep 96 s instead of 49 s (measured).
+TRAIN_POLL_S = "0.25"
+HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
 
 def next_generation(storage_path: str, trial_id: str) -> int:
@@ -107,6 +118,9 @@ class RayTrainTrialRun:
         )
         cfg["custom_hooks"] = hooks
         cfg["launcher"] = self.opts
+        # read when the trainer starts its controller, which passes it on (this process is the
+        # trial's own under Tune)
+        os.environ.setdefault(HEALTH_CHECK_ENV, TRAIN_POLL_S)
         launcher = RayLauncher(cfg, self.opts)
         self._thread = threading.Thread(
             target=self._fit, args=(launcher,), name=f"drun-trial-{self.trial_id}", daemon=True
