@@ -1,0 +1,118 @@
+"""``drun tune`` as a user runs it (a subprocess that starts its own local Ray), on the digits
+example shrunk to a few epochs: ASHA's early stops are graceful, PBT's forks are exact and
+logged, an interrupted sweep resumes; trials' MLflow runs are nested under the sweep's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+LR = "optim_wrapper.optimizer.lr"
+SINKS = "default_hooks.logger.sinks=[terminal,jsonl,mlflow]"
+
+
+def _env(mlflow_server) -> dict:
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", MLFLOW_TRACKING_URI=mlflow_server.uri)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _drun(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "distributed_runner.cli", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def _rows(work_dir: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(work_dir / "tune_results.parquet").to_pylist()
+
+
+def _client(mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(mlflow_server.uri)
+
+
+def _children(client, work_dir: Path) -> tuple[str, dict]:
+    parent = json.loads((work_dir / "mlflow_sweep.json").read_text())["run_id"]
+    run = client.get_run(parent)
+    found = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    return parent, {r.data.tags["tune.trial_id"]: r for r in found}
+
+
+@pytest.mark.timeout(240)
+def test_asha_stops_trials_gracefully_and_the_best_config_trains(mlflow_server, tmp_path):
+    space = {LR: {"type": "grid_search", "values": [3e-3, 1e-2, 1e-4, 3e-5]}}
+    work_dir = tmp_path / "sweep"
+    start = time.monotonic()
+    out = _drun(
+        ["tune", "configs/digits_tune.py", "--work-dir", str(work_dir), "--cfg-options",
+         "train_cfg.max_epochs=4", f"tune.param_space={space!r}", "tune.num_samples=1", SINKS],
+        _env(mlflow_server), timeout=200,
+    )
+    wall = time.monotonic() - start
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {r["trial_id"]: r for r in _rows(work_dir)}
+    assert len(rows) == 4 and {r["status"] for r in rows.values()} == {"TERMINATED"}
+    assert sorted(r[LR] for r in rows.values()) == sorted(space[LR]["values"])
+    stopped = [r for r in rows.values() if r["stopped_early"]]
+    assert stopped, rows
+    print(f"ASHA sweep: {wall:.0f} s, {len(rows)} trials, {len(stopped)} stopped early, best "
+          f"accuracy {max(r['best_accuracy'] for r in rows.values()):.2f}")
+    # the table, best first, and the summary on the terminal
+    assert "trial_id" in out.stdout and '"stopped_early": ' in out.stdout
+
+    client = _client(mlflow_server)
+    parent, children = _children(client, work_dir)
+    assert set(children) == set(rows)
+    for row in stopped:
+        trial = Path(row["work_dir"])
+        # after_train ran: the stop was the run's own, its last checkpoint is there and named,
+        # its MLflow run ended FINISHED, tagged stopped early, nested under the sweep's
+        log = (trial / "logs" / "run.log").read_text()
+        assert (
+            f"stop at iteration {row['iter']}, requested by: tune: trial stopped or paused by "
+            "the scheduler" in log
+        )
+        run_id = json.loads((trial / "mlflow_run.json").read_text())["run_id"]
+        assert f"MLflow run {run_id} (FINISHED)" in log  # the sinks closed: the run ended
+        last = (trial / "last_checkpoint").read_text().strip()
+        assert (trial / last).is_file() and row["epoch"] < 4
+        import torch
+
+        assert torch.load(trial / last, weights_only=False)["meta"]["iter"] == row["iter"]
+        child = children[row["trial_id"]]
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["tune.stopped_early"] == "true"
+        assert child.data.tags["mlflow.parentRunId"] == parent
+        assert child.data.metrics["val/accuracy"] == pytest.approx(row["final_accuracy"])
+    finished = [r for r in rows.values() if not r["stopped_early"]]
+    assert all(children[r["trial_id"]].data.tags["tune.stopped_early"] == "false" for r in finished)
+    best = max(rows.values(), key=lambda r: r["best_accuracy"])
+    parent_run = client.get_run(parent)
+    assert parent_run.info.status == "FINISHED"
+    assert parent_run.data.metrics["best/accuracy"] == pytest.approx(best["best_accuracy"])
+    assert parent_run.data.tags[f"best.{LR}"] == str(best[LR])
+
+    # best_config.py is an ordinary config with the best values: drun train runs it
+    best_cfg = work_dir / "best_config.py"
+    assert f"'lr': {best[LR]!r}" in best_cfg.read_text()
+    out = _drun(["train", str(best_cfg), "--cfg-options", "train_cfg.max_epochs=1",
+                 "default_hooks.logger.sinks=[terminal]"], _env(mlflow_server), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (work_dir / "best" / "epoch_1.pth").is_file() or (work_dir / "best" / "last.pth").is_file()
