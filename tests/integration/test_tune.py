@@ -295,3 +295,37 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(mlflow_server, tmp_path):
     assert set(children) == set(rows)
     assert client.get_run(parent_id).info.status == "FINISHED"
     assert all(c.info.status == "FINISHED" for c in children.values())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("searcher", ["optuna", "hyperopt"])
+def test_the_optional_searchers_drive_a_sweep(searcher, tmp_path):
+    """``pip install -e '.[tune]'``: optuna and hyperopt suggest the trials' values."""
+    pytest.importorskip(searcher)
+    work_dir = tmp_path / searcher
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
+    env.pop("RAY_ADDRESS", None)
+    out = _drun(
+        [
+            "tune",
+            "configs/digits_tune.py",
+            "--work-dir",
+            str(work_dir),
+            "--search-alg",
+            searcher,
+            "--scheduler",
+            "fifo",
+            "--num-samples",
+            "2",
+            "--cfg-options",
+            "train_cfg.max_epochs=1",
+        ],
+        env,
+        timeout=150,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"search {searcher}, scheduler fifo" in out.stdout
+    rows = _rows(work_dir)
+    assert len(rows) == 2 and all(r["status"] == "TERMINATED" and r["epoch"] == 1 for r in rows)
+    assert all(1e-4 <= r[LR] <= 3e-2 and int(r["model.width"]) in (8, 16) for r in rows)
