@@ -31,6 +31,7 @@ from .algorithms import build_scheduler, build_searcher
 from .cli_args import apply_tune_flags
 from .domains import sample, to_tune
 from .spec import SweepSpec, _train_shape, parse_tune
+from .status import TrialStatusCallback, read_statuses
 from .trainable import DrunTrainable, ray_trial_api
 from .trial_config import trial_config
 
@@ -115,6 +116,7 @@ def _tuner(
         tune.with_parameters(DrunTrainable, sweep=sweep), _trial_resources(spec, cfg)
     )
     path = storage / name
+    sweep_dir = Path(sweep["work_dir"])
     if resume:
         if not tune.Tuner.can_restore(str(path)):
             raise ConfigError("--resume", f"no sweep to continue at {path}")
@@ -146,17 +148,14 @@ def _tuner(
             name=name,
             storage_path=str(storage),
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            # PBT exploits a donor's checkpoint that may be several results old: keep them all
+            callbacks=[TrialStatusCallback(sweep_dir)],
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=None if spec.scheduler in ("PBT", "PB2") else 2
+            ),
             verbose=1,
         ),
     )
-
-
-def _statuses(grid: Any) -> dict[str, str]:
-    """Trial id -> Tune's status (TERMINATED, ERROR, PAUSED, PENDING, RUNNING)."""
-    analysis = getattr(grid, "_experiment_analysis", None)
-    trials = getattr(analysis, "trials", None) or []
-    return {t.trial_id: str(t.status) for t in trials}
 
 
 def run_sweep(cfg: dict, args: argparse.Namespace) -> int:
@@ -208,7 +207,7 @@ def run_sweep(cfg: dict, args: argparse.Namespace) -> int:
             "mlflow": mlflow,
         }
         grid = _tuner(spec, cfg, sweep, storage, name, concurrency, args.resume).fit()
-        statuses = _statuses(grid)
+        statuses = read_statuses(work_dir)
         rows = results.trial_rows(grid, statuses, spec.metric, spec.mode, length, unit, work_dir)
     finally:
         if started:

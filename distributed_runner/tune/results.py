@@ -39,7 +39,8 @@ def trial_rows(
     unit: str,
     work_dir: Path,
 ) -> list[dict[str, Any]]:
-    """One row per trial of Tune's ``ResultGrid`` (``statuses``: trial id -> Tune's status)."""
+    """One row per trial of Tune's ``ResultGrid`` (``statuses``: trial id -> ``TERMINATED`` or
+    ``ERROR`` for the trials that ended; the others were interrupted)."""
     rows = []
     for result in results:
         last = dict(result.metrics or {})
@@ -51,7 +52,7 @@ def trial_rows(
             if values:
                 best = max(values) if mode == "max" else min(values)
         trained = int(last.get(unit) or 0)
-        status = statuses.get(trial_id, "ERROR" if result.error else "TERMINATED")
+        status = statuses.get(trial_id, "ERROR" if result.error else "INTERRUPTED")
         forks_file = work_dir / "trials" / trial_id / "tune_forks.jsonl"
         forks = forks_file.read_text().splitlines() if forks_file.is_file() else []
         row: dict[str, Any] = {"trial_id": trial_id}
