@@ -6,6 +6,10 @@
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...] [--launcher none|ray]
     drun plot  WORK_DIR [WORK_DIR ...] [--out curves.png] [--smooth W]
+    drun tune  CONFIG [--work-dir D] [--cfg-options ...] [--num-samples N]
+               [--max-concurrent-trials K] [--scheduler S] [--search-alg A]
+               [--trial-launcher none|ray --num-workers N [--gpu]]
+               [--address auto] [--resume] [--dry-run]        (distributed_runner.tune)
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
 (``--debug`` shows its traceback); a checkpoint that cannot be written (a full disk) is one line
@@ -104,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="W",
         help="EMA weight in [0, 1) for the training curves, e.g. 0.6 (default 0)",
     )
+    from .tune.cli_args import add_tune_parser
+
+    add_tune_parser(sub, _add_common)
     return parser
 
 
@@ -219,9 +226,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .tune.driver import run_sweep
+
+    return run_sweep(load_config(args), args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"train": cmd_train, "test": cmd_test, "hooks": cmd_hooks, "plot": cmd_plot}
+    commands = {
+        "train": cmd_train,
+        "test": cmd_test,
+        "hooks": cmd_hooks,
+        "plot": cmd_plot,
+        "tune": cmd_tune,
+    }
     try:
         return commands[args.command](args)
     except ConfigError as e:

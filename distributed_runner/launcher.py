@@ -38,7 +38,9 @@ from .launcher_config import (  # noqa: F401  (re-exported: the launcher's publi
     PLACEMENT_STRATEGIES,
     RAY_DEFAULTS,
     normalize_launcher,
+    uses_ray_data,
     validate_config,
+    worker_resources,
 )
 from .ray_connect import (
     announced_path,
@@ -111,11 +113,7 @@ class RayLauncher:
         )
 
     def worker_resources(self) -> dict[str, float]:
-        res = dict(self.opts["resources_per_worker"] or {})
-        res.setdefault("CPU", 1)
-        if self.opts["use_gpu"]:
-            res.setdefault("GPU", 1)
-        return res
+        return worker_resources(self.opts)
 
     def check_resources(self, total: dict[str, float]) -> None:
         """One-line errors for a request the cluster cannot meet (Ray would wait forever)."""
@@ -141,8 +139,7 @@ class RayLauncher:
                 )
 
     def _uses_ray_data(self) -> bool:
-        loader = self.cfg.get("train_dataloader")
-        return isinstance(loader, dict) and loader.get("type") == "RayDataLoader"
+        return uses_ray_data(self.cfg)
 
     # -- the run -------------------------------------------------------------------------------
     def build_trainer(self) -> Any:

@@ -75,6 +75,22 @@ def normalize_launcher(spec: Any) -> dict | None:
     return out
 
 
+def worker_resources(opts: dict) -> dict[str, float]:
+    """What one Ray Train worker asks for under the normalized launcher ``opts``: its
+    ``resources_per_worker`` with 1 CPU (and 1 GPU with ``use_gpu``) unless it names them."""
+    res = dict(opts["resources_per_worker"] or {})
+    res.setdefault("CPU", 1)
+    if opts["use_gpu"]:
+        res.setdefault("GPU", 1)
+    return res
+
+
+def uses_ray_data(cfg: dict) -> bool:
+    """Whether the training data comes through Ray Data (which needs CPUs of its own)."""
+    loader = cfg.get("train_dataloader")
+    return isinstance(loader, dict) and loader.get("type") == "RayDataLoader"
+
+
 def _worker_count(value: Any) -> int | tuple[int, int]:
     """``num_workers``: an int >= 1, or ``(min, max)`` (a list after a round trip through
     plain config) for an elastic group."""

@@ -19,7 +19,10 @@ BUILTIN_HOOKS: dict[str, str] = {
     "PrepareTTAHook": "prepare_tta_hook",
     "ProfilerHook": "profiler_hook",
     "RayReportHook": "ray_report_hook",
+    "RayTrialHook": "ray_trial_hook",
     "RuntimeInfoHook": "runtime_info_hook",
     "SyncBuffersHook": "sync_buffers_hook",
+    "TuneForkHook": "tune_fork_hook",
+    "TuneReportHook": "tune_report_hook",
     "VisualizationHook": "visualization_hook",
 }

@@ -29,6 +29,9 @@
   ``experiment``: the config value, else ``MLFLOW_EXPERIMENT_NAME``, else the run's
   ``experiment_name``. ``run_name``: default the Ray run name (or work_dir's folder name) and the
   run's start time, e.g. ``digits_cnn-20261122_181500``, so runs of one experiment are told apart.
+* ``tags``: more tags for the run (``drun tune`` nests a trial's run under its sweep's with
+  ``mlflow.parentRunId``). ``run_id``: log into this existing run whatever a checkpoint says —
+  a PBT trial resumed from another trial's checkpoint keeps its own run.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(LOGGER_NAME)
 RUN_FILE = "mlflow_run.json"
+MLFLOW_SINK_TYPES = ("mlflow", "MLflowSink")  # how a config names this sink
 
 
 def tracking_uri(configured: str | None, work_dir: Path) -> str:
@@ -114,6 +118,8 @@ class MLflowSink(LogSink):
         flush_interval: float = 2.0,
         close_timeout: float = 60.0,
         log_params: bool = True,
+        tags: dict[str, str] | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
@@ -122,7 +128,9 @@ class MLflowSink(LogSink):
         self.flush_interval = float(flush_interval)
         self.close_timeout = float(close_timeout)
         self.log_params = log_params
-        self.run_id: str | None = None  # restored from a checkpoint through LoggerHook
+        self.extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.pinned_run_id = run_id  # a checkpoint's run id does not replace it
+        self.run_id: str | None = run_id  # else restored from a checkpoint through LoggerHook
         self.dropped = 0
         self._process: Any = None
         self._ids = itertools.count()
@@ -149,6 +157,7 @@ class MLflowSink(LogSink):
         commit = getattr(runner.cfg, "git_commit", None)
         if commit:
             tags["git_commit"] = commit
+        tags.update(self.extra_tags)
         experiment = (
             self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or runner.experiment_name
         )
@@ -219,7 +228,8 @@ class MLflowSink(LogSink):
         return {"run_id": self.run_id}
 
     def load_state_dict(self, state: dict) -> None:
-        self.run_id = state.get("run_id") or self.run_id
+        if self.pinned_run_id is None:
+            self.run_id = state.get("run_id") or self.run_id
 
     def _ensure_run(self) -> None:
         """Once, at the first record, ask the sender to open the run — without waiting for it:

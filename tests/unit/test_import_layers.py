@@ -34,7 +34,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("distributed_runner", "hooks")
 TOP = "distributed_runner"
-ENTRY_POINTS = {f"{TOP}.cli", f"{TOP}.launcher", f"{TOP}.ray_worker"}
+ENTRY_POINTS = {
+    f"{TOP}.cli",
+    f"{TOP}.launcher",
+    f"{TOP}.ray_worker",
+    # drun tune: the driver builds trials, a trial builds its Runner (in-process) or uses the
+    # launcher (Ray Train trials)
+    f"{TOP}.tune.driver",
+    f"{TOP}.tune.trainable",
+    f"{TOP}.tune.in_process",
+    f"{TOP}.tune.ray_trial",
+}
 TOP_FLOOR = {TOP} | ENTRY_POINTS
 BOTTOM = (f"{TOP}.version", f"{TOP}.runner_api")
 
