@@ -161,17 +161,21 @@ class HangWatch(WorkerGroupCallback):
     def _stacks(self, suspects: list[RankView], now: float) -> dict[int, str]:
         """Every suspect's threads, gathered in parallel: a rank that answers dumps itself, one
         that does not is read by py-spy from a task on its node."""
-        refs = {}
+        refs: dict[int, Any] = {}
+        out: dict[int, str] = {}
+        here = ray.get_runtime_context().get_node_id()
         for view in suspects:
             meta = view.worker.metadata
-            if self._silent(view, now):
+            if self._silent(view, now) and meta.node_id == here:
+                out[view.rank] = _stacks_of_pid(meta.pid)  # py-spy from here: no task to start
+            elif self._silent(view, now):
                 task = ray.remote(num_cpus=0, max_retries=0)(_stacks_of_pid)
                 strategy = NodeAffinitySchedulingStrategy(meta.node_id, soft=False)
                 refs[view.rank] = task.options(scheduling_strategy=strategy).remote(meta.pid)
             else:
                 refs[view.rank] = view.worker.execute_async(own_stacks)
-        ray.wait(list(refs.values()), num_returns=len(refs), timeout=STACKS_WAIT_S)
-        out = {}
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=STACKS_WAIT_S)
         for rank, ref in refs.items():
             try:
                 out[rank] = ray.get(ref, timeout=0)
