@@ -50,13 +50,19 @@ def limit_name(phase: str, carry: str | None) -> str:
 @contextlib.contextmanager
 def watched(runner: Any) -> Iterator[None]:
     """Around ``Runner.train()``: the heartbeat in phase ``setup`` with the run's settings (its
-    collective timeouts follow the phases); without Ray, the watchdog thread too."""
+    collective timeouts follow the phases); without Ray, the watchdog thread too — only when the
+    process's main thread trains: a Runner trained in a thread of a larger program (a tuning
+    trial held between reports, a notebook) must not end that program."""
     settings = parse_watchdog(runner.cfg.get("watchdog"))
     HEARTBEAT.settings = settings
     HEARTBEAT.reset(SETUP)
     HEARTBEAT.mark(SETUP)
     thread = None
-    if settings["enabled"] and normalize_launcher(runner.launcher) is None:
+    if (
+        settings["enabled"]
+        and normalize_launcher(runner.launcher) is None
+        and threading.current_thread() is threading.main_thread()
+    ):
         thread = Watchdog(settings, runner.logger, runner.work_dir, runner.rank)
         thread.start()
     try:
