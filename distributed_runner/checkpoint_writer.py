@@ -40,6 +40,7 @@ from . import dist
 from .checkpoint import atomic_save
 from .checkpoint_state import collect_training_state
 from .checkpoint_types import CheckpointSubject, SaveOptions
+from .heartbeat import CHECKPOINT, HEARTBEAT
 from .sharded_checkpoint import (
     SHARDED,
     after_manifest_written,
@@ -111,6 +112,17 @@ class CheckpointWriter:
         asynchronous: bool = False,
     ) -> Path:
         """Save the training state as ``path`` (call on every rank); see the module docstring."""
+        with HEARTBEAT.slow(CHECKPOINT):  # the watchdog allows a save its own time
+            return self._save(path, save_optimizer, save_param_scheduler, meta, asynchronous)
+
+    def _save(
+        self,
+        path: Path,
+        save_optimizer: bool,
+        save_param_scheduler: bool,
+        meta: dict | None,
+        asynchronous: bool,
+    ) -> Path:
         runner = self._runner
         self.wait()
         if runner.rank == 0:
@@ -162,13 +174,17 @@ class CheckpointWriter:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        if pending.file is not None:
-            pending.file.result()  # a write error surfaces here, as one line
-        if pending.shards is not None:
-            pending.shards.result()
-        self._commit(
-            pending.path, pending.checkpoint, pending.staged, file_written=pending.file is not None
-        )
+        with HEARTBEAT.slow(CHECKPOINT):
+            if pending.file is not None:
+                pending.file.result()  # a write error surfaces here, as one line
+            if pending.shards is not None:
+                pending.shards.result()
+            self._commit(
+                pending.path,
+                pending.checkpoint,
+                pending.staged,
+                file_written=pending.file is not None,
+            )
 
     def _commit(self, path: Path, ckpt: dict, to_write: Any, file_written: bool) -> None:
         runner = self._runner

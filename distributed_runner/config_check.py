@@ -109,6 +109,9 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
     from .sharding import parse_strategy
 
     parse_strategy(cfg.get("strategy"))
+    from .watchdog_config import parse_watchdog
+
+    parse_watchdog(cfg.get("watchdog"))
     randomness = mapping(cfg, "randomness")
     if randomness is not None:
         if randomness.get("seed") is not None:

@@ -147,8 +147,10 @@ class RayLauncher:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        from .hang_watch import hang_watch_callbacks
         from .ray_data import build_ray_datasets
         from .ray_worker import train_worker
+        from .watchdog_config import parse_watchdog
 
         plain = to_plain(self.cfg)
         plain["work_dir"] = str(self.work_dir)
@@ -160,6 +162,7 @@ class RayLauncher:
         # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
         # metadata
         env = ray.put(forwarded_env())
+        watchdog = parse_watchdog(self.cfg.get("watchdog"))  # hang watch: hang_watch.py
         return TorchTrainer(
             train_worker,
             train_loop_config={"cfg": plain, "source": source, "env": env},
@@ -178,8 +181,12 @@ class RayLauncher:
                 name=self.name,
                 storage_path=self.storage_path,
                 failure_config=ray.train.FailureConfig(max_failures=self.opts["max_failures"]),
+                callbacks=hang_watch_callbacks(watchdog, str(self.work_dir)),
             ),
-            torch_config=TorchConfig(backend="nccl" if self.opts["use_gpu"] else "gloo"),
+            torch_config=TorchConfig(
+                backend="nccl" if self.opts["use_gpu"] else "gloo",
+                timeout_s=round(watchdog["collective_timeout"]),
+            ),
             datasets=datasets,
         )
 

@@ -71,6 +71,7 @@ from .data import resume_sampler
 # the validation and test loops live in eval_loops.py; imported here so LOOPS has them and
 # ``from distributed_runner.loops import ValLoop`` keeps working
 from .eval_loops import TestLoop, ValLoop  # noqa: F401
+from .heartbeat import DATA_WARMUP, HEARTBEAT, TEARDOWN, VAL
 from .model_steps import choose_step
 from .preemption import TrainingPreempted
 from .registry import LOOPS
@@ -118,6 +119,7 @@ class _TrainLoopBase:
         # starts: a bound method, which costs less to call than the strategy object)
         self._callers = runner.mount_callers
         self.step: Callable[[Any], dict] | None = None
+        self._beat = HEARTBEAT  # the watchdog's view of this loop (heartbeat.py)
         runner.requests.set_agree_every(agree_every)
 
     # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
@@ -152,7 +154,8 @@ class _TrainLoopBase:
 
     def _validate(self) -> None:
         if self.runner.val_loop is not None:
-            self.runner.val_loop.run()
+            with self._beat.slow(VAL):
+                self.runner.val_loop.run()
             self.runner.wrapped_model.train()
 
     # -- the run -------------------------------------------------------------------------------
@@ -169,12 +172,14 @@ class _TrainLoopBase:
             # after_train_epoch, are acted on once more before training ends
             if self._agree or self.runner.requests.unresolved:
                 self.act_on_requests()
+            self._beat.mark(TEARDOWN)
 
     def run_training(self) -> None:
         raise NotImplementedError
 
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
         runner, state, callers = self.runner, self.state, self._callers
+        self._beat.stepping()
         callers["before_train_iter"](batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.step(data_batch)  # type: ignore[misc]  # chosen before training starts
         # the iteration's end, written out here only (it runs every iteration): while
@@ -185,6 +190,7 @@ class _TrainLoopBase:
         state.finishing_step, state.val_due_after = None, False
         state.iter += 1
         state.batch_in_epoch += 1
+        self._beat.stepped(state.iter)
         if self._agree:
             if runner.requests.due(state.iter):
                 self.act_on_requests(after_iter=True)
@@ -233,6 +239,7 @@ class _TrainLoopBase:
 
     def _batches(self) -> Iterator[tuple[int, Any]]:
         """This data pass's remaining batches with their in-pass index."""
+        self._beat.mark(DATA_WARMUP)  # its first batch may take long (workers fork, Ray Data)
         it, skip, self._skip_by_iterating = iter(self.dataloader), self._skip_by_iterating, 0
         for _ in range(skip):
             next(it, None)

@@ -61,6 +61,7 @@ from .signatures import check_arguments
 from .sinks import SinkSet
 from .train_state import TrainState
 from .version import __version__
+from .watchdog import watched
 
 
 class Runner(RunnerSurface):
@@ -283,6 +284,7 @@ class Runner(RunnerSurface):
                 "train() needs train_dataloader, train_cfg and optim_wrapper in the config",
             )
         with (
+            watched(self),  # the hang watch (watchdog.py)
             preemption_signals(self._preemption, self.requests, self.logger),
             self.sinks.opened(self),
             self.hook_bracket("before_run", "after_run"),

@@ -71,6 +71,13 @@ def parse_watchdog(spec: Any) -> dict[str, Any]:
         raise ConfigError("watchdog.enabled", f"takes True or False, got {out['enabled']!r}")
     out["hang_timeout"] = _seconds("watchdog.hang_timeout", out["hang_timeout"])
     out["collective_timeout"] = _seconds("watchdog.collective_timeout", out["collective_timeout"])
+    if out["collective_timeout"] <= out["hang_timeout"]:
+        raise ConfigError(
+            "watchdog.collective_timeout",
+            f"must exceed watchdog.hang_timeout ({out['hang_timeout']:g} s), got "
+            f"{out['collective_timeout']:g} s: the watchdog names the hung rank and shows its "
+            f"stacks, the collective timeout only ends the wait",
+        )
     phases = spec.get("phase_timeouts", {})
     if not isinstance(phases, dict):
         raise ConfigError(

@@ -64,11 +64,13 @@ def config_checks(cfg: dict) -> None:
     from distributed_runner.config_prep import prepare_config
     from distributed_runner.launcher import normalize_launcher, validate_config
     from distributed_runner.preemption import parse_preemption
+    from distributed_runner.watchdog_config import parse_watchdog
 
     prepare_config(dict(cfg))
     validate_config(dict(cfg))
     normalize_launcher(cfg.get("launcher", "none"))
     parse_preemption(cfg.get("preemption", True))
+    parse_watchdog(cfg.get("watchdog"))
 
 
 def probe(path: str) -> str:
@@ -132,10 +134,13 @@ def default_sources() -> dict[str, dict[str, Any]]:
     from distributed_runner.loops import EpochBasedTrainLoop, IterBasedTrainLoop
     from distributed_runner.optim import OptimWrapper
     from distributed_runner.sharding import FSDP_DEFAULTS
+    from distributed_runner.watchdog_config import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
 
     loop = {**_defaults(IterBasedTrainLoop.__init__), **_defaults(EpochBasedTrainLoop.__init__)}
     return {"train_cfg": loop, "optim_wrapper": _defaults(OptimWrapper.__init__),
-            "launcher": dict(RAY_DEFAULTS), "strategy": dict(FSDP_DEFAULTS)}
+            "launcher": dict(RAY_DEFAULTS), "strategy": dict(FSDP_DEFAULTS),
+            "watchdog": {k: v for k, v in WATCHDOG_DEFAULTS.items() if k != "phase_timeouts"},
+            "watchdog.phase_timeouts": dict(PHASE_TIMEOUT_DEFAULTS)}
 
 
 def config_page() -> str:
@@ -144,6 +149,7 @@ def config_page() -> str:
     from distributed_runner.launcher import RAY_DEFAULTS
     from distributed_runner.runner import Runner
     from distributed_runner.sharding import FSDP_DEFAULTS
+    from distributed_runner.watchdog_config import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
 
     params = inspect.signature(Runner.__init__).parameters
     out = ["# Config keys", "", GENERATED_NOTE,
@@ -167,14 +173,17 @@ def config_page() -> str:
     nested = [key for key, _ in nested_checked_keys()]
     nested += [f"launcher.{k}" for k in RAY_DEFAULTS if k != "type"]
     nested += [f"strategy.{k}" for k in FSDP_DEFAULTS]
+    nested += [f"watchdog.{k}" for k in WATCHDOG_DEFAULTS]
+    nested += [f"watchdog.phase_timeouts.{k}" for k in PHASE_TIMEOUT_DEFAULTS]
     out += ["", "## Nested keys", "",
             "The keys inside the sections that are checked before building, with their "
             "defaults where a signature or a defaults table of the code gives one "
-            "(`launcher`: the Ray launcher's; `strategy`: FSDP's). Dataloader keys other than "
+            "(`launcher`: the Ray launcher's; `strategy`: FSDP's; `watchdog`: the hang watch's, "
+            "[Hangs](../how-to/hangs.md)). Dataloader keys other than "
             "`dataset` and `batch_size` are `torch.utils.data.DataLoader`'s arguments, with its "
             "defaults.", "", "| Key | Default | Checked |", "|---|---|---|"]
     for key in nested:
-        section, _, leaf = key.partition(".")
+        section, _, leaf = key.rpartition(".")
         defaults = sections.get(section, {})
         default = _code(defaults[leaf]) if leaf in defaults else "—"
         out.append(f"| `{key}` | {default} | {_cell(probe(key))} |")

@@ -1,0 +1,89 @@
+"""Test-only hooks that hang a rank, imported on Ray workers (and by ``drun train``) through
+``custom_imports=['tests.hang_probe']``: a training thread that hangs inside a hook, a process
+that waits to be stopped, and slow phases that must not be called hangs."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import tests.ray_probe  # noqa: F401  (ToyLinear, RankDumpHook, SyncBuffersHook's probes)
+from distributed_runner.registry import HOOKS
+from hooks import Hook
+
+
+def hang_here_forever(marker: Path) -> None:
+    """What a hung hook looks like: the test finds this name in the stacks."""
+    marker.write_text(f"{time.time()}")
+    while True:
+        time.sleep(3600)
+
+
+@HOOKS.register_module(force=True)
+class HangOnceHook(Hook):
+    """Rank ``rank`` hangs in ``before_train_iter`` of iteration ``at_iter`` — once per work_dir
+    (the marker file holds the time it began)."""
+
+    def __init__(self, at_iter: int = -1, rank: int = 1) -> None:
+        self.at_iter, self.rank = at_iter, rank
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        marker = Path(runner.work_dir) / "hung_once"
+        if runner.iter == self.at_iter and runner.rank == self.rank and not marker.exists():
+            hang_here_forever(marker)
+
+
+def wait_to_be_stopped(marker: Path) -> None:
+    """After a second (the controller has read this rank's heartbeat in phase 'step'), writes
+    ``<pid> <time>`` and waits (at most 60 s) for the test to SIGSTOP this process."""
+    time.sleep(1.0)
+    marker.write_text(f"{os.getpid()} {time.time()}")
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        time.sleep(0.02)
+
+
+@HOOKS.register_module(force=True)
+class StopMeOnceHook(Hook):
+    """Rank ``rank`` publishes its pid in ``work_dir/stop_me`` at iteration ``at_iter`` (once per
+    work_dir) and waits there for the test to send SIGSTOP from outside."""
+
+    def __init__(self, at_iter: int = -1, rank: int = 1) -> None:
+        self.at_iter, self.rank = at_iter, rank
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        marker = Path(runner.work_dir) / "stop_me"
+        if runner.iter == self.at_iter and runner.rank == self.rank and not marker.exists():
+            wait_to_be_stopped(marker)
+
+
+@HOOKS.register_module(force=True)
+class SlowPhasesHook(Hook):
+    """Slow by nature, each longer than hang_timeout: the first iteration (``first_iter``), every
+    checkpoint save (``before_save_checkpoint``) and every validation (``before_val``)."""
+
+    def __init__(self, first_iter: float = 0.0, save: float = 0.0, val: float = 0.0) -> None:
+        self.first_iter, self.save, self.val = first_iter, save, val
+        self._first = True
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        if self._first:
+            self._first = False
+            time.sleep(self.first_iter)
+
+    def before_save_checkpoint(self, runner, checkpoint) -> None:
+        time.sleep(self.save)
+
+    def before_val(self, runner) -> None:
+        time.sleep(self.val)
+
+
+@HOOKS.register_module(force=True)
+class StartTimesHook(Hook):
+    """Rank 0 appends ``<wall time> <iteration>`` to ``work_dir/starts.txt`` whenever a worker
+    group starts training: when each attempt began and where it resumed."""
+
+    def before_train(self, runner) -> None:
+        if runner.rank == 0:
+            with open(Path(runner.work_dir) / "starts.txt", "a") as f:
+                f.write(f"{time.time()} {runner.iter}\n")
