@@ -150,6 +150,7 @@ class RayLauncher:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        from .async_val_worker import trainer_kwargs
         from .ray_data import build_ray_datasets
         from .ray_worker import train_worker
 
@@ -184,6 +185,7 @@ class RayLauncher:
             ),
             torch_config=TorchConfig(backend="nccl" if self.opts["use_gpu"] else "gloo"),
             datasets=datasets,
+            **trainer_kwargs(plain),  # val_cfg.mode='async': Ray's validation tasks
         )
 
     def fit(self) -> Any:

@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("distributed_runner", "hooks")
 TOP = "distributed_runner"
-ENTRY_POINTS = {f"{TOP}.cli", f"{TOP}.launcher", f"{TOP}.ray_worker"}
+# async_val_worker: the validation process / Ray validation task builds a Runner from the config
+ENTRY_POINTS = {f"{TOP}.cli", f"{TOP}.launcher", f"{TOP}.ray_worker", f"{TOP}.async_val_worker"}
 TOP_FLOOR = {TOP} | ENTRY_POINTS
 BOTTOM = (f"{TOP}.version", f"{TOP}.runner_api")
 
