@@ -75,3 +75,23 @@ def split_val_cfg(val_cfg: dict | None) -> tuple[dict | None, ValMode]:
         return None, ValMode()
     mode = parse_val_mode(val_cfg)
     return {k: v for k, v in val_cfg.items() if k not in KEYS}, mode
+
+
+def check_val_resources(
+    val_cfg: Any, per_worker: dict[str, float], workers: int, total: dict[str, float]
+) -> None:
+    """One line when the cluster would leave an async validation nothing to run on: Ray would
+    not refuse it, the validation would just wait silently until training ends."""
+    mode = parse_val_mode(val_cfg)
+    if not mode.is_async:
+        return
+    for resource, need in mode.resources.items():
+        have = float(total.get(resource, 0))
+        spare = have - float(per_worker.get(resource, 0)) * workers
+        if need > 0 and spare < need:
+            raise ConfigError(
+                "val_cfg.resources",
+                f"asynchronous validation needs {need:g} {resource} beside the {workers} "
+                f"training workers, and the cluster has {have:g} {resource}, {max(spare, 0):g} "
+                f"left: lower launcher.num_workers, lower val_cfg.resources or add nodes",
+            )
