@@ -71,9 +71,13 @@ class ProcessBackend:
     def _result_file(self, entry: dict) -> Path:
         return self.folder / f"result_{entry['k']}.json"
 
-    def submit(self, entry: dict, resumed: bool = False) -> None:
+    def begin(self) -> None:
+        """Start the process: it imports and builds its Runner while training runs."""
         if self.proc is None:
             self.proc = self._start()
+
+    def submit(self, entry: dict, resumed: bool = False) -> None:
+        self.begin()
         self._result_file(entry).unlink(missing_ok=True)  # a killed run's, maybe
         job = {**entry, "result": str(self._result_file(entry))}
         assert self.proc.stdin is not None
@@ -122,6 +126,9 @@ class RayTrainBackend:
 
     def __init__(self, runner: RunnerAPI) -> None:
         self.runner = runner
+
+    def begin(self) -> None:
+        """Nothing to start: Ray's controller launches the tasks."""
 
     def submit(self, entry: dict, resumed: bool = False) -> None:
         """Nothing to do: RayReportHook's report asked Ray to validate the checkpoint."""

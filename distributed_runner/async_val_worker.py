@@ -10,9 +10,10 @@ The same function serves both places a validation runs:
 * :func:`ray_validate` — the function of Ray Train's ``ValidationConfig`` (:func:`trainer_kwargs`,
   used by the launcher), run as a Ray task on the reported checkpoint.
 
-The validation Runner gets the config without its training keys (nothing trains there; the hooks
-that act on validation results in training — save_best, early stopping — see no training loop and
-leave them to the training process, which applies the results), with ``val_cfg`` inline, its own
+The validating Runner (one per process, reused) gets the config without its training keys
+(nothing trains there; the hooks that act on validation results in training — save_best, early
+stopping — see no training loop and leave them to the training process, which applies the
+results), with ``val_cfg`` inline, its own
 ``work_dir`` (``work_dir/async_val``) and no log sinks: rank 0 of training writes the results
 into the run's sinks, one writer for MLflow, TensorBoard and the JSON lines.
 """
@@ -42,11 +43,11 @@ TRAINING_KEYS = (
 )
 
 
-def validation_config(cfg: dict, checkpoint: str | Path) -> dict:
+def validation_config(cfg: dict) -> dict:
     """The config the validating Runner is built from (module docstring)."""
     out = {k: v for k, v in cfg.items() if k not in TRAINING_KEYS}
     out["val_cfg"] = {k: v for k, v in (cfg.get("val_cfg") or {}).items() if k not in KEYS}
-    out["load_from"] = str(checkpoint)
+    out["load_from"] = None  # each checkpoint is loaded when its validation starts
     out["work_dir"] = str(Path(cfg["work_dir"]) / "async_val")
     hooks = dict(out.get("default_hooks") or {})
     logger = hooks.get("logger")
@@ -57,13 +58,29 @@ def validation_config(cfg: dict, checkpoint: str | Path) -> dict:
     return out
 
 
-def validate_checkpoint(cfg: dict, checkpoint: str | Path) -> dict:
-    """``{'metrics': {...}, 'seconds': s}``: the validation loop's metrics on ``checkpoint``."""
+# the validating Runner of each run's config, built once per process (the background process and
+# Ray's validation worker both run many validations): its hooks keep their state from one
+# validation to the next, as in-loop, and the model, data and hooks are not built again each time
+_RUNNERS: dict[str, Any] = {}
+
+
+def validation_runner(cfg: dict) -> Any:
     from .runner import Runner
 
+    key = str(cfg["work_dir"])
+    if key not in _RUNNERS:
+        _RUNNERS[key] = Runner.from_cfg(validation_config(cfg))
+    return _RUNNERS[key]
+
+
+def validate_checkpoint(cfg: dict, checkpoint: str | Path) -> dict:
+    """``{'metrics': {...}, 'seconds': s}``: the validation loop's metrics on ``checkpoint`` —
+    ``Runner.val()`` with ``load_from=checkpoint``, on a Runner kept for the next one."""
+    runner = validation_runner(cfg)
     start = time.perf_counter()
-    runner = Runner.from_cfg(validation_config(cfg, checkpoint))
-    metrics = runner.val()
+    with runner.sinks.opened(runner), runner.hook_bracket("before_run", "after_run"):
+        runner.load_checkpoint(checkpoint)  # load_from's path: after_load_checkpoint, weights
+        metrics = runner.val_loop.run()
     return {
         "metrics": {k: float(v) for k, v in metrics.items()},
         "seconds": time.perf_counter() - start,
@@ -71,7 +88,12 @@ def validate_checkpoint(cfg: dict, checkpoint: str | Path) -> dict:
 
 
 def serve(cfg: dict, jobs: Any) -> None:
-    """Validate each job (a JSON line) in turn; its result goes to ``job['result']``."""
+    """Build the validating Runner while training's first interval runs, then validate each job
+    (a JSON line) in turn; its result goes to ``job['result']``."""
+    try:
+        validation_runner(cfg)
+    except Exception as e:  # noqa: BLE001 - each job reports it below
+        print(f"building the validation Runner failed: {type(e).__name__}: {e}", flush=True)
     for line in jobs:
         if not line.strip():
             continue
