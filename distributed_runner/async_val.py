@@ -112,7 +112,7 @@ class AsyncValidation:
         and a due point whose checkpoint this is is taken up."""
         state, runner = _load_state(self.runner), self.runner
         if self.backend is not None:
-            self.backend.begin()  # a background process starts while training does
+            self.backend.begin()  # a background process starts with training
             for entry in state["pending"]:
                 self.backend.submit(entry, resumed=True)
         if state["due_at"] >= 0 and state["due_at"] == runner.iter:

@@ -71,18 +71,22 @@ class ProcessBackend:
     def _result_file(self, entry: dict) -> Path:
         return self.folder / f"result_{entry['k']}.json"
 
-    def begin(self) -> None:
+    def begin(self) -> subprocess.Popen:
         """Start the process: it imports and builds its Runner while training runs."""
         if self.proc is None:
             self.proc = self._start()
+        return self.proc
 
     def submit(self, entry: dict, resumed: bool = False) -> None:
-        self.begin()
+        proc = self.begin()
         self._result_file(entry).unlink(missing_ok=True)  # a killed run's, maybe
         job = {**entry, "result": str(self._result_file(entry))}
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.flush()
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+            proc.stdin.flush()
+        except OSError:  # the process died: result() says so, and training goes on
+            pass
 
     def result(self, entry: dict) -> dict:
         """Wait for validation ``entry``'s result: ``{'metrics', 'seconds'}`` or ``{'error'}``."""

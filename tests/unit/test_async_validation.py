@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from distributed_runner import Runner
 from distributed_runner.errors import ConfigError
-from tests.toy import assert_state_equal, base_cfg, params_of
+from tests.toy import assert_state_equal, base_cfg, free_port, gloo_rank, params_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -106,6 +107,36 @@ def test_async_early_stopping_lag_and_exact_resume(tmp_path):
     assert resumed.get_hook("early_stopping").state_dict() == \
         whole.get_hook("early_stopping").state_dict()
     assert_state_equal(params_of(resumed.model), params_of(whole.model))
+
+
+def _two_ranks(rank: int, port: int, out: str) -> None:
+    with gloo_rank(rank, port):
+        ckpt = dict(interval=1, save_best="accuracy", max_keep_ckpts=1)
+        stop = dict(type="EarlyStoppingHook", monitor="accuracy", patience=1, min_delta=0.5)
+        sync = dict(type="SyncBuffersHook")  # one set of BatchNorm statistics, checkpointed
+        for mode in ("inline", "async"):
+            runner = train(cfg(Path(out) / mode, mode, ckpt, stop, sync))
+            torch.save({"params": params_of(runner.model), "stop": stop_iter(runner),
+                        "early": runner.get_hook("early_stopping").state_dict(),
+                        "best": runner.get_hook("checkpoint").best_files},
+                       f"{out}/{mode}_rank{rank}.pt")
+
+
+def test_two_ranks_apply_the_same_results_at_the_same_iteration(tmp_path):
+    """DDP over 2 gloo ranks (5 iterations an epoch, SyncBuffersHook): rank 0 hands the
+    checkpoints over and sends the results; both ranks stop at the same iteration, lag
+    validations after in-loop, with the same weights and decisions, and the logged metrics are
+    in-loop's."""
+    mp.spawn(_two_ranks, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    got = {(m, r): torch.load(tmp_path / f"{m}_rank{r}.pt", weights_only=False)
+           for m in ("inline", "async") for r in (0, 1)}
+    for mode in ("inline", "async"):
+        assert_state_equal(got[mode, 0]["params"], got[mode, 1]["params"])
+        assert got[mode, 0]["stop"] == got[mode, 1]["stop"]
+        assert got[mode, 0]["early"] == got[mode, 1]["early"]
+    assert got["async", 0]["stop"] == got["inline", 0]["stop"] + 5
+    common = val_records(tmp_path / "inline")
+    assert {s: v for s, v in val_records(tmp_path / "async").items() if s in common} == common
 
 
 def test_val_cfg_mode_is_checked(tmp_path):
