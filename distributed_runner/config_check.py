@@ -123,6 +123,9 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
         check_train_cfg(train_cfg)
     for stage in ("val_cfg", "test_cfg"):
         mapping(cfg, stage)
+    from .async_val_config import parse_val_mode
+
+    parse_val_mode(cfg.get("val_cfg"))  # mode, lag, resources
     for stage in ("train", "val", "test"):
         loader = cfg.get(f"{stage}_dataloader")
         if isinstance(loader, dict):

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .async_val_config import check_val_resources
 from .config import Config, to_plain
 from .errors import ConfigError
 from .launcher_config import (  # noqa: F401  (re-exported: the launcher's public names)
@@ -128,6 +129,7 @@ class RayLauncher:
                     f"{resource}, the cluster has {have:g}: lower "
                     f"num_workers/resources_per_worker or add nodes",
                 )
+        check_val_resources(self.cfg.get("val_cfg"), self.worker_resources(), n, total)
         if self._uses_ray_data():
             spare = float(total.get("CPU", 0)) - self.worker_resources()["CPU"] * n
             if spare < 1:
@@ -147,6 +149,7 @@ class RayLauncher:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        from .async_val_worker import trainer_kwargs
         from .hang_watch import hang_watch_callbacks
         from .ray_data import build_ray_datasets
         from .ray_worker import train_worker
@@ -188,6 +191,7 @@ class RayLauncher:
                 timeout_s=round(watchdog["collective_timeout"]),
             ),
             datasets=datasets,
+            **trainer_kwargs(plain),  # val_cfg.mode='async': Ray's validation tasks
         )
 
     def fit(self) -> Any:

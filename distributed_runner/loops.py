@@ -32,6 +32,9 @@ A whole ``Runner.train()``::
             after_val_epoch(metrics)                        # save-best, early stopping
             after_val                                       # the model is back in train mode
             act on requests                                 # early stopping's stop lands here
+            (val_cfg.mode='async': the due checkpoint goes to a background validation instead,
+             and the results of the one due `lag` validations ago reach after_val_epoch here:
+             distributed_runner.async_val; the outstanding ones are applied before after_train)
         if stop_training: break
     act on requests still pending                           # raised after the last agreement
     after_train                                             # also when training raised
@@ -65,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader
 
 from . import dist
+from .async_val import validation_mode
 from .config_check import check_train_cfg
 from .data import resume_sampler
 
@@ -120,6 +124,7 @@ class _TrainLoopBase:
         self._callers = runner.mount_callers
         self.step: Callable[[Any], dict] | None = None
         self._beat = HEARTBEAT  # the watchdog's view of this loop (heartbeat.py)
+        self._async_val: Any = None  # val_cfg.mode='async': the run's AsyncValidation
         runner.requests.set_agree_every(agree_every)
 
     # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
@@ -152,6 +157,13 @@ class _TrainLoopBase:
             and (done % self.val_interval == 0 or done == last)
         )
 
+    def _due_validation(self) -> None:
+        """A due validation: run here, or (val_cfg.mode='async') handed over, see async_val.py."""
+        if self._async_val is not None:
+            self._async_val.at_due_point()
+        else:
+            self._validate()
+
     def _validate(self) -> None:
         if self.runner.val_loop is not None:
             with self._beat.slow(VAL):
@@ -162,11 +174,14 @@ class _TrainLoopBase:
     def run(self) -> None:
         """``before_train``, a validation the resumed checkpoint still owed, the training, the
         requests still pending at its end, ``after_train`` (also when training raised)."""
-        with self.runner.hook_bracket("before_train", "after_train"):
+        with (
+            self.runner.hook_bracket("before_train", "after_train"),
+            validation_mode(self) as self._async_val,  # async_val.py; None: in-loop
+        ):
             self.step = choose_step(self.runner).__call__
             if self.state.val_owed:
                 self.state.val_owed = False
-                self._validate()
+                self._due_validation()
             self.run_training()
             # requests raised after the last agreement point (agree_every > 1), or at the last
             # after_train_epoch, are acted on once more before training ends
@@ -226,7 +241,7 @@ class _TrainLoopBase:
                 )
             else:
                 record(done, "val", agreed["val"], runner.logger)
-                self._validate()
+                self._due_validation()
                 self.act_on_requests(allow_val=False)  # what that validation requested
         if "stop" in agreed:
             record(done, "stop", agreed["stop"], runner.logger)
@@ -291,7 +306,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         runner.call_hook("after_train_epoch")
         state.epoch_done()
         if val_due:
-            self._validate()
+            self._due_validation()
             self.act_on_requests(allow_val=False)
 
 
@@ -358,7 +373,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
                 batches = _EndlessBatches(self)
                 continue
             if val_due:
-                self._validate()
+                self._due_validation()
                 self.act_on_requests(allow_val=False)
         state.finishing("epoch")
         runner.call_hook("after_train_epoch")

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from . import dist
+from .async_val_config import split_val_cfg
 from .checkpoint import load_file, point_at, read_pointer
 from .checkpoint_state import load_model_weights, restore_training_state
 from .checkpoint_types import CheckpointSubject
@@ -136,6 +137,7 @@ class Runner(RunnerSurface):
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
         self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
+        val_cfg, self.val_mode = split_val_cfg(val_cfg)  # mode/lag/resources: async_val_config
         self.val_loop = self._build_eval("val", val_dataloader, val_evaluator, val_cfg, ValLoop)
         self.test_loop = self._build_eval(
             "test", test_dataloader, test_evaluator, test_cfg, TestLoop

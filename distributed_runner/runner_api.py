@@ -70,6 +70,7 @@ class RunnerAPI(Protocol):
     test_dataloader: Any
     train_loop: Any
     val_loop: Any
+    val_mode: Any  # async_val_config.ValMode: val_cfg's mode, lag, resources
     test_loop: Any
 
     @property

@@ -130,6 +130,7 @@ def _defaults(fn: Callable) -> dict[str, Any]:
 
 def default_sources() -> dict[str, dict[str, Any]]:
     """Section -> its keys' defaults, from the signatures and tables the code uses."""
+    from distributed_runner.async_val_config import ValMode
     from distributed_runner.launcher import RAY_DEFAULTS
     from distributed_runner.loops import EpochBasedTrainLoop, IterBasedTrainLoop
     from distributed_runner.optim import OptimWrapper
@@ -140,10 +141,12 @@ def default_sources() -> dict[str, dict[str, Any]]:
     return {"train_cfg": loop, "optim_wrapper": _defaults(OptimWrapper.__init__),
             "launcher": dict(RAY_DEFAULTS), "strategy": dict(FSDP_DEFAULTS),
             "watchdog": {k: v for k, v in WATCHDOG_DEFAULTS.items() if k != "phase_timeouts"},
-            "watchdog.phase_timeouts": dict(PHASE_TIMEOUT_DEFAULTS)}
+            "watchdog.phase_timeouts": dict(PHASE_TIMEOUT_DEFAULTS),
+            "val_cfg": vars(ValMode())}
 
 
 def config_page() -> str:
+    from distributed_runner.async_val_config import KEYS as VAL_MODE_KEYS
     from distributed_runner.config_check import MMCV1_KEYS, NEAR_MISS
     from distributed_runner.config_prep import OTHER_CONFIG_KEYS, REQUIRED_KEYS, RUNNER_KEYS
     from distributed_runner.launcher import RAY_DEFAULTS
@@ -175,13 +178,16 @@ def config_page() -> str:
     nested += [f"strategy.{k}" for k in FSDP_DEFAULTS]
     nested += [f"watchdog.{k}" for k in WATCHDOG_DEFAULTS]
     nested += [f"watchdog.phase_timeouts.{k}" for k in PHASE_TIMEOUT_DEFAULTS]
+    nested += [f"val_cfg.{k}" for k in VAL_MODE_KEYS]
     out += ["", "## Nested keys", "",
             "The keys inside the sections that are checked before building, with their "
             "defaults where a signature or a defaults table of the code gives one "
             "(`launcher`: the Ray launcher's; `strategy`: FSDP's; `watchdog`: the hang watch's, "
-            "[Hangs](../how-to/hangs.md)). Dataloader keys other than "
-            "`dataset` and `batch_size` are `torch.utils.data.DataLoader`'s arguments, with its "
-            "defaults.", "", "| Key | Default | Checked |", "|---|---|---|"]
+            "[Hangs](../how-to/hangs.md); `val_cfg`: where validation runs, "
+            "[Validate without stopping training](../how-to/async-validation.md)). "
+            "Dataloader keys other than `dataset` and `batch_size` are "
+            "`torch.utils.data.DataLoader`'s arguments, with its defaults.", "",
+            "| Key | Default | Checked |", "|---|---|---|"]
     for key in nested:
         section, _, leaf = key.rpartition(".")
         defaults = sections.get(section, {})

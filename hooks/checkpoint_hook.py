@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distributed_runner import async_val
 from distributed_runner.checkpoint import (
     checksum_path,
     point_at,
@@ -273,9 +274,8 @@ class CheckpointHook(Hook, CheckpointSaver):
     def _save_periodic(self, runner: RunnerAPI, filename: str) -> None:
         if filename not in self.kept:
             self.kept.append(filename)
-        removed = []
-        while self.max_keep_ckpts > 0 and len(self.kept) > self.max_keep_ckpts:
-            removed.append(self.kept.pop(0))
+        # a checkpoint still waiting for its asynchronous validation stays (async_val.py)
+        removed = async_val.retire(self.kept, self.max_keep_ckpts, async_val.pinned(runner))
         self.last_file = filename
         self.last_saved_iter = runner.train_state.position()["iter"]
         self._save(runner, filename, point=True, remove=removed)
@@ -298,6 +298,8 @@ class CheckpointHook(Hook, CheckpointSaver):
             if len(top) >= self.save_topk and not better(value, top[-1][0]):
                 continue
             unit, n = ("epoch", runner.epoch) if self.by_epoch else ("iter", runner.iter)
+            validated = async_val.validated_position(runner)  # async: link the validated file
+            n = validated[unit] if validated else n
             name = f"best_{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}_{unit}_{n}.pth"
             place = next((i for i, (score, _) in enumerate(top) if better(value, score)), len(top))
             top.insert(place, [value, name])
@@ -305,7 +307,10 @@ class CheckpointHook(Hook, CheckpointSaver):
             del top[self.save_topk :]
             self.best_scores[key], self.best_files[key] = top[0]
             runner.message_hub.update_info(f"best_score/{key}", top[0][0])
-            self._save(runner, name, meta={"best": {key: value}}, remove=dropped)
+            if validated:
+                async_val.link_validated(runner, validated["path"], self.out_dir / name, dropped)
+            else:
+                self._save(runner, name, meta={"best": {key: value}}, remove=dropped)
             if runner.rank == 0:
                 runner.logger.info(
                     "%s %s = %.4f: saved %s",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distributed_runner import dist
+from distributed_runner.async_val import validated_position
 from distributed_runner.errors import ArgumentError
 from distributed_runner.hook_report import timing_summary, timing_table
 from distributed_runner.interval import Interval
@@ -195,15 +196,12 @@ class LoggerHook(Hook, SinkProvider):
                     len(runner.val_dataloader if mode == "val" else runner.test_dataloader)
                 )
         by_epoch = self.log_metric_by_epoch and runner.by_epoch and mode == "val"
+        # an asynchronous validation's results: at the validated checkpoint's step (async_val.py)
+        at = (validated_position(runner) if mode == "val" else None) or {}
+        step, epoch = at.get("iter", runner.iter), at.get("epoch", runner.epoch)
+        info = {"by_epoch": runner.by_epoch, **({"async_applied_iter": runner.iter} if at else {})}
         runner.sinks.write(
-            LogRecord(
-                mode,
-                runner.iter,
-                runner.epoch,
-                scalars,
-                {"by_epoch": runner.by_epoch},
-                metric_step=runner.epoch if by_epoch else None,
-            )
+            LogRecord(mode, step, epoch, scalars, info, metric_step=epoch if by_epoch else None)
         )
 
     def after_val_epoch(self, runner: RunnerAPI, metrics: dict | None = None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distributed_runner import dist
+from distributed_runner.async_val import report_validation
 from distributed_runner.checkpoint import checksum_path
 from distributed_runner.registry import HOOKS
 from distributed_runner.sharded_checkpoint import SHARDED, is_ranks_file
@@ -49,8 +50,10 @@ class RayReportHook(Hook):
             "iter": meta.get("iter"),
             "checkpoint": Path(path).name,
         }
+        # async validation: Ray validates this checkpoint and merges the metrics in itself
+        validation = report_validation(runner, meta)
         for key, buf in runner.message_hub.log_scalars.items():
-            if key.startswith("val/") and len(buf):
+            if key.startswith("val/") and len(buf) and not validation:
                 metrics[key] = buf.current()
         shards = checkpoint.get(SHARDED)
         if runner.rank != 0 and not shards:
@@ -85,6 +88,7 @@ class RayReportHook(Hook):
                 checkpoint=ray.train.Checkpoint.from_directory(tmp),
                 checkpoint_dir_name=name,
                 **upload,
+                **({"validation": validation} if validation else {}),
             )
         finally:
             if not background:

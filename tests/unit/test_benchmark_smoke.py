@@ -115,3 +115,12 @@ def test_activation_checkpointing_benchmark_runs(model):
         "without", f"with activation_checkpointing=['{block}']", "with/without"]
     assert all("saved for backward " in line and "| step " in line for line in lines[1:3])
     assert "| step time " in lines[3]
+
+
+def test_async_validation_benchmark_runs_both_modes():
+    out = run_benchmark("async_validation", "--epochs", "4", "--width", "8", "--val-repeat", "2",
+                        "--rounds", "1")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("async validation: digits CNN width 8, 4 epochs")
+    assert lines[1].startswith("inline  step ") and lines[2].startswith("async   step ")
+    assert lines[3].startswith("async/inline: training loop ")

@@ -17,7 +17,8 @@ from tests.docs_blocks import ROOT, docs_block
 
 SNIPPETS = ("override-defaults", "timer-options", "sinks-config", "ray-data-loader",
             "fsdp-strategy", "activation-checkpointing", "hf-gpt2-model", "classifier-timm",
-            "compile-config", "watchdog-config")
+            "compile-config", "watchdog-config",
+            "async-val-config")
 NEEDS = {"classifier-timm": "timm", "hf-gpt2-model": "transformers"}
 
 

@@ -44,6 +44,8 @@ ENTRY_POINTS = {
     f"{TOP}.tune.trainable",
     f"{TOP}.tune.in_process",
     f"{TOP}.tune.ray_trial",
+    # async validation: the validation process / Ray validation task builds a Runner
+    f"{TOP}.async_val_worker",
 }
 TOP_FLOOR = {TOP} | ENTRY_POINTS
 BOTTOM = (f"{TOP}.version", f"{TOP}.runner_api")
