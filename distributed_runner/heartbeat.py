@@ -26,9 +26,11 @@ teardown   after the loop: after_train, after_run, the last commit            ch
 done       ``train()`` returned or raised: never watched                     —
 ========== ================================================================= ===============
 
-A rank that leaves a slow phase keeps that phase's allowance (``carry``) until its next
-iteration completes: its peers may still be in the phase (rank 0 writing the checkpoint) and it
-waits for them in the next collective, which is not a hang.
+Until its next iteration completes, a rank keeps the largest allowance of the slow phases it went
+through since its last one (``carry``): its peers may still be in them (rank 0 writing the
+checkpoint) and it waits for them in the next collective, which is not a hang. Never a false
+alarm comes before a tight bound: a validation right after a save is bounded by the larger of
+the two allowances.
 
 While a slow phase (or its carry) lasts, the process group's timeout is widened by the same
 amount (``collective_timeout + allowance - hang_timeout``) and narrowed again afterwards, so the

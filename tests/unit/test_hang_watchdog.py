@@ -85,9 +85,12 @@ def test_a_hook_that_hangs_ends_the_process_with_the_stacks(tmp_path):
     print(f"non-Ray hang: detected {taken:.2f} s after the hook hung ({block.group(0)})")
 
 
+SLOW = dict(train_cfg=dict(by_epoch=True, max_epochs=1, val_interval=1))
+
+
 def test_slow_phases_within_their_allowance_are_no_alarm(tmp_path):
     out, start = drun_train(
-        tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1, val_interval=1),
+        tmp_path, **SLOW,
         custom_hooks=[dict(type="SlowPhasesHook", first_iter=2.5, save=2.5, val=2.5)],
         watchdog=dict(hang_timeout=1, collective_timeout=2,
                       phase_timeouts=dict(first_iter=5, val=5, checkpoint=5)))
@@ -95,3 +98,15 @@ def test_slow_phases_within_their_allowance_are_no_alarm(tmp_path):
     assert not (tmp_path / "work" / "hangs").exists()
     assert (tmp_path / "work" / "epoch_1.pth").is_file()
     assert time.time() - start > 7.5  # the three slow phases did run
+
+
+def test_a_validation_longer_than_its_allowance_is_a_hang(tmp_path):
+    """The same slow validation with ``val`` (and the save before it) allowed less."""
+    out, _ = drun_train(
+        tmp_path, **SLOW, custom_hooks=[dict(type="SlowPhasesHook", val=2.5)],
+        watchdog=dict(hang_timeout=1, collective_timeout=2,
+                      phase_timeouts=dict(val=1.5, checkpoint=1.5)))
+    assert out.returncode == HANG_EXIT_CODE, out.stderr[-3000:]
+    assert ("(limit 1.5 s, watchdog.phase_timeouts.val) in phase 'val' at iteration 10"
+            in out.stderr)
+    assert re.search(r'hang_probe.py", line \d+ in before_val', out.stderr), out.stderr[-3000:]
