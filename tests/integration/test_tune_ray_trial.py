@@ -47,6 +47,7 @@ class Cluster:
         self.ray = ray
         self.pgs = set(ray.util.placement_group_table())
         self.cpus = ray.available_resources().get("CPU", 0.0)
+        # the GCS's actor table (the State API needs the dashboard, which this cluster has not)
         self.actors = set(ray._private.state.actors())
 
     def live_pgs(self):
