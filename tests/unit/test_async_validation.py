@@ -107,6 +107,9 @@ def test_async_early_stopping_lag_and_exact_resume(tmp_path):
     assert resumed.get_hook("early_stopping").state_dict() == \
         whole.get_hook("early_stopping").state_dict()
     assert_state_equal(params_of(resumed.model), params_of(whole.model))
+    for run in ("whole", "killed"):  # what max_keep_ckpts=1 pinned is gone once validated
+        assert sorted(p.name for p in (tmp_path / run).glob("*.pth")) == \
+            ["best_accuracy_epoch_5.pth", "iter_50.pth"]
 
 
 def _two_ranks(rank: int, port: int, out: str) -> None:
