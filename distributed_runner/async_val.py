@@ -139,9 +139,9 @@ class AsyncValidation:
         """The end of training: every outstanding validation waited for and applied."""
         self._apply(until=None)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if self.backend is not None:
-            self.backend.close()
+            self.backend.close(wait)
 
     # -- applying results ----------------------------------------------------------------------
     def _apply(self, until: int | None) -> None:
@@ -202,13 +202,14 @@ def validation_mode(loop: Any) -> Iterator[AsyncValidation | None]:
             "'async' builds the validation from the run's config: build the Runner with "
             "Runner.from_cfg(cfg)",
         )
-    controller = AsyncValidation(runner, mode.lag)
+    controller, finished = AsyncValidation(runner, mode.lag), False
     try:
         controller.start()
         yield controller
         controller.finish()
-    finally:
-        controller.close()
+        finished = True
+    finally:  # training raised (or was preempted): a validation in flight is not waited for
+        controller.close(wait=finished)
 
 
 def report_validation(runner: RunnerAPI, meta: dict) -> Any:

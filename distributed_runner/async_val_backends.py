@@ -110,13 +110,14 @@ class ProcessBackend:
         path.unlink(missing_ok=True)
         return result
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """End the process: after its current validation (``wait``), else at once."""
         proc, self.proc = self.proc, None
         if proc is not None:
             if proc.stdin is not None:
                 proc.stdin.close()  # the worker ends after its current validation
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=10 if wait else 0.001)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -165,5 +166,5 @@ class RayTrainBackend:
                 )
             time.sleep(0.5)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Ray's controller waits for its queue before ``fit()`` returns."""

@@ -11,6 +11,7 @@ and the hooks with their declared extension points (:mod:`hooks.extension_points
 
 Hooks use the public surface: ``model``, ``wrapped_model`` (what the loops call; PrepareTTAHook
 swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the position, ``work_dir``,
+``val_mode`` (val_cfg's mode, lag and resources: :mod:`distributed_runner.async_val_config`),
 ``cfg``, ``message_hub``, ``logger``, ``sinks``, ``rank``, ``world_size``, ``train_loop``,
 ``strategy`` (DDP or FSDP's options), ``elastic_plan`` (an elastic run's split of the global batch,
 :mod:`distributed_runner.elastic`), ``save_checkpoint()``, ``checkpoints`` (its writer: ``wait()``

@@ -26,17 +26,9 @@ from distributed_runner.remote_storage import (
     is_remote,
     run_folder,
 )
-from distributed_runner.sharded_checkpoint import (
-    remove_orphan_shards,
-    shard_folders,
-)
+from distributed_runner.sharded_checkpoint import remove_orphan_shards, shard_folders
 
-from .checkpoint_args import (
-    as_list,
-    best_rules,
-    check_numbers,
-    checked_published_keys,
-)
+from .checkpoint_args import as_list, best_rules, check_numbers, checked_published_keys
 from .checkpoint_publish import publish_checkpoint
 from .extension_points import CheckpointSaver
 from .hook import DataBatch, Hook
@@ -332,6 +324,10 @@ class CheckpointHook(Hook, CheckpointSaver):
             self.last_saved_iter = runner.iter
             self._save(runner, "last.pth", point=True)
         runner.checkpoints.wait()  # an asynchronous save commits before anything reads it
+        # files kept past max_keep_ckpts while their asynchronous validation was pending
+        for name in async_val.retire(self.kept, self.max_keep_ckpts, set()):
+            if runner.rank == 0:
+                remove_checkpoint(self.out_dir / name)
         if self.published_keys and runner.rank == 0:
             names = ([self.last_file] if self.save_last and self.last_file else []) + list(
                 self.best_files.values()

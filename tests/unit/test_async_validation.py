@@ -66,10 +66,19 @@ def test_async_logs_and_picks_best_as_inline(tmp_path):
     linked: same bytes), the same weights."""
     keep = dict(interval=1, save_best="accuracy", max_keep_ckpts=4)
     inline = train(cfg(tmp_path / "inline", "inline", keep))
-    run = train(cfg(tmp_path / "async", "async", keep))
+    async_cfg = cfg(tmp_path / "async", "async", keep)
+    async_cfg["default_hooks"]["logger"]["sinks"] = ["jsonl", "mlflow"]  # sqlite in work_dir
+    run = train(async_cfg)
     expected = val_records(tmp_path / "inline")
     assert [s for s in expected] == [10 * e for e in range(1, 9)]
     assert val_records(tmp_path / "async") == expected
+    # the same values in the run's MLflow run, charted at the validated epochs
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((tmp_path / "async" / "mlflow_run.json").read_text())["run_id"]
+    history = MlflowClient(f"sqlite:///{tmp_path / 'async' / 'mlflow.db'}").get_metric_history(
+        run_id, "val/accuracy")
+    assert sorted((m.step, m.value) for m in history) == [e for e in expected.values()]
     best = run.get_hook("checkpoint").best_files
     assert best == inline.get_hook("checkpoint").best_files == {"accuracy":
                                                               "best_accuracy_epoch_5.pth"}
@@ -107,6 +116,9 @@ def test_async_early_stopping_lag_and_exact_resume(tmp_path):
     assert resumed.get_hook("early_stopping").state_dict() == \
         whole.get_hook("early_stopping").state_dict()
     assert_state_equal(params_of(resumed.model), params_of(whole.model))
+    for run in ("whole", "killed"):  # what max_keep_ckpts=1 pinned is gone once validated
+        assert sorted(p.name for p in (tmp_path / run).glob("*.pth")) == \
+            ["best_accuracy_epoch_5.pth", "iter_50.pth"]
 
 
 def _two_ranks(rank: int, port: int, out: str) -> None:
