@@ -66,6 +66,8 @@ def format_record(record: LogRecord) -> str:
             else f"Iter({record.mode}) [{record.step}]"
         )
     parts = [where]
+    if "async_applied_iter" in info:  # an asynchronous validation's result (async_val.py)
+        parts[0] += f" (async, applied at iter {info['async_applied_iter']})"
     if "eta" in info:
         parts.append(f"eta: {datetime.timedelta(seconds=int(info['eta']))}")
     if record.scalars:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from distributed_runner import Runner
 from distributed_runner.errors import ConfigError
@@ -60,3 +61,31 @@ def test_launcher_refuses_a_cluster_without_a_cpu_for_validation(ray_cluster, tm
         RayLauncher(bad, normalize_launcher(bad["launcher"])).fit()
     assert str(e.value).startswith("val_cfg.resources: asynchronous validation needs 1 CPU")
     assert "\n" not in str(e.value)
+
+
+def test_ray_restart_mid_run_decides_and_ends_as_an_uninterrupted_run(ray_cluster, tmp_path):
+    """The training worker dies once at iteration 25 (max_failures=1): Ray restarts the group from
+    its last checkpoint, the validations the checkpoint had not applied come back from Ray's
+    queue, and early stopping, the metrics and the final weights are the uninterrupted run's."""
+    hooks = dict(logger=dict(type="LoggerHook", interval=5, sinks=["jsonl"]),
+                 checkpoint=dict(type="CheckpointHook", interval=2, max_keep_ckpts=1,
+                                 save_best="accuracy"))
+    stop = dict(type="EarlyStoppingHook", monitor="accuracy", patience=1, min_delta=0.5)
+    base = dict(custom_imports=dict(imports=["tests.toy", "tests.async_val_probes"]),
+                val_cfg=dict(mode="async"), default_hooks=hooks,
+                train_cfg=dict(by_epoch=True, max_epochs=8, val_interval=1))
+    reference = Runner.from_cfg(cfg(tmp_path / "reference", custom_hooks=[stop], **base))
+    reference.train()
+    ray = cfg(tmp_path / "ray", custom_hooks=[stop, dict(type="DieAtHook", iters=(25,))],
+              launcher=dict(type="ray", num_workers=1, max_failures=1), **base)
+    RayLauncher(ray, normalize_launcher(ray["launcher"])).fit()
+    assert (tmp_path / "ray" / "died_at_25").exists()
+    # a result applied before the death and again after the restart is logged twice, the same
+    records = val_records(tmp_path / "ray")
+    assert len({s for s, _, _ in records}) == len(set(records)) < len(records)
+    assert sorted(set(records)) == val_records(tmp_path / "reference")
+    assert max(s for s, _, _ in records) == 50  # early stopping stopped where it did
+    weights = [torch.load(d / "iter_50.pth", weights_only=True)["state_dict"]
+               for d in (tmp_path / "ray", tmp_path / "reference")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

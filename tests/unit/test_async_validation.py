@@ -151,6 +151,15 @@ def test_two_ranks_apply_the_same_results_at_the_same_iteration(tmp_path):
     assert {s: v for s, v in val_records(tmp_path / "async").items() if s in common} == common
 
 
+def test_the_terminal_line_marks_an_asynchronous_result():
+    from distributed_runner.sinks import LogRecord
+    from distributed_runner.sinks.terminal import format_record
+
+    record = LogRecord("val", 30, 3, {"accuracy": 90.0}, {"by_epoch": True,
+                                                         "async_applied_iter": 40})
+    assert format_record(record) == "Epoch(val) [3] (async, applied at iter 40)  accuracy: 90.0000"
+
+
 def test_val_cfg_mode_is_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"val_cfg.mode.*'asnyc'.*did you mean 'async'"):
         Runner.from_cfg(base_cfg(tmp_path, val_cfg=dict(mode="asnyc")))
