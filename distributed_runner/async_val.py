@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from . import dist
 from .checkpoint import checksum_path, remove_checkpoint
 from .errors import ConfigError
+from .heartbeat import HEARTBEAT, VAL
 
 if TYPE_CHECKING:
     from .runner_api import RunnerAPI
@@ -151,8 +152,10 @@ class AsyncValidation:
             if not state["pending"] or (until is not None and state["pending"][0]["k"] > until):
                 return
             entry = state["pending"][0]
-            result = self.backend.result(entry) if self.backend is not None else None
-            result = dist.broadcast_object(result)
+            # waiting for a validation is the validation's time, not a hang (heartbeat.py)
+            with HEARTBEAT.slow(VAL):
+                result = self.backend.result(entry) if self.backend is not None else None
+                result = dist.broadcast_object(result)
             state["pending"].pop(0)
             _store_state(runner, state)
             self._apply_one(entry, result or {})
