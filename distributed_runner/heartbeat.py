@@ -115,8 +115,12 @@ class Heartbeat:
         """The loop finished iteration ``iteration`` (hot path)."""
         self.iter, self.phase, self.t = iteration, DATA, monotonic()
         if self.carry is not None or self.step_phase is not STEP:  # after a slow phase
-            self.carry, self.step_phase = None, STEP
-            self._fit_group_timeout()
+            self.end_carry()
+
+    def end_carry(self) -> None:
+        """The first iteration after a slow phase completed: back to ``hang_timeout``."""
+        self.carry, self.step_phase = None, STEP
+        self._fit_group_timeout()
 
     @contextlib.contextmanager
     def slow(self, phase: str) -> Iterator[None]:

@@ -63,6 +63,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
@@ -75,7 +76,7 @@ from .data import resume_sampler
 # the validation and test loops live in eval_loops.py; imported here so LOOPS has them and
 # ``from distributed_runner.loops import ValLoop`` keeps working
 from .eval_loops import TestLoop, ValLoop  # noqa: F401
-from .heartbeat import DATA_WARMUP, HEARTBEAT, TEARDOWN, VAL
+from .heartbeat import DATA, DATA_WARMUP, HEARTBEAT, STEP, TEARDOWN, VAL
 from .model_steps import choose_step
 from .preemption import TrainingPreempted
 from .registry import LOOPS
@@ -194,7 +195,8 @@ class _TrainLoopBase:
 
     def run_iter(self, batch_idx: int, data_batch: Any, val_due: bool = False) -> None:
         runner, state, callers = self.runner, self.state, self._callers
-        self._beat.stepping()
+        beat = self._beat  # Heartbeat.stepping() written out: one iteration stays in the
+        beat.phase, beat.t = beat.step_phase, monotonic()  # loop, step and dispatch files
         callers["before_train_iter"](batch_idx=batch_idx, data_batch=data_batch)
         outputs = self.step(data_batch)  # type: ignore[misc]  # chosen before training starts
         # the iteration's end, written out here only (it runs every iteration): while
@@ -205,7 +207,9 @@ class _TrainLoopBase:
         state.finishing_step, state.val_due_after = None, False
         state.iter += 1
         state.batch_in_epoch += 1
-        self._beat.stepped(state.iter)
+        beat.iter, beat.phase, beat.t = state.iter, DATA, monotonic()  # Heartbeat.stepped()
+        if beat.carry is not None or beat.step_phase is not STEP:
+            beat.end_carry()  # the first iteration after a slow phase
         if self._agree:
             if runner.requests.due(state.iter):
                 self.act_on_requests(after_iter=True)
