@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser(
         "plot", help="draw loss, lr and validation curves of one run or several overlaid"
     )
-    plot.add_argument("work_dir", nargs="+", help="work_dir(s) of runs (jsonl or parquet sink)")
+    plot.add_argument(
+        "work_dir", nargs="+", help="work_dir(s) of runs (jsonl or parquet sink) or of sweeps"
+    )
     plot.add_argument("--out", help="image file (default FIRST_WORK_DIR/curves.png)")
     plot.add_argument(
         "--smooth",

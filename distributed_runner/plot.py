@@ -6,7 +6,8 @@ sink) — or the Parquet table when the run has one (``parquet`` sink). A resume
 the steps a crashed attempt logged after its last checkpoint twice; the later value wins (an
 exact resume logs the same one). Vertical lines mark epoch ends (from the validation records of
 an epoch-based run); ``--smooth`` draws an exponential moving average over the raw training
-curves (TensorBoard's, debiased), the raw ones faint behind.
+curves (TensorBoard's, debiased), the raw ones faint behind. A ``drun tune`` sweep's work_dir
+stands for its trials (``trials/*``): their curves are overlaid.
 """
 
 from __future__ import annotations
@@ -148,6 +149,22 @@ def build_figure(work_dirs: Sequence[str | Path], smooth: float = 0.0):
     return fig
 
 
+def expand_sweeps(work_dirs: Sequence[str | Path]) -> list[Path]:
+    """Each work_dir as given, but a sweep's (``drun tune``: a ``trials/`` folder and no logs of
+    its own) as its trials' work_dirs, in trial order."""
+    out: list[Path] = []
+    for work_dir in map(Path, work_dirs):
+        trials = work_dir / "trials"
+        if trials.is_dir() and not (work_dir / "logs").exists():
+            found = sorted(p for p in trials.iterdir() if (p / "logs").is_dir())
+            if not found:
+                raise FileNotFoundError(f"{work_dir}: a sweep whose trials logged nothing yet")
+            out += found
+        else:
+            out.append(work_dir)
+    return out
+
+
 def plot(
     work_dirs: str | Path | Sequence[str | Path], out: str | Path | None = None, smooth: float = 0.0
 ) -> Path:
@@ -156,7 +173,7 @@ def plot(
 
     if isinstance(work_dirs, (str, Path)):
         work_dirs = [work_dirs]
-    fig = build_figure(work_dirs, smooth)
+    fig = build_figure(expand_sweeps(work_dirs), smooth)
     path = Path(out) if out else Path(work_dirs[0]) / "curves.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -320,6 +320,15 @@ def parse_tune(cfg: dict) -> SweepSpec:
             f"unknown {launcher!r}{did_you_mean(str(launcher), TRIAL_LAUNCHERS)}; "
             f"'none' (the Runner in the trial) or 'ray' (a Ray Train run per trial)",
         )
+    if launcher == "ray":
+        from ..launcher_config import normalize_launcher
+
+        if normalize_launcher(cfg.get("launcher")) is None:
+            raise ConfigError(
+                "tune.trial_launcher",
+                "'ray' runs each trial with the config's launcher: set launcher=dict(type='ray', "
+                "num_workers=N) or pass --num-workers N",
+            )
     grace = opts["stop_grace_s"]
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace <= 0:
         raise ConfigError("tune.stop_grace_s", f"takes seconds (> 0), got {grace!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.docs_blocks import docs_commands
 
 pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,10 +67,13 @@ def test_asha_stops_trials_gracefully_and_the_best_config_trains(mlflow_server, 
     space = {LR: {"type": "grid_search", "values": [3e-3, 1e-2, 1e-4, 3e-5]}}
     work_dir = tmp_path / "sweep"
     start = time.monotonic()
+    # the README's command, shrunk to 4 epochs, its learning rates a grid so that ASHA surely
+    # has weak trials to stop, and an MLflow sink
+    argv = shlex.split(docs_commands("readme-tune")[0])
+    assert argv == ["drun", "tune", "configs/digits_tune.py"]
     out = _drun(
         [
-            "tune",
-            "configs/digits_tune.py",
+            *argv[1:],
             "--work-dir",
             str(work_dir),
             "--cfg-options",
@@ -124,6 +130,14 @@ def test_asha_stops_trials_gracefully_and_the_best_config_trains(mlflow_server, 
     assert parent_run.info.status == "FINISHED"
     assert parent_run.data.metrics["best/accuracy"] == pytest.approx(best["best_accuracy"])
     assert parent_run.data.tags[f"best.{LR}"] == str(best[LR])
+
+    # drun plot of the sweep's work_dir overlays its trials' curves
+    from distributed_runner.plot import build_figure, expand_sweeps
+
+    assert sorted(p.name for p in expand_sweeps([work_dir])) == sorted(rows)
+    assert build_figure(expand_sweeps([work_dir]))._suptitle.get_text().count(" vs ") == 3
+    out = _drun(["plot", str(work_dir)], _env(mlflow_server), timeout=60)
+    assert out.returncode == 0 and (work_dir / "curves.png").is_file(), out.stderr[-2000:]
 
     # best_config.py is an ordinary config with the best values: drun train runs it
     best_cfg = work_dir / "best_config.py"
@@ -241,7 +255,6 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(mlflow_server, tmp_path):
         "--max-concurrent-trials",
         "1",
         "--cfg-options",
-        "train_cfg.max_epochs=6",
         f"tune.param_space={space!r}",
         "tune.num_samples=1",
         "tune.scheduler=fifo",
@@ -259,7 +272,7 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(mlflow_server, tmp_path):
     trials = work_dir / "trials"
 
     def second_trial_is_training() -> bool:
-        done = {p.parent for p in trials.glob("*/epoch_6.pth")}
+        done = {p.parent for p in trials.glob("*/epoch_12.pth")}
         started = {p.parent for p in trials.glob("*/epoch_*.pth")} - done
         return bool(done and started)
 
@@ -273,7 +286,9 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(mlflow_server, tmp_path):
     first_out = (tmp_path / "first.log").read_text()
     assert code == 130, first_out[-3000:]
     assert "--resume continues the sweep" in first_out
-    (done,) = [p.parent for p in trials.glob("*/epoch_6.pth")]
+    statuses = json.loads((work_dir / "tune_status.json").read_text())
+    assert list(statuses.values()) == ["TERMINATED"]  # the first trial; the second was cut
+    done = trials / next(iter(statuses))
     (cut,) = [p for p in trials.iterdir() if p != done and p.is_dir()]
     before = {p.name: p.stat().st_mtime_ns for p in done.iterdir() if p.is_file()}
     parent = (work_dir / "mlflow_sweep.json").read_text()
@@ -282,7 +297,7 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(mlflow_server, tmp_path):
     out = _drun([*args, "--resume"], env, timeout=200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {r["trial_id"]: r for r in _rows(work_dir)}
-    assert {r["epoch"] for r in rows.values()} == {6} and len(rows) == 2
+    assert {r["epoch"] for r in rows.values()} == {12} and len(rows) == 2
     # the finished trial was not run again; the interrupted one resumed from a checkpoint of
     # its own, into its own MLflow run, under the same parent
     assert {p.name: p.stat().st_mtime_ns for p in done.iterdir() if p.is_file()} == before

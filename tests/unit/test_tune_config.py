@@ -37,6 +37,20 @@ def _error(**tune) -> str:
 LR = "optim_wrapper.optimizer.lr"
 
 
+def test_the_docs_config_blocks_are_valid_sweeps():
+    from tests.docs_blocks import docs_block
+    from tests.unit.test_docs_config_snippets import alternatives
+
+    groups = alternatives(docs_block("sweeps-config"))
+    assert len(groups) == 2
+    kinds = []
+    for values in groups:
+        cfg = Config.fromfile(ROOT / "configs" / "digits_cnn.py")
+        cfg["tune"] = values["tune"]
+        kinds.append(parse_tune(cfg).scheduler)
+    assert kinds == ["ASHA", "PBT"]
+
+
 def test_the_example_sweep_is_valid_and_fills_its_defaults():
     spec = parse_tune(_cfg())
     assert (spec.metric, spec.mode, spec.scheduler, spec.search_alg) == (
@@ -156,6 +170,7 @@ def test_the_example_sweep_is_valid_and_fills_its_defaults():
             f"tune.scheduler.hyperparam_bounds.{LR}: takes [lower, upper] with lower < upper",
         ),
         ({"trial_launcher": "rey"}, "tune.trial_launcher: unknown 'rey' (did you mean 'ray'"),
+        ({"trial_launcher": "ray"}, "tune.trial_launcher: 'ray' runs each trial with the config's"),
         ({"resources_per_trial": {"CPU": -1}}, "tune.resources_per_trial.CPU: takes a number >= 0"),
         ({"stop_grace_s": 0}, "tune.stop_grace_s: takes seconds (> 0)"),
     ],
