@@ -20,6 +20,7 @@ BUILTIN_HOOKS: dict[str, str] = {
     "ProfilerHook": "profiler_hook",
     "RayReportHook": "ray_report_hook",
     "RuntimeInfoHook": "runtime_info_hook",
+    "StragglerHook": "straggler_hook",
     "SyncBuffersHook": "sync_buffers_hook",
     "VisualizationHook": "visualization_hook",
 }
