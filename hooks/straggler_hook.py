@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from distributed_runner import dist
 from distributed_runner.registry import HOOKS
 from distributed_runner.watchdog_config import parse_watchdog
@@ -205,9 +207,16 @@ class StragglerHook(Hook, RankFigures):
     def before_train(self, runner: RunnerAPI) -> None:
         settings = parse_watchdog(runner.cfg.get("watchdog") if runner.cfg is not None else None)
         self.watch = StragglerWatch(settings["straggler_ratio"], settings["straggler_patience"])
-        if dist.is_distributed():
+        model = runner.wrapped_model
+        optimizer = getattr(runner.optim_wrapper, "optimizer", None)
+        # the same answer on every rank (the figures' shape must match in LoggerHook's gather)
+        if (
+            dist.is_distributed()
+            and isinstance(model, torch.nn.Module)
+            and isinstance(optimizer, torch.optim.Optimizer)
+        ):
             fsdp = isinstance(runner.strategy, dict) and runner.strategy.get("type") == "fsdp"
-            self.clock.attach(runner.wrapped_model, runner.optim_wrapper.optimizer, fsdp)
+            self.clock.attach(model, optimizer, fsdp)
 
     def after_train(self, runner: RunnerAPI) -> None:
         self.clock.detach()
