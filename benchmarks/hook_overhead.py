@@ -1,7 +1,7 @@
 """What the hooked Runner costs per iteration, next to a bare PyTorch loop doing the same work.
 
 **The user's path (the headline figure).** A per-sample dataset of dict samples, the Runner's own
-``DefaultSampler(shuffle=False)`` and collate, the six default hooks (logger every 10 iterations
+``DefaultSampler(shuffle=False)`` and collate, the seven default hooks (logger every 10 iterations
 writing terminal and JSON-lines records at INFO, stdout sent to a file as ``drun train > out.log``
 does; checkpoints off), an MLP 32 -> 32 -> 1 with batch 16 —
 against a bare loop over a plain ``DataLoader(dataset, batch_size=16)`` of the same dataset, one
@@ -311,7 +311,7 @@ def user_path(rounds: int, epochs: int, log_level: str = "INFO") -> None:
     median, q1, q3 = spread([ours - bare for bare, ours in pairs])
     bare = statistics.median(b for b, _ in pairs)
     ours = statistics.median(o for _, o in pairs)
-    print(f"user path: per-sample dict dataset, DefaultSampler + collate, 6 default hooks "
+    print(f"user path: per-sample dict dataset, DefaultSampler + collate, 7 default hooks "
           f"(checkpoint off, logger every 10 at {log_level}), MLP 32-32-1, batch {USER_BATCH}, "
           f"{USER_ITERS} iters/epoch; {len(pairs)} pairs of back-to-back epochs (bare, Runner), "
           f"process CPU time; target overhead <= 15 us/iter")

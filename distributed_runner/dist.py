@@ -120,6 +120,18 @@ def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum") -> dict[str,
     return data
 
 
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` (the same shape on every rank) stacked in rank order:
+    ``[world_size, *tensor.shape]``, on ``tensor``'s device."""
+    if not is_distributed():
+        return tensor.unsqueeze(0)
+    device = _collective_device()
+    work = tensor.to(device)
+    parts = [torch.empty_like(work) for _ in range(get_world_size())]
+    torch_dist.all_gather(parts, work)
+    return torch.stack(parts).to(tensor.device)
+
+
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank."""
     if not is_distributed():

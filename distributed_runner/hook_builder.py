@@ -41,6 +41,7 @@ DEFAULT_HOOKS: dict[str, dict] = {
     "logger": {"type": "LoggerHook"},
     "param_scheduler": {"type": "ParamSchedulerHook"},
     "checkpoint": {"type": "CheckpointHook", "interval": 1},
+    "straggler": {"type": "StragglerHook"},  # attaches nothing in a single process
 }
 
 RESERVED_KEYS = ("priority", "name", "on_error", "before", "after")

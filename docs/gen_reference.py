@@ -231,7 +231,7 @@ def hooks_page() -> str:
     from distributed_runner.hook_builder import DEFAULT_HOOKS, LAUNCHER_HOOKS, RESERVED_KEYS, \
         default_name
     from distributed_runner.registry import HOOKS
-    from hooks import CheckpointSaver, Priority, SinkProvider, StepGuard
+    from hooks import CheckpointSaver, Priority, RankFigures, SinkProvider, StepGuard
     from hooks.priority import get_priority, priority_name
 
     defaults = {spec["type"]: (key, {k: v for k, v in spec.items() if k != "type"})
@@ -254,7 +254,7 @@ def hooks_page() -> str:
             for key, spec in DEFAULT_HOOKS.items()]
     out += ["", "## Every registered hook", ""]
     points = {StepGuard: "step guard", CheckpointSaver: "checkpoint saver",
-              SinkProvider: "log sinks"}
+              SinkProvider: "log sinks", RankFigures: "rank figures"}
     for name in HOOKS.keys():
         cls = HOOKS.get(name)
         doc = inspect.getdoc(cls) or ""

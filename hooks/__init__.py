@@ -14,7 +14,7 @@ from typing import Any
 from distributed_runner.registry import HOOKS
 
 from .builtin_names import BUILTIN_HOOKS
-from .extension_points import CheckpointSaver, SinkProvider, StepGuard
+from .extension_points import CheckpointSaver, RankFigures, SinkProvider, StepGuard
 from .hook import ADDED_MOUNT_POINTS, MMENGINE_MOUNT_POINTS, MOUNT_POINTS, Hook
 from .priority import Priority, get_priority
 
@@ -26,6 +26,7 @@ __all__ = [
     "CheckpointSaver",
     "Hook",
     "Priority",
+    "RankFigures",
     "SinkProvider",
     "StepGuard",
     "get_priority",

@@ -21,6 +21,7 @@ BUILTIN_HOOKS: dict[str, str] = {
     "RayReportHook": "ray_report_hook",
     "RayTrialHook": "ray_trial_hook",
     "RuntimeInfoHook": "runtime_info_hook",
+    "StragglerHook": "straggler_hook",
     "SyncBuffersHook": "sync_buffers_hook",
     "TuneForkHook": "tune_fork_hook",
     "TuneReportHook": "tune_report_hook",

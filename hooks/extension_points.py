@@ -12,6 +12,8 @@ CheckpointSaver     saves the checkpoints the loop is asked for (``runner.reques
                     preemption), so retention and the ``last_checkpoint`` pointer stay its job
 SinkProvider        names log sinks (``sink_specs``); the Runner builds them once and serves
                     them to every hook as ``runner.sinks``
+RankFigures         keeps figures on each rank that matter side by side, not averaged; LoggerHook
+                    gathers them in the collective it makes at each training record anyway
 ==================  ==========================================================================
 
 Unlike the mount points, these methods are called *outside* the dispatcher: they are not in
@@ -22,7 +24,9 @@ completes a rollback every rank does; the loop's step calls them. ``save_on_requ
 requested or preemption checkpoint on every rank (``Runner.save_requested_checkpoint``): it is
 written or training stops, loudly. ``sink_specs`` is read once, when the Runner is built. The same
 holds for a hook's ``state_dict``/``load_state_dict``, which the checkpoint code calls (a
-checkpoint missing a hook's state would resume wrongly).
+checkpoint missing a hook's state would resume wrongly). ``rank_figures``/``figures_gathered`` are
+LoggerHook's to call, on every rank at every training record of a distributed run: its collective
+needs every rank's figures, so none may be skipped on one rank.
 """
 
 from __future__ import annotations
@@ -85,8 +89,32 @@ class SinkProvider:
     sink_specs: Sequence[Any] = ()
 
 
+class RankFigures:
+    """Keeps, on each rank, figures worth seeing rank by rank rather than averaged (which rank
+    is slow: :class:`~hooks.StragglerHook`).
+
+    In a distributed run LoggerHook, at each training record, takes every provider's
+    :meth:`rank_figures` into the one collective it makes there anyway (an all_gather of its
+    window's values and these figures, instead of an all-reduce of the values), then calls
+    :meth:`figures_gathered` on every rank with the same table and writes the scalars it returns
+    into the record. No synchronisation of its own, and none outside LoggerHook's records.
+    """
+
+    def rank_figures(self) -> Sequence[float]:
+        """This rank's figures for the window since the previous record. The same number on
+        every rank at every record (an all_gather needs equal shapes); none in a single process."""
+        return ()
+
+    def figures_gathered(self, runner: RunnerAPI, per_rank: list[list[float]]) -> dict[str, float]:
+        """``per_rank[r]``: rank ``r``'s :meth:`rank_figures`. Returns scalars for the training
+        record (names as logged, without ``train/``); the same table on every rank, so every
+        rank may decide alike and rank 0 log."""
+        return {}
+
+
 EXTENSION_POINTS: dict[str, type] = {
     "step guard": StepGuard,
     "checkpoint on request": CheckpointSaver,
     "log sinks": SinkProvider,
+    "rank figures": RankFigures,
 }

@@ -19,7 +19,7 @@ from distributed_runner.registry import HOOKS
 from distributed_runner.remote_storage import check_storage_options, copy_run_files, run_folder
 from distributed_runner.sinks import LogRecord
 
-from .extension_points import SinkProvider
+from .extension_points import RankFigures, SinkProvider
 from .hook import DataBatch, Hook
 
 if TYPE_CHECKING:
@@ -40,8 +40,10 @@ class LoggerHook(Hook, SinkProvider):
     ``interval``: an int or ``'Nit'`` counts batches of the epoch (MMEngine's rule); ``'2ep'``
     logs at the end of every 2nd epoch; ``'30s'``/``'5min'`` by wall time (rank 0's clock).
     Training values are smoothed over the iterations since the last record (``lr`` is the current
-    value) and averaged across ranks. ``ignore_last=False`` also logs the last iterations of an
-    epoch that do not fill an interval.
+    value) and averaged across ranks; hooks that keep per-rank figures
+    (:class:`~hooks.extension_points.RankFigures`, e.g. StragglerHook) have them gathered in the
+    same collective and add the scalars they derive. ``ignore_last=False`` also logs the last
+    iterations of an epoch that do not fill an interval.
 
     Hook timing (from the dispatcher's always-on timing): the table (hook, mount point, calls,
     total, mean) is logged after training; a hook whose cumulative time since the first record
@@ -68,6 +70,7 @@ class LoggerHook(Hook, SinkProvider):
 
     priority = "BELOW_NORMAL"
     on_error = "warn"
+    _rank_figures: tuple[RankFigures, ...] = ()  # the providers, found at before_train
 
     def __init__(
         self,
@@ -115,6 +118,8 @@ class LoggerHook(Hook, SinkProvider):
             and (not self.ignore_last or self._epoch_length <= self.interval)
         )
         self._distributed = dist.is_distributed()
+        if self._distributed:
+            self._rank_figures = tuple(h for h in runner.hooks if isinstance(h, RankFigures))
         self.every.start_clock()
         self._hook_seconds = dict(runner.hook_seconds()) if self.top_hooks > 0 else {}
         self._share_base: tuple[float, dict] | None = None
@@ -161,14 +166,12 @@ class LoggerHook(Hook, SinkProvider):
                     current[name] = buf.current()
                 else:
                     smoothed[name] = buf.mean(window)
-        if self._distributed and smoothed:
-            avg = dist.all_reduce(
-                torch.tensor(list(smoothed.values()), dtype=torch.float64), "mean"
-            ).tolist()
-            smoothed = dict(zip(smoothed, avg, strict=True))
+        ranked: dict[str, float] = {}
+        if self._distributed and (smoothed or self._rank_figures):
+            smoothed, ranked = self._across_ranks(runner, smoothed)
         if runner.rank != 0:
             return
-        scalars = {**current, **smoothed}
+        scalars = {**current, **smoothed, **ranked}
         if runner.device.type == "cuda":
             scalars["memory"] = float(torch.cuda.max_memory_allocated(runner.device) // 2**20)
         info: dict[str, Any] = {
@@ -184,6 +187,31 @@ class LoggerHook(Hook, SinkProvider):
         if eta is not None:
             info["eta"] = eta
         runner.sinks.write(LogRecord("train", runner.iter + 1, runner.epoch + 1, scalars, info))
+
+    def _across_ranks(self, runner: RunnerAPI, smoothed: dict) -> tuple[dict, dict]:
+        """The window's values averaged over the ranks, and the scalars the RankFigures
+        providers derive from every rank's figures: one collective either way — an all-reduce
+        (mean) when no provider has figures, else one all_gather of values and figures."""
+        figures = [[float(v) for v in hook.rank_figures()] for hook in self._rank_figures]
+        if not any(figures):
+            if not smoothed:
+                return {}, {}
+            avg = dist.all_reduce(
+                torch.tensor(list(smoothed.values()), dtype=torch.float64), "mean"
+            ).tolist()
+            return dict(zip(smoothed, avg, strict=True)), {}
+        mine = [*smoothed.values(), *(v for own in figures for v in own)]
+        table = dist.all_gather(torch.tensor(mine, dtype=torch.float64))
+        n = len(smoothed)
+        avg = (table[:, :n].sum(0) / table.shape[0]).tolist()
+        ranked: dict[str, float] = {}
+        start = n
+        for hook, own in zip(self._rank_figures, figures, strict=True):
+            if own:
+                per_rank = table[:, start : start + len(own)].tolist()
+                ranked.update(hook.figures_gathered(runner, per_rank))
+                start += len(own)
+        return dict(zip(smoothed, avg, strict=True)), ranked
 
     def _log_eval(self, runner: RunnerAPI, mode: str, metrics: dict | None) -> None:
         if runner.rank != 0:

@@ -95,6 +95,14 @@ def test_sync_buffers_makes_bn_statistics_identical(uninterrupted):
     assert equal_states(r0, r1)
 
 
+def test_a_uniform_run_names_no_straggler_and_logs_each_ranks_figure(uninterrupted):
+    wd, _ = uninterrupted
+    train = [r for r in map(json.loads, (wd / "logs" / "scalars.jsonl").open())
+             if r["mode"] == "train"]
+    assert train and all({"straggler/rank_0_s", "straggler/rank_1_s"} <= r.keys() for r in train)
+    assert "straggler: rank" not in (wd / "logs" / "run.log").read_text()
+
+
 def test_only_rank_0_writes_and_ray_lists_the_checkpoints(uninterrupted):
     wd, (launcher, result) = uninterrupted
     writes = (wd / "writes.txt").read_text().split("\n")

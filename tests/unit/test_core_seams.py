@@ -190,12 +190,13 @@ def test_drun_hooks_shows_every_extension_point_in_use(tmp_path, capsys):
     assert drun_main(["hooks", str(path), "--launcher", "ray"]) == 0
     out = capsys.readouterr().out
     assert "ray_report" in out and "RayReportHook" in out
-    assert ("after_save_checkpoint  checkpoint (90) -> ray_report (100)  [added to MMEngine's]"
-            in out)
+    assert ("after_save_checkpoint  checkpoint (90) -> straggler (90) -> ray_report (100)  "
+            "[added to MMEngine's]" in out)
     assert "Extension points:" in out
     assert "step guard             non_finite_loss" in out
     assert "checkpoint on request  checkpoint" in out
     assert "log sinks              logger: jsonl" in out
+    assert "rank figures           straggler" in out
     assert drun_main(["hooks", str(path)]) == 0
     assert "ray_report" not in capsys.readouterr().out  # only Ray's workers report to Ray
 

@@ -10,12 +10,13 @@ def names(runner):
     return [(e.name, type(e.hook).__name__, e.priority) for e in runner._hooks.entries]
 
 
-def test_six_defaults_with_seed_priorities(tmp_path):
+def test_seven_defaults_with_seed_priorities(tmp_path):
     runner = make_runner(tmp_path, default_hooks=None)
     assert names(runner) == [
         ("runtime_info", "RuntimeInfoHook", 10), ("timer", "IterTimerHook", 50),
         ("sampler_seed", "DistSamplerSeedHook", 50), ("logger", "LoggerHook", 60),
-        ("param_scheduler", "ParamSchedulerHook", 70), ("checkpoint", "CheckpointHook", 90)]
+        ("param_scheduler", "ParamSchedulerHook", 70), ("checkpoint", "CheckpointHook", 90),
+        ("straggler", "StragglerHook", 90)]
 
 
 def test_none_removes_dict_updates_type_replaces_new_name_adds(tmp_path):
