@@ -30,8 +30,9 @@ from .log import LOGGER_NAME
 
 # arguments of Hugging Face layers that carry a key/value cache: a recomputed forward would
 # append to the cache a second time, so (as transformers' own gradient checkpointing does) a
-# recomputed layer trains without one: these become None, ``use_cache`` False
-CACHE_ARGS = ("past_key_values", "past_key_value", "layer_past")
+# recomputed layer trains without one: these become None, ``use_cache`` False. transformers
+# 5.24 names a layer's argument ``cache`` (before: ``past_key_values``/``past_key_value``)
+CACHE_ARGS = ("past_key_values", "past_key_value", "layer_past", "cache", "cache_params")
 OFF = {**dict.fromkeys(CACHE_ARGS), "use_cache": False}
 
 
