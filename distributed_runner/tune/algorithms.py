@@ -84,9 +84,13 @@ def build_scheduler(kind: str, options: dict[str, Any], metric: str, mode: str) 
     return cls(metric=metric, mode=mode, **options)
 
 
-def build_searcher(kind: str, options: dict[str, Any], metric: str, mode: str) -> Any:
-    """The search algorithm object (options already checked)."""
+def build_searcher(
+    kind: str, options: dict[str, Any], metric: str, mode: str, concurrency: int
+) -> Any:
+    """The search algorithm object (options already checked). Ray's variant generator takes the
+    concurrency limit itself: given one, Tune does not apply ``max_concurrent_trials`` to it
+    (measured: two trials ran at once with the limit at 1)."""
     cls = algorithm_class(SEARCHERS, kind)
     if kind in ("random", "grid"):
-        return cls(**options)
+        return cls(max_concurrent=concurrency, **options)
     return cls(metric=metric, mode=mode, **options)

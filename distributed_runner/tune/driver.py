@@ -137,7 +137,9 @@ def _tuner(
             num_samples=spec.num_samples,
             max_concurrent_trials=concurrency,
             scheduler=build_scheduler(spec.scheduler, scheduler_options, spec.metric, spec.mode),
-            search_alg=build_searcher(spec.search_alg, spec.search_options, spec.metric, spec.mode),
+            search_alg=build_searcher(
+                spec.search_alg, spec.search_options, spec.metric, spec.mode, concurrency
+            ),
             time_budget_s=spec.time_budget_s,
             reuse_actors=False,
         ),
