@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distributed_runner.checkpoint import load_file
 from distributed_runner.errors import ArgumentError
 from distributed_runner.registry import HOOKS
 from distributed_runner.tune.mutations import MUTABLE_KEYS
@@ -28,9 +30,11 @@ class TuneForkHook(Hook):
       donor's was 0).
 
     The trial's identity is its own: CheckpointHook's file bookkeeping, restored from the
-    donor's checkpoint, names the donor's files and is started afresh; the MLflow run is the
-    trial's own (its sink's ``run_id``, set by the trial's config). The fork is logged with the
-    donor, the iteration and every change.
+    donor's checkpoint, names the donor's files; it is replaced by the trial's own, read from
+    ``own_checkpoint`` (the trial's newest checkpoint before the fork, if any), so that
+    ``max_keep_ckpts`` and the best files go on counting the trial's own files; the MLflow run is
+    the trial's own (its sink's ``run_id``, set by the trial's config). The fork is logged with
+    the donor, the iteration and every change.
 
     Added by ``drun tune`` to the config of a PBT trial that exploits another; not meant for a
     config. Ranks: all apply the same change.
@@ -38,7 +42,13 @@ class TuneForkHook(Hook):
 
     priority = "HIGH"  # before other hooks' before_train read the optimizer
 
-    def __init__(self, donor: str, changes: dict[str, Any], iteration: int | None = None) -> None:
+    def __init__(
+        self,
+        donor: str,
+        changes: dict[str, Any],
+        iteration: int | None = None,
+        own_checkpoint: str | None = None,
+    ) -> None:
         for key, pair in changes.items():
             if key not in MUTABLE_KEYS:
                 raise ArgumentError(
@@ -51,6 +61,7 @@ class TuneForkHook(Hook):
         self.donor = donor
         self.changes = {k: (float(a), float(b)) for k, (a, b) in changes.items()}
         self.iteration = iteration
+        self.own_checkpoint = own_checkpoint
 
     def before_train(self, runner: RunnerAPI) -> None:
         applied = []
@@ -65,7 +76,7 @@ class TuneForkHook(Hook):
             applied.append(f"{key} {old:g} -> {new:g}")
         checkpoints = runner.get_hook("checkpoint")
         if checkpoints is not None and callable(getattr(checkpoints, "load_state_dict", None)):
-            checkpoints.load_state_dict({})  # the donor's files are not this trial's
+            checkpoints.load_state_dict(self._own_bookkeeping())
         if runner.rank == 0:
             runner.logger.info(
                 "PBT fork: continuing trial %s's run from iteration %d with %s",
@@ -73,3 +84,13 @@ class TuneForkHook(Hook):
                 runner.iter if self.iteration is None else self.iteration,
                 "; ".join(applied) or "no change",
             )
+
+    def _own_bookkeeping(self) -> dict:
+        """CheckpointHook's state as the trial's own newest checkpoint left it ({} if none);
+        its newest save is not the state being trained now, so it counts as none."""
+        state: dict = {}
+        if self.own_checkpoint and Path(self.own_checkpoint).is_file():
+            ckpt = load_file(self.own_checkpoint, "own_checkpoint")
+            state = dict(ckpt.get("hooks", {}).get("checkpoint") or {})
+        state.update(last_file=None, last_saved_iter=-1)
+        return state

@@ -30,7 +30,7 @@ from typing import Any
 
 from ray import tune
 
-from ..checkpoint import checksum_path
+from ..checkpoint import checksum_path, read_pointer
 from .in_process import InProcessTrialRun
 from .mutations import MUTABLE_KEYS
 from .trial_config import trial_config
@@ -168,6 +168,9 @@ class DrunTrainable(tune.Trainable):
         }
         self.fork = {"donor": state["trial_id"], "iteration": state.get("iter"), "changes": changes}
         line = {"time": time.time(), **self.fork}
+        own = read_pointer(self.trial_dir)  # the trial's newest file: its bookkeeping is kept
+        if own is not None:
+            self.fork["own_checkpoint"] = str(own)
         with open(self.trial_dir / FORKS_FILE, "a") as f:
             f.write(json.dumps(line) + "\n")
         print(

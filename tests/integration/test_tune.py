@@ -164,6 +164,7 @@ PBT = {
     "perturbation_interval": 1,
     "quantile_fraction": 0.5,
     "resample_probability": 0.0,
+    "synch": True,  # every trial reports before PBT decides: the poor one surely exploits
     "hyperparam_mutations": {LR: {"type": "loguniform", "lower": 1e-4, "upper": 3e-2}},
 }
 
@@ -173,6 +174,9 @@ def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(mlflow_server, tmp_
     import torch
 
     work_dir = tmp_path / "pbt"
+    # a good and a poor learning rate: at every perturbation the poor trial is in the bottom
+    # half and exploits the good one
+    space = {LR: {"type": "grid_search", "values": [3e-3, 3e-5]}, "model.width": 8}
     start = time.monotonic()
     out = _drun(
         [
@@ -181,9 +185,10 @@ def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(mlflow_server, tmp_
             "--work-dir",
             str(work_dir),
             "--num-samples",
-            "2",
+            "1",
             "--cfg-options",
-            "train_cfg.max_epochs=4",
+            "train_cfg.max_epochs=3",
+            f"tune.param_space={space!r}",
             f"tune.scheduler={PBT!r}",
             SINKS,
         ],
@@ -195,7 +200,8 @@ def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(mlflow_server, tmp_
     rows = {r["trial_id"]: r for r in _rows(work_dir)}
     assert len(rows) == 2 and all(r["status"] == "TERMINATED" for r in rows.values())
     forked = [r for r in rows.values() if r["forks"]]
-    assert forked, "PBT exploited no trial"
+    pbt_lines = [line for line in (out.stdout + out.stderr).splitlines() if "pbt" in line.lower()]
+    assert forked, "PBT exploited no trial:\n" + "\n".join(pbt_lines[-20:])
     print(
         f"PBT sweep: {wall:.0f} s, {len(rows)} trials, {sum(r['forks'] for r in rows.values())} "
         f"exploits, best accuracy {max(r['best_accuracy'] for r in rows.values()):.2f}"
@@ -222,6 +228,8 @@ def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(mlflow_server, tmp_
         groups = ckpt["optimizer"]["param_groups"]
         assert [g["initial_lr"] for g in groups] == [pytest.approx(forks[-1]["changes"][LR][1])]
         assert row[LR] == pytest.approx(forks[-1]["changes"][LR][1])
+        # own checkpoint bookkeeping: max_keep_ckpts=2 goes on counting the trial's own files
+        assert len(list(trial.glob("epoch_*.pth"))) <= 2
         # own identity: its own MLflow run (not the donor's), FINISHED, with the forks tagged
         own = json.loads((trial / "mlflow_run.json").read_text())["run_id"]
         child = children[row["trial_id"]]
