@@ -12,8 +12,10 @@ the run's own graceful stop (``request_stop``, then up to ``stop_grace_s`` for i
   (a paused or interrupted trial resumes exactly) or, under PBT, another trial's (an exploit: the
   run resumes from the donor's file and :class:`hooks.tune_fork_hook.TuneForkHook` applies this
   trial's own values; the trial keeps its work_dir and MLflow run).
-* ``step``: the next result of the run, which waits there until the next ``step`` (or
-  ``cleanup``) lets it go on; ``should_checkpoint`` when the result has its checkpoint.
+* ``step``: the first starts the run — from the checkpoint Tune handed back, else from the
+  trial's own newest file if it has one; each returns the next result of the run, which waits
+  there until the next ``step`` (or ``cleanup``) lets it go on; ``should_checkpoint`` when the
+  result has its checkpoint.
 * ``save_checkpoint``: the result's checkpoint file (hard-linked) plus ``drun_tune.json``
   (trial id, position, the trial's values) — what an exploit needs to know whose run it takes.
 """
@@ -98,6 +100,11 @@ class DrunTrainable(tune.Trainable):
 
     def step(self) -> dict:
         if self.run is None:
+            if self.resume_from is None:
+                # restarted without a Tune checkpoint (the sweep was cut after the run wrote a
+                # file but before Tune persisted it): the trial's own newest file is as exact
+                own = read_pointer(self.trial_dir)
+                self.resume_from = str(own) if own is not None else None
             self.run = self._make_run()
             self.run.start()
         else:
