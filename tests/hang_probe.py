@@ -87,3 +87,18 @@ class StartTimesHook(Hook):
         if runner.rank == 0:
             with open(Path(runner.work_dir) / "starts.txt", "a") as f:
                 f.write(f"{time.time()} {runner.iter}\n")
+
+
+@HOOKS.register_module(force=True)
+class FirstStepTimeHook(Hook):
+    """Writes the first training iteration's wall seconds to ``work_dir/first_step_s`` (with
+    ``compile=True``: the compilation the first step's allowance is for)."""
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        if runner.iter == 0:
+            self._began = time.perf_counter()
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter == 0 and hasattr(self, "_began"):
+            seconds = time.perf_counter() - self._began
+            (Path(runner.work_dir) / "first_step_s").write_text(f"{seconds}\n")

@@ -100,6 +100,21 @@ def test_slow_phases_within_their_allowance_are_no_alarm(tmp_path):
     assert time.time() - start > 7.5  # the three slow phases did run
 
 
+def test_a_compiled_first_iteration_is_no_alarm(tmp_path):
+    """A real ``torch.compile`` (inductor on CPU): the first step compiles for seconds, far over
+    ``hang_timeout=1``; the default ``first_iter`` allowance covers it, and later steps are
+    watched with the 1 s limit again."""
+    out, _ = drun_train(tmp_path, **SLOW, compile=True,
+                        custom_hooks=[dict(type="FirstStepTimeHook")],
+                        watchdog=dict(hang_timeout=1, collective_timeout=2))
+    assert out.returncode == 0, out.stderr[-3000:]
+    work = tmp_path / "work"
+    assert not (work / "hangs").exists()
+    first_step = float((work / "first_step_s").read_text())
+    assert first_step > 1, f"the compiled first step took {first_step:.2f} s: not over the limit"
+    print(f"compiled first step: {first_step:.1f} s, hang_timeout 1 s, no alarm")
+
+
 def test_a_validation_longer_than_its_allowance_is_a_hang(tmp_path):
     """The same slow validation with ``val`` (and the save before it) allowed less."""
     out, _ = drun_train(
