@@ -52,13 +52,35 @@ def trials_that_fit(spec: SweepSpec, cfg: dict, cluster: dict[str, float]) -> in
     return min(int(float(cluster.get(k, 0)) // v) for k, v in need.items() if v > 0)
 
 
+def _trial_footprint(spec: SweepSpec, cfg: dict) -> dict[str, float]:
+    """All a running trial holds: for a Ray Train trial its workers too (Tune sees only the
+    actor)."""
+    if spec.trial_launcher == "ray":
+        return dict(ray_trial_api().ray_trial_footprint(cfg))
+    return _trial_resources(spec, cfg)
+
+
+def _amount(resource: str, value: float) -> str:
+    return (
+        f"{value / (1 << 30):.3g} GiB memory" if resource == "memory" else f"{value:g} {resource}"
+    )
+
+
 def choose_concurrency(spec: SweepSpec, cfg: dict, cluster: dict[str, float]) -> int:
     """``max_concurrent_trials``, or what fits; one line when it does not fit."""
     fit = trials_that_fit(spec, cfg, cluster)
-    need = _trial_resources(spec, cfg)
-    shown = ", ".join(f"{v:g} {k}" for k, v in need.items())
-    have = ", ".join(f"{float(cluster.get(k, 0)):g} {k}" for k in need)
+    need = _trial_footprint(spec, cfg)
+    # the resources that limit it: those that fit only ``fit`` times
+    limiting = [k for k, v in need.items() if float(cluster.get(k, 0)) / v < fit + 1] or list(need)
+    shown = ", ".join(_amount(k, need[k]) for k in limiting)
+    have = ", ".join(_amount(k, float(cluster.get(k, 0))) for k in limiting)
     if fit < 1:
+        if spec.trial_launcher == "ray":
+            raise ConfigError(
+                "launcher.num_workers",
+                f"a Ray Train trial holds {shown} (its workers), the cluster has {have}: "
+                "fewer workers (--num-workers) or more nodes",
+            )
         raise ConfigError(
             "tune.resources_per_trial",
             f"a trial needs {shown}, the cluster has {have}: lower it or add nodes",

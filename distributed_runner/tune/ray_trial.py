@@ -6,7 +6,7 @@ How the pieces meet:
 
 * ``fit()`` runs in a thread of the trial's process; the controller and the workers are Ray
   Train's own. The workers' placement group is the trainer's, outside Tune's accounting, so the
-  trial actor asks for a sliver of a CPU and the sweep limits concurrency from the whole footprint
+  trial actor asks for no CPU and the sweep limits concurrency from the whole footprint
   (:mod:`.ray_trial_resources`).
 * Each (re)start of a trial is a fresh Train run, ``<trial_id>-g<N>`` under
   ``work_dir/ray_storage`` (the trial's own work_dir): Ray Train would otherwise resume the
@@ -36,11 +36,21 @@ from pathlib import Path
 from typing import Any
 
 from ..launcher import RayLauncher
-from .ray_trial_resources import ray_launcher_opts, ray_trial_resources, ray_trials_that_fit
+from .ray_trial_resources import (
+    ray_launcher_opts,
+    ray_trial_footprint,
+    ray_trial_resources,
+    ray_trials_that_fit,
+)
 from .ray_trial_signal import TrialSignal
 from .trial_run import TrialReport
 
-__all__ = ["RayTrainTrialRun", "ray_trial_resources", "ray_trials_that_fit"]
+__all__ = [
+    "RayTrainTrialRun",
+    "ray_trial_footprint",
+    "ray_trial_resources",
+    "ray_trials_that_fit",
+]
 
 POLL_S = 0.5  # how often rank 0 looks for a stop, at most (a look is free: ray.wait(timeout=0))
 # How often the Train controller polls the workers, unless RAY_TRAIN_HEALTH_CHECK_INTERVAL_S is

@@ -5,7 +5,7 @@ Tune schedules only the trial's own actor; the actor then starts a ``TorchTraine
 group reserves a placement group of its own, which Tune never sees. Tune would therefore start
 as many trials as it has room for *actors* and leave their workers waiting for CPUs that the other
 trials' actors hold: measured on 2 CPUs, two 1-worker trials (1-CPU actors) started together and
-no worker ever got a CPU. So the actor asks for almost nothing (:func:`ray_trial_resources`) and
+no worker ever got a CPU. So the actor asks for no CPU (:func:`ray_trial_resources`) and
 the sweep limits how many trials run at once from the whole footprint
 (:func:`ray_trials_that_fit`): workers x ``resources_per_worker`` plus the actor's bundle, plus
 one spare CPU per trial when the config reads its data through Ray Data (as the launcher's own
@@ -24,8 +24,10 @@ from ..errors import ConfigError
 from ..launcher_config import normalize_launcher, uses_ray_data, worker_resources
 
 # The trial actor's bundle: it only waits on its run's reports and stop requests. Tune refuses an
-# empty bundle ({'CPU': 0}), so it is a sliver of a CPU.
-TRIAL_ACTOR_CPU = 0.01
+# empty bundle ({'CPU': 0}); a little logical memory makes it non-empty without taking CPU, so a
+# trial of N one-CPU workers fits on N CPUs, as ``drun train --launcher ray`` does (with a sliver
+# of a CPU, 2 workers on a 2-CPU machine were refused)
+TRIAL_ACTOR_BUNDLE: dict[str, float] = {"CPU": 0.0, "memory": float(16 << 20)}
 RAY_DATA_SPARE_CPU = 1.0  # what RayLauncher.check_resources keeps free for Ray Data
 
 
@@ -43,10 +45,10 @@ def ray_launcher_opts(cfg: dict) -> dict:
 
 
 def ray_trial_resources(cfg: dict) -> dict[str, float]:
-    """The trial actor's own bundle: a sliver of a CPU (the workers' placement group is the
-    TorchTrainer's own, outside Tune's accounting)."""
+    """The trial actor's own bundle: no CPU, 16 MiB of logical memory (the workers' placement
+    group is the TorchTrainer's own, outside Tune's accounting)."""
     ray_launcher_opts(cfg)  # the config must run on Ray Train
-    return {"CPU": TRIAL_ACTOR_CPU}
+    return dict(TRIAL_ACTOR_BUNDLE)
 
 
 def ray_trial_footprint(cfg: dict) -> dict[str, float]:
@@ -73,6 +75,6 @@ def ray_trials_that_fit(cfg: dict, cluster_resources: dict[str, float]) -> int:
     fits = []
     for resource, need in ray_trial_footprint(cfg).items():
         have = float(cluster_resources.get(resource, 0.0))
-        # a hair of tolerance: 4 x 0.01 CPU must not lose a trial to floating point
+        # a hair of tolerance: 4 x 0.25 CPU must not lose a trial to floating point
         fits.append(math.floor(have / need + 1e-9))
     return max(0, min(fits)) if fits else 0

@@ -45,7 +45,8 @@ STOP_REASON = "tune: trial stopped or paused by the scheduler"
 
 def ray_trial_api() -> Any:
     """:mod:`.ray_trial` (``trial_launcher='ray'``: ``RayTrainTrialRun``, ``ray_trial_resources``,
-    ``ray_trials_that_fit``), imported only when a sweep runs trials on Ray Train."""
+    ``ray_trial_footprint``, ``ray_trials_that_fit``), imported only when a sweep runs trials on
+    Ray Train."""
     return importlib.import_module(f"{__package__}.ray_trial")
 
 

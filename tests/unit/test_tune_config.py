@@ -215,6 +215,21 @@ def test_more_concurrent_trials_than_the_cluster_fits_is_refused():
         choose_concurrency(parse_tune(_cfg(resources_per_trial={"GPU": 1})), cfg, {"CPU": 2.0})
 
 
+def test_ray_train_trials_count_their_workers_and_name_the_launcher_key():
+    cfg = _cfg(trial_launcher="ray")
+    cfg["launcher"] = dict(type="ray", num_workers=2)
+    cluster = {"CPU": 2.0, "memory": 8.0 * (1 << 30)}
+    # a 2-worker trial fits a 2-CPU machine, as drun train --launcher ray does
+    assert choose_concurrency(parse_tune(cfg), cfg, cluster) == 1
+    cfg["launcher"]["num_workers"] = 3
+    with pytest.raises(ConfigError) as info:
+        choose_concurrency(parse_tune(cfg), cfg, cluster)
+    assert str(info.value) == (
+        "launcher.num_workers: a Ray Train trial holds 3 CPU (its workers), the cluster has 2 CPU:"
+        " fewer workers (--num-workers) or more nodes"
+    )
+
+
 def test_the_command_line_prints_one_line_and_exits_2(capsys):
     code = main(
         [
