@@ -85,6 +85,18 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return " (did you mean " + " or ".join(repr(h) for h in hits) + "?)"
 
 
+def check_known_keys(block: Iterable[str], known: Iterable[str], section: str) -> None:
+    """Each key of the config dict ``section`` is one of ``known``; else one line naming the key,
+    the nearest known one and all of them (a misspelled key must not be ignored quietly)."""
+    names = list(known)
+    for key in block:
+        if key not in names:
+            raise ConfigError(
+                f"{section}.{key}",
+                f"unknown key{did_you_mean(key, names)}; {section} takes {', '.join(names)}",
+            )
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (the disk is full, ...); the ones written before it are
     intact. Not a config mistake (``drun`` exits 1), and never something to ignore: a hook's

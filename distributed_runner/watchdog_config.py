@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, check_known_keys, did_you_mean
 
 PHASE_TIMEOUT_DEFAULTS: dict[str, float] = {
     "first_iter": 1800.0,
@@ -59,13 +59,7 @@ def parse_watchdog(spec: Any) -> dict[str, Any]:
         raise ConfigError(
             "watchdog", f"takes dict(hang_timeout=..., collective_timeout=...), got {spec!r}"
         )
-    for key in spec:
-        if key not in WATCHDOG_DEFAULTS:
-            raise ConfigError(
-                f"watchdog.{key}",
-                f"unknown key{did_you_mean(key, WATCHDOG_DEFAULTS)};"
-                f" the watchdog takes {', '.join(WATCHDOG_DEFAULTS)}",
-            )
+    check_known_keys(spec, WATCHDOG_DEFAULTS, "watchdog")
     out = {**WATCHDOG_DEFAULTS, **spec}
     if not isinstance(out["enabled"], bool):
         raise ConfigError("watchdog.enabled", f"takes True or False, got {out['enabled']!r}")

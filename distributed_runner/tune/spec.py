@@ -26,7 +26,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError, check_known_keys, did_you_mean
 from ..metric_rules import infer_rule
 from . import algorithms
 from .domains import check_domain
@@ -188,16 +188,22 @@ def _check_mutations(cfg: dict, kind: str, options: dict, space: dict) -> None:
     options[name] = checked
 
 
-def _check_scheduler(cfg: dict, spec: Any, space: dict) -> tuple[str, dict, str]:
+def _algorithm(spec: Any, table: dict, key: str, example: str) -> tuple[str, dict]:
+    """``dict(type=..., **options)`` (or the bare name) of a scheduler or searcher: its canonical
+    name and its options, checked against the class (Ray would drop a misspelled one)."""
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or "type" not in spec:
-        raise ConfigError("tune.scheduler", f"takes dict(type='ASHA', ...), got {spec!r}")
-    kind = algorithms.canonical(spec["type"], algorithms.SCHEDULERS, "tune.scheduler.type")
-    algorithms.require_installed(kind, "tune.scheduler.type")
+        raise ConfigError(key, f"takes dict(type={example!r}, ...), got {spec!r}")
+    kind = algorithms.canonical(spec["type"], table, f"{key}.type")
+    algorithms.require_installed(kind, f"{key}.type")
     options = {k: v for k, v in spec.items() if k != "type"}
-    cls = algorithms.algorithm_class(algorithms.SCHEDULERS, kind)
-    algorithms.check_options(cls, options, "tune.scheduler")
+    algorithms.check_options(algorithms.algorithm_class(table, kind), options, key)
+    return kind, options
+
+
+def _check_scheduler(cfg: dict, spec: Any, space: dict) -> tuple[str, dict, str]:
+    kind, options = _algorithm(spec, algorithms.SCHEDULERS, "tune.scheduler", "ASHA")
     by_epoch, length, val_interval = _train_shape(cfg)
     unit = "epoch" if by_epoch else "iter"
     time_attr = options.setdefault("time_attr", unit) if kind != "fifo" else unit
@@ -241,15 +247,7 @@ def _check_scheduler(cfg: dict, spec: Any, space: dict) -> tuple[str, dict, str]
 
 
 def _check_searcher(spec: Any, space: dict) -> tuple[str, dict]:
-    if isinstance(spec, str):
-        spec = {"type": spec}
-    if not isinstance(spec, dict) or "type" not in spec:
-        raise ConfigError("tune.search_alg", f"takes dict(type='random', ...), got {spec!r}")
-    kind = algorithms.canonical(spec["type"], algorithms.SEARCHERS, "tune.search_alg.type")
-    algorithms.require_installed(kind, "tune.search_alg.type")
-    options = {k: v for k, v in spec.items() if k != "type"}
-    cls = algorithms.algorithm_class(algorithms.SEARCHERS, kind)
-    algorithms.check_options(cls, options, "tune.search_alg")
+    kind, options = _algorithm(spec, algorithms.SEARCHERS, "tune.search_alg", "random")
     kinds = {key: d["type"] for key, d in space.items()}
     if kind == "grid":
         for key, domain in space.items():
@@ -292,13 +290,7 @@ def parse_tune(cfg: dict) -> SweepSpec:
         raise ConfigError(
             "tune", f"a sweep needs tune=dict(metric=..., param_space=...), got {block!r}"
         )
-    for key in block:
-        if key not in TUNE_DEFAULTS:
-            raise ConfigError(
-                f"tune.{key}",
-                f"unknown key{did_you_mean(key, TUNE_DEFAULTS)}; "
-                f"tune takes: {', '.join(TUNE_DEFAULTS)}",
-            )
+    check_known_keys(block, TUNE_DEFAULTS, "tune")
     opts = {**copy.deepcopy(TUNE_DEFAULTS), **copy.deepcopy(dict(block))}
     metric = _check_metric(cfg, opts["metric"])
     mode = _check_mode(metric, opts["mode"])

@@ -125,3 +125,14 @@ def test_a_validation_longer_than_its_allowance_is_a_hang(tmp_path):
     assert ("(limit 1.5 s, watchdog.phase_timeouts.val) in phase 'val' at iteration 10"
             in out.stderr)
     assert re.search(r'hang_probe.py", line \d+ in before_val', out.stderr), out.stderr[-3000:]
+
+
+def test_a_misspelled_watchdog_key_is_one_line_naming_the_nearest():
+    with pytest.raises(ConfigError) as info:
+        parse_watchdog(dict(hang_timout=5))
+    assert str(info.value).startswith(
+        "watchdog.hang_timout: unknown key (did you mean 'hang_timeout'"
+    )
+    assert "watchdog takes enabled, hang_timeout, phase_timeouts, collective_timeout" in str(
+        info.value
+    )
