@@ -11,6 +11,13 @@ process with :data:`HANG_EXIT_CODE` — what started the run (``torchrun --max-r
 requeue, a Kubernetes restart policy) restarts it, and ``--resume`` continues from the newest
 checkpoint.
 
+A thread that holds the GIL and never lets it go (a C extension stuck without releasing it)
+stops this thread too, so it also keeps ``faulthandler``'s own timer armed, re-arming it every
+half limit: that timer needs no GIL, and if this thread has not re-armed it for 1.5 x the current
+phase's limit it prints "Timeout" and every thread's stack to stderr and exits with status 1
+(faulthandler's own; it cannot give :data:`HANG_EXIT_CODE`). A hang that leaves the GIL free is
+this thread's, at the limit, as above.
+
 On Ray this thread is not started: the controller watches every rank (:mod:`.hang_watch`), which
 sees a stopped process too and restarts the group itself. The hot loop pays only the heartbeat.
 """
@@ -81,26 +88,58 @@ class Watchdog(threading.Thread):
         super().__init__(name="drun-watchdog", daemon=True)
         self.settings, self.logger, self.work_dir, self.rank = settings, logger, work_dir, rank
         self._stopped = threading.Event()
+        self._armed: tuple[float, float] | None = None  # (when, limit) of faulthandler's timer
+        self._arming = threading.Lock()  # a stop never races a re-arm: after it, none
 
     def stop(self) -> None:
-        self._stopped.set()
+        with self._arming:
+            self._stopped.set()
+            self._disarm()
 
     def run(self) -> None:
         interval = min(1.0, self.settings["hang_timeout"] / 10)
-        while not self._stopped.wait(interval):
+        while True:
             beat = HEARTBEAT
             phase, carry, since = beat.phase, beat.carry, beat.t
             if phase in UNWATCHED:
-                continue
-            age = monotonic() - since
-            limit = limit_of(phase, carry, self.settings)
-            if age > limit and not self._stopped.is_set():
-                self.end_process(phase, carry, beat.iter, age, limit)
+                with self._arming:
+                    self._disarm()
+            else:
+                age = monotonic() - since
+                limit = limit_of(phase, carry, self.settings)
+                if age > limit and not self._stopped.is_set():
+                    self.end_process(phase, carry, beat.iter, age, limit)
+                self._keep_armed(limit)  # from the start: a GIL held early is caught too
+            if self._stopped.wait(interval):
+                return
+
+    def _keep_armed(self, limit: float) -> None:
+        """faulthandler's timer (module docstring): fires 1.5 x ``limit`` after its last arming,
+        re-armed every ``limit / 2`` and whenever the phase's limit changes."""
+        now = monotonic()
+        if self._armed is not None:
+            when, armed_for = self._armed
+            if armed_for == limit and now - when < limit / 2:
+                return
+        with self._arming:
+            if self._stopped.is_set():
+                return
+            with contextlib.suppress(OSError, ValueError, RuntimeError):  # stderr closed
+                faulthandler.dump_traceback_later(1.5 * limit, exit=True, file=sys.stderr)
+                self._armed = (now, limit)
+
+    def _disarm(self) -> None:
+        """Cancel faulthandler's timer (with ``_arming`` held)."""
+        if self._armed is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._armed = None
 
     def end_process(
         self, phase: str, carry: str | None, iteration: int, age: float, limit: float
     ) -> None:
         """Stacks to a file and stderr, the block to the log, then ``os._exit``."""
+        with self._arming:  # this exit is the watchdog's, not faulthandler's timer's
+            self._disarm()
         folder = Path(self.work_dir) / HANGS_DIR
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank{self.rank}-{time.strftime('%Y%m%d-%H%M%S')}.txt"

@@ -102,3 +102,24 @@ class FirstStepTimeHook(Hook):
         if runner.iter == 0 and hasattr(self, "_began"):
             seconds = time.perf_counter() - self._began
             (Path(runner.work_dir) / "first_step_s").write_text(f"{seconds}\n")
+
+
+@HOOKS.register_module(force=True)
+class HoldTheGilHook(Hook):
+    """At iteration ``at_iter`` calls C's ``sleep`` through ``ctypes.PyDLL``, which keeps the
+    GIL for the whole call: no other Python thread of the process runs (the watchdog's neither)."""
+
+    def __init__(self, at_iter: int = 3, seconds: int = 600) -> None:
+        self.at_iter, self.seconds = at_iter, seconds
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        if runner.iter == self.at_iter:
+            import ctypes
+
+            time.sleep(0.5)  # GIL free: the watchdog sees the step phase and arms for its limit
+            (Path(runner.work_dir) / "holding_the_gil").write_text(f"{time.time()}\n")
+            hold_the_gil_here(ctypes.PyDLL(None), self.seconds)
+
+
+def hold_the_gil_here(libc, seconds: int) -> None:
+    libc.sleep(seconds)
