@@ -71,6 +71,12 @@ class RankView:
         return now - self.sent_at if self.pending is not None else 0.0
 
 
+def _where(view: RankView) -> str:
+    """The rank's process and node, as a user looks for it on a multi-node cluster."""
+    meta = view.worker.metadata
+    return f"pid {meta.pid} on node {meta.node_ip} {meta.node_id[:8]}"
+
+
 def _stacks_of_pid(pid: int) -> str:
     """A stopped or GIL-holding process cannot dump itself: py-spy reads it from outside."""
     return stacks_by_py_spy(pid) or f"(py-spy could not read process {pid}: no stack)"
@@ -145,7 +151,10 @@ class HangWatch(WorkerGroupCallback):
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(self.work_dir) / HANGS_DIR / f"{stamp}-rank{culprit.rank}.txt"
         block = self._block(culprit, suspects, stacks, path, now)
-        body = "\n\n".join(f"== rank {v.rank} ==\n{stacks[v.rank]}" for v in suspects)
+        body = "\n\n".join(
+            f"== rank {v.rank} == ({_where(v)}; {self._read_how(v, now)})\n{stacks[v.rank]}"
+            for v in suspects
+        )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"{block}\n\n{body}\n")
@@ -182,6 +191,14 @@ class HangWatch(WorkerGroupCallback):
             except Exception as e:  # noqa: BLE001 - a missing stack must not hide the hang
                 out[rank] = f"(no stack: {type(e).__name__}: {e})"
         return out
+
+    def _read_how(self, view: RankView, now: float) -> str:
+        """How :meth:`_stacks` got the rank's threads (what the report's reader can trust)."""
+        if not self._silent(view, now):
+            return "stacks dumped by the worker itself"
+        here = ray.get_runtime_context().get_node_id()
+        where = "the controller's node" if view.worker.metadata.node_id == here else "its node"
+        return f"stacks read by py-spy on {where}"
 
     def _culprit(self, suspects: list[RankView], stacks: dict[int, str], now: float) -> RankView:
         def waits(view: RankView) -> bool:
@@ -223,8 +240,8 @@ class HangWatch(WorkerGroupCallback):
                 )
         lines.append(f"  every hung rank's stacks: {path}")
         lines.append(
-            f"  rank {culprit.rank}'s worker (pid {culprit.worker.metadata.pid}) is killed; the "
-            "group restarts within launcher.max_failures and resumes from the newest checkpoint"
+            f"  rank {culprit.rank}'s worker ({_where(culprit)}) is killed; the group restarts "
+            "within launcher.max_failures and resumes from the newest checkpoint"
         )
         return "\n".join(lines)
 

@@ -5,8 +5,9 @@ node: STRICT_SPREAD) while the node of rank 1 is removed — its raylet and ever
 killed — after iteration 9; the restarted group runs on the two nodes left. The run it must
 match is the session's uninterrupted one (test_ray_train's fixture: the same config on the
 session's one-node cluster). With ``--elastic`` the same cluster then runs
-:func:`elastic_run`: a group shrunk by a lost node and grown again by a new one. Prints one JSON
-line."""
+:func:`elastic_run`: a group shrunk by a lost node and grown again by a new one; with ``--hang``,
+:func:`hang_run`: a rank stopped with SIGSTOP on a node that is not the Train controller's (its
+stacks read by py-spy from a task on that node). Prints one JSON line."""
 import json
 import sys
 import threading
@@ -48,6 +49,35 @@ def wait_until_not_alive(node_id: str | None, seconds: float = 60.0) -> float:
     return round(time.time() - start, 1)
 
 
+def hang_run(out_dir: Path, report: dict) -> None:
+    """On two worker nodes (one rank each; the controller on the CPU-less head): rank 1 is
+    stopped with SIGSTOP at iteration 11; the hang watch names it, reads its stacks on its node,
+    kills it, and the group resumes from iteration 8 (the hang test's config and probes)."""
+    from tests.integration.test_hang_watch import hang_cfg, stop_when_asked
+
+    work_dir = out_dir / "hang"
+    work_dir.mkdir(parents=True)
+    cfg = hang_cfg(work_dir, dict(type="StopMeOnceHook", at_iter=11, rank=1))
+    cfg["launcher"] = dict(cfg["launcher"], placement_strategy="STRICT_SPREAD")
+    stopped: dict = {}
+    threading.Thread(target=stop_when_asked, args=(work_dir, stopped), daemon=True).start()
+    start = time.time()
+    status = fit(cfg)[0]
+    reports = sorted((work_dir / "hangs").glob("*.txt"))
+    text = reports[0].read_text() if reports else ""
+    rank1 = text.split("== rank 1 ==")[1].split("== rank 0 ==")[0] if "== rank 1 ==" in text else ""
+    report.update(
+        hang=status,
+        hang_seconds=round(time.time() - start, 1),
+        hang_reports=len(reports),
+        hang_rank1=rank1[:4000],
+        hang_report_after_s=round(reports[0].stat().st_mtime - stopped["stopped_at"], 2)
+        if reports and "stopped_at" in stopped else None,
+        hang_starts=[int(line.split()[1]) for line in
+                     (work_dir / "starts.txt").read_text().splitlines()],
+    )
+
+
 def elastic_run(cluster: Cluster, out_dir: Path, report: dict) -> None:
     """On the two nodes left: an elastic (1, 2) group loses the node of rank 1 after iteration
     4 (restarts alone from iteration 3); alone, after iteration 7 (its checkpoint at 6 written),
@@ -82,7 +112,7 @@ def elastic_run(cluster: Cluster, out_dir: Path, report: dict) -> None:
     torch.save(steady.model.state_dict(), out_dir / "steady.pt")
 
 
-def main(out: str, elastic: bool) -> None:
+def main(out: str, elastic: bool, hang: bool = False) -> None:
     out_dir = Path(out)
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0,
                                                                 include_dashboard=False))
@@ -107,10 +137,12 @@ def main(out: str, elastic: bool) -> None:
                   alive=[n["NodeID"] for n in ray.nodes() if n["Alive"]])
     if elastic:
         elastic_run(cluster, out_dir, report)
+    if hang:
+        hang_run(out_dir, report)
     print(json.dumps(report), flush=True)
     ray.shutdown()
     cluster.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], elastic="--elastic" in sys.argv)
+    main(sys.argv[1], elastic="--elastic" in sys.argv, hang="--hang" in sys.argv)

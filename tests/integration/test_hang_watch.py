@@ -74,6 +74,8 @@ def test_a_hung_thread_and_a_stopped_worker_are_named_and_the_run_resumes_exactl
     assert "(limit 4 s, watchdog.hang_timeout) in phase 'step' at iteration 6; it answers" in hung
     assert "rank 0: phase 'step', iteration 6" in hung  # waiting for rank 1
     rank1 = hung.split("== rank 1 ==")[1].split("== rank 0 ==")[0]
+    assert re.match(r" \(pid \d+ on node [\d.]+ \w{8}; stacks dumped by the worker itself\)",
+                    rank1), rank1[:200]
     assert "hang_here_forever" in rank1 and "HangOnceHook.before_train_iter" in rank1
     began = float((tmp_path / "hung_once").read_text())
     took = reports[0].stat().st_mtime - began
@@ -83,6 +85,7 @@ def test_a_hung_thread_and_a_stopped_worker_are_named_and_the_run_resumes_exactl
     assert stopped.startswith("drun hang watch: rank 1 hung: no progress for ")
     assert "in phase 'step' at iteration 11; it has not answered a heartbeat read" in stopped
     rank1 = stopped.split("== rank 1 ==")[1].split("== rank 0 ==")[0]
+    assert re.match(r" \(pid \d+ on node [\d.]+ \w{8}; stacks read by py-spy on ", rank1)
     assert "wait_to_be_stopped" in rank1
     took_stopped = reports[1].stat().st_mtime - out["stopped_at"]
     assert HANG <= detected_after(stopped) <= HANG + SLACK and took_stopped <= HANG + SLACK

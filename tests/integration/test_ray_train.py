@@ -147,12 +147,16 @@ def test_a_killed_node_is_left_behind_and_an_elastic_group_shrinks_and_grows(uni
     uninterrupted run did, bit for bit. Elastic, ``num_workers=(1, 2)``, on the two nodes left:
     a node is lost after iteration 4 and the group goes on alone from iteration 3; alone, it
     writes the iteration-6 checkpoint; a new node joins and Ray grows the group back to 2,
-    which resumes from 6. It ends within 1e-5 of the same config trained without resizing."""
+    which resumes from 6. It ends within 1e-5 of the same config trained without resizing.
+    Hang (``--hang``), on the two worker nodes then alive: rank 1 is stopped with SIGSTOP; the
+    controller (on the head) names it with the stacks py-spy read on rank 1's node, and the run
+    resumes from iteration 8 (test_hang_watch.py checks the resumed weights on one node)."""
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root), RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1",
                RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="10")
     done = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "node_failure_driver.py")), str(tmp_path), "--elastic"], env=env, capture_output=True,
+        "node_failure_driver.py")), str(tmp_path), "--elastic", "--hang"], env=env,
+        capture_output=True,
         text=True, timeout=480)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -177,6 +181,14 @@ def test_a_killed_node_is_left_behind_and_an_elastic_group_shrinks_and_grows(uni
     gap = max(((resized["state"][k] - v).abs().max() / v.abs().max()).item()
               for k, v in reference.items())
     assert gap < 1e-5
+
+    assert report["hang"] == 0 and report["hang_reports"] == 1, done.stderr[-3000:]
+    assert report["hang_rank1"].startswith(" (pid "), report["hang_rank1"][:300]
+    assert "stacks read by py-spy on its node)" in report["hang_rank1"].splitlines()[0]
+    assert "wait_to_be_stopped" in report["hang_rank1"]
+    assert report["hang_starts"] == [0, 8]
+    print(f"multi-node hang: report {report['hang_report_after_s']} s after SIGSTOP; "
+          f"run {report['hang_seconds']} s")
 
 
 def test_second_driver_run_with_the_same_name_resumes(ray_cluster, tmp_path):
