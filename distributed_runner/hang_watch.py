@@ -41,8 +41,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .heartbeat import IDLE, UNWATCHED, limit_of, own_stacks, read_heartbeat, stacks_by_py_spy
 from .watchdog import HANGS_DIR, limit_name
 
-# frames of a thread that waits for its peers (a collective, DDP's backward, Ray's report barrier)
-WAITING_MARKS = ("distributed_c10d", "_engine_run_backward", "train_fn_utils", "synchronization")
+# frames of a thread that waits for its peers: torch.distributed (a collective, DDP's set-up
+# checking shapes across ranks), DDP's backward, Ray's report barrier
+WAITING_MARKS = ("torch/distributed/", "_engine_run_backward", "train_fn_utils", "synchronization")
 STACKS_WAIT_S = 15.0  # at most this long for the stacks before the group is failed anyway
 
 

@@ -96,6 +96,13 @@ class Heartbeat:
         self.step_phase: str = FIRST_ITER
         self.carry: str | None = None
 
+    def begin(self, settings: dict) -> None:
+        """A watched run starts (``settings``: its parsed ``watchdog``): phase ``setup``, with
+        the first iteration's allowance, until its first step."""
+        self.settings = settings
+        self.reset(SETUP)
+        self.mark(SETUP)
+
     def mark(self, phase: str) -> None:
         """Enter ``phase`` now (not on the per-iteration path: it may adjust the group timeout)."""
         self.phase, self.t = phase, monotonic()

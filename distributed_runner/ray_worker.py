@@ -16,8 +16,10 @@ import shutil
 from pathlib import Path
 
 from .config import Config, to_config_dict
+from .heartbeat import HEARTBEAT
 from .hook_builder import with_launcher_hooks
 from .resume_choice import choose_restart
+from .watchdog_config import parse_watchdog
 
 RESTORE_DIR = "ray_restore"
 
@@ -66,6 +68,9 @@ def train_worker(config: dict) -> None:
     restored, why = choose_restart_checkpoint(cfg, ctx.get_world_rank())
     if restored is not None:
         cfg["resume"] = restored
+    # the Runner's build is watched too (phase 'setup'): a dataset or model that stalls while
+    # it is built (a network file system, a lock) is named by the hang watch like any hang
+    HEARTBEAT.begin(parse_watchdog(cfg.get("watchdog")))
     runner = Runner.from_cfg(cfg)
     if why is not None:
         runner.logger.warning(why)

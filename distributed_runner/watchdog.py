@@ -36,7 +36,7 @@ from pathlib import Path
 from time import monotonic
 from typing import Any
 
-from .heartbeat import DONE, HEARTBEAT, SETUP, SLOW_PHASES, UNWATCHED, limit_of
+from .heartbeat import DONE, HEARTBEAT, SLOW_PHASES, UNWATCHED, limit_of
 from .launcher_config import normalize_launcher
 from .watchdog_config import parse_watchdog
 
@@ -61,9 +61,7 @@ def watched(runner: Any) -> Iterator[None]:
     process's main thread trains: a Runner trained in a thread of a larger program (a tuning
     trial held between reports, a notebook) must not end that program."""
     settings = parse_watchdog(runner.cfg.get("watchdog"))
-    HEARTBEAT.settings = settings
-    HEARTBEAT.reset(SETUP)
-    HEARTBEAT.mark(SETUP)
+    HEARTBEAT.begin(settings)
     thread = None
     if (
         settings["enabled"]

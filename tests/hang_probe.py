@@ -123,3 +123,15 @@ class HoldTheGilHook(Hook):
 
 def hold_the_gil_here(libc, seconds: int) -> None:
     libc.sleep(seconds)
+
+
+@HOOKS.register_module(force=True)
+class HangWhileBuiltHook(Hook):
+    """Rank ``rank`` hangs while the Runner builds its hooks (before ``train()``), once per
+    ``marker``: what a dataset stalled on a network file system looks like to the hang watch."""
+
+    def __init__(self, marker: str, rank: int = 1) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == rank and not Path(marker).exists():
+            hang_here_forever(Path(marker))

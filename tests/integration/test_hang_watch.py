@@ -17,19 +17,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HANG = 4.0  # watchdog.hang_timeout of these runs
 SLACK = 3.0  # a poll, a heartbeat read and a loaded 2-core machine
+SETUP_LIMIT = 6.0  # watchdog.phase_timeouts.first_iter: the Runner's build and first step
 
 
 def hang_cfg(work_dir, *hooks):
     """15 iterations on 2 workers (5 an epoch, validation after each), a checkpoint every 4."""
     cfg = base_cfg(work_dir, **DATA)
     cfg.update(custom_imports=dict(imports=["tests.hang_probe"]),
-               launcher=dict(type="ray", num_workers=2, max_failures=2),
+               launcher=dict(type="ray", num_workers=2, max_failures=3),
                default_hooks=dict(logger=dict(type="LoggerHook", interval=5, sinks=["jsonl"]),
                                   checkpoint=dict(type="CheckpointHook", interval=4,
                                                   by_epoch=False)),
                custom_hooks=[dict(type="SyncBuffersHook"), *hooks, dict(type="StartTimesHook"),
                              dict(type="RankDumpHook")],
-               watchdog=dict(hang_timeout=HANG, collective_timeout=30))
+               watchdog=dict(hang_timeout=HANG, collective_timeout=30,
+                             phase_timeouts=dict(first_iter=SETUP_LIMIT)))
     return cfg
 
 
@@ -61,13 +63,25 @@ def test_a_hung_thread_and_a_stopped_worker_are_named_and_the_run_resumes_exactl
                                                                                   tmp_path):
     out = {}
     threading.Thread(target=stop_when_asked, args=(tmp_path, out), daemon=True).start()
-    cfg = hang_cfg(tmp_path, dict(type="HangOnceHook", at_iter=6, rank=1),
+    built = tmp_path / "built_once"
+    cfg = hang_cfg(tmp_path, dict(type="HangWhileBuiltHook", marker=str(built), rank=1),
+                   dict(type="HangOnceHook", at_iter=6, rank=1),
                    dict(type="StopMeOnceHook", at_iter=11, rank=1))
     status, _, _ = fit(cfg)
     assert status == 0
     reports = sorted((tmp_path / "hangs").glob("*.txt"), key=lambda p: p.stat().st_mtime)
-    assert len(reports) == 2, reports
-    hung, stopped = (p.read_text() for p in reports)
+    assert len(reports) == 3, reports
+    setup_path, hung_path, stopped_path = reports
+    setup, hung, stopped = (p.read_text() for p in reports)
+
+    # the first attempt: rank 1 hung while its Runner was being built (before train())
+    assert setup.startswith("drun hang watch: rank 1 hung: no progress for ")
+    assert "watchdog.phase_timeouts.first_iter) in phase 'setup' at iteration 0" in setup
+    rank1 = setup.split("== rank 1 ==")[1].split("== rank 0 ==")[0]
+    assert "hang_here_forever" in rank1 and "HangWhileBuiltHook.__init__" in rank1
+    took_setup = setup_path.stat().st_mtime - float(built.read_text())
+    assert SETUP_LIMIT <= detected_after(setup) <= SETUP_LIMIT + SLACK, setup[:400]
+    assert took_setup <= SETUP_LIMIT + SLACK, took_setup
 
     # the training thread of rank 1 hung inside a hook at iteration 6
     assert hung.startswith("drun hang watch: rank 1 hung: no progress for ")
@@ -78,7 +92,7 @@ def test_a_hung_thread_and_a_stopped_worker_are_named_and_the_run_resumes_exactl
                     rank1), rank1[:200]
     assert "hang_here_forever" in rank1 and "HangOnceHook.before_train_iter" in rank1
     began = float((tmp_path / "hung_once").read_text())
-    took = reports[0].stat().st_mtime - began
+    took = hung_path.stat().st_mtime - began
     assert HANG <= detected_after(hung) <= HANG + SLACK and took <= HANG + SLACK, (hung, took)
 
     # rank 1's process was stopped at iteration 11: py-spy read its stack from outside
@@ -87,18 +101,20 @@ def test_a_hung_thread_and_a_stopped_worker_are_named_and_the_run_resumes_exactl
     rank1 = stopped.split("== rank 1 ==")[1].split("== rank 0 ==")[0]
     assert re.match(r" \(pid \d+ on node [\d.]+ \w{8}; stacks read by py-spy on ", rank1)
     assert "wait_to_be_stopped" in rank1
-    took_stopped = reports[1].stat().st_mtime - out["stopped_at"]
+    took_stopped = stopped_path.stat().st_mtime - out["stopped_at"]
     assert HANG <= detected_after(stopped) <= HANG + SLACK and took_stopped <= HANG + SLACK
 
-    # three attempts: from the start, from iter_4, from iter_8
+    # four attempts: two from the start (the first never reached train()), from iter_4, iter_8
     starts = [line.split() for line in (tmp_path / "starts.txt").read_text().splitlines()]
     assert [int(it) for _, it in starts] == [0, 4, 8]
     after, ref = dumps(tmp_path), dumps(reference)
     assert equal_states(after[0]["state"], ref[0]["state"])
     assert equal_states(after[1]["state"], ref[1]["state"])
-    print(f"hung thread: no progress for {detected_after(hung)} s when detected, report written "
+    print(f"hung while built: report {took_setup:.2f} s after it hung, next attempt "
+          f"{float(starts[0][0]) - setup_path.stat().st_mtime:.2f} s later; "
+          f"hung thread: no progress for {detected_after(hung)} s when detected, report written "
           f"{took:.2f} s after it hung, next attempt "
-          f"{float(starts[1][0]) - reports[0].stat().st_mtime:.2f} s later; stopped process: "
+          f"{float(starts[1][0]) - hung_path.stat().st_mtime:.2f} s later; stopped process: "
           f"no progress for {detected_after(stopped)} s, report written {took_stopped:.2f} s "
           f"after SIGSTOP, next attempt "
-          f"{float(starts[2][0]) - reports[1].stat().st_mtime:.2f} s later")
+          f"{float(starts[2][0]) - stopped_path.stat().st_mtime:.2f} s later")
