@@ -72,6 +72,11 @@ class RankView:
         return now - self.sent_at if self.pending is not None else 0.0
 
 
+def _waits_for_peers(stack: str) -> bool:
+    """The stack has a frame of :data:`WAITING_MARKS`: this rank waits for the others."""
+    return any(mark in stack for mark in WAITING_MARKS)
+
+
 def _where(view: RankView) -> str:
     """The rank's process and node, as a user looks for it on a multi-node cluster."""
     meta = view.worker.metadata
@@ -202,12 +207,14 @@ class HangWatch(WorkerGroupCallback):
         return f"stacks read by py-spy on {where}"
 
     def _culprit(self, suspects: list[RankView], stacks: dict[int, str], now: float) -> RankView:
-        def waits(view: RankView) -> bool:
-            return any(mark in stacks.get(view.rank, "") for mark in WAITING_MARKS)
-
         return min(
             suspects,
-            key=lambda v: (not self._silent(v, now), waits(v), v.iter, -self._idle(v, now)),
+            key=lambda v: (
+                not self._silent(v, now),
+                _waits_for_peers(stacks.get(v.rank, "")),
+                v.iter,
+                -self._idle(v, now),
+            ),
         )
 
     def _block(
@@ -233,7 +240,7 @@ class HangWatch(WorkerGroupCallback):
         ]
         for view in suspects:
             if view is not culprit:
-                waiting = any(m in stacks.get(view.rank, "") for m in WAITING_MARKS)
+                waiting = _waits_for_peers(stacks.get(view.rank, ""))
                 lines.append(
                     f"  rank {view.rank}: phase '{view.phase}', iteration {view.iter}, no "
                     f"progress for {self._idle(view, now):.1f} s"
