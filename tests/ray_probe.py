@@ -61,22 +61,59 @@ class RankDumpHook(Hook):
 
 @HOOKS.register_module(force=True)
 class DieOnceHook(Hook):
-    """Rank ``rank`` kills its process after iteration ``at_iter`` — once per work_dir.
+    """Rank ``rank`` kills its process after iteration ``at_iter`` — once per work_dir; the
+    marker ``work_dir/died_once`` holds the iteration it died after.
 
     It waits ``delay`` seconds first: Ray's controller learns of a reported checkpoint when it
     next polls the workers, and a worker that dies before that restarts from the checkpoint
     before it (which resume handles too, but the test wants the mid-epoch one).
+
+    ``persisted=N`` is for background saves (``async_save``): such a save commits — and is
+    reported to Ray — at the first iteration at which every rank's write is done, which on a
+    loaded machine can be several iterations later, and a death before the commit loses it (as
+    it should). So the hook dies at the first iteration from ``at_iter`` on at which this rank
+    has committed the checkpoint of iteration N and Ray has persisted it whole under the run's
+    storage (waiting for Ray's background upload, up to ``upload_timeout`` seconds).
     """
 
-    def __init__(self, at_iter: int = -1, rank: int = 1, delay: float = 1.0) -> None:
+    priority = "LOWEST"  # after CheckpointHook, which commits a finished background save
+
+    def __init__(self, at_iter: int = -1, rank: int = 1, delay: float = 1.0,
+                 persisted: int | None = None, upload_timeout: float = 60.0) -> None:
         self.at_iter, self.rank, self.delay = at_iter, rank, delay
+        self.persisted, self.upload_timeout = persisted, upload_timeout
+        self.committed = -1
+
+    def after_save_checkpoint(self, runner, path, checkpoint) -> None:
+        self.committed = max(self.committed, int(checkpoint.get("meta", {}).get("iter", -1)))
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         marker = Path(runner.work_dir) / "died_once"
-        if runner.iter + 1 == self.at_iter and runner.rank == self.rank and not marker.exists():
-            marker.write_text(str(self.at_iter))
-            time.sleep(self.delay)
-            os._exit(1)
+        if runner.rank != self.rank or marker.exists() or runner.iter + 1 < self.at_iter:
+            return
+        if self.persisted is None:
+            if runner.iter + 1 != self.at_iter:
+                return
+        elif self.committed < self.persisted:
+            time.sleep(0.1)  # the background write gets the machine; the commit comes later
+            return
+        else:
+            self._wait_until_persisted(runner)
+        marker.write_text(str(runner.iter + 1))
+        time.sleep(self.delay)
+        os._exit(1)
+
+    def _wait_until_persisted(self, runner) -> None:
+        from distributed_runner.resume_choice import newest_persisted
+
+        launcher = runner.cfg["launcher"]
+        deadline = time.monotonic() + self.upload_timeout
+        while newest_persisted(launcher["storage_path"], launcher["name"],
+                               self.persisted - 1) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"iteration {self.persisted}'s checkpoint was not persisted "
+                                   f"under {launcher['storage_path']} in {self.upload_timeout} s")
+            time.sleep(0.1)
 
 
 @HOOKS.register_module(force=True)

@@ -63,13 +63,13 @@ def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster
 
     cfg = ray_cfg(tmp_path / "died", experiment_name=f"fsdp-{uuid.uuid4().hex[:8]}",
                   log_level="INFO",
-                  custom_hooks=[EMA, dict(type="DieOnceHook", at_iter=10),
+                  custom_hooks=[EMA, dict(type="DieOnceHook", at_iter=10, persisted=7),
                                 dict(type="MLflowCheckpointHook", kinds=["last"])], **FSDP)
     cfg["launcher"]["max_failures"] = 1
     cfg["default_hooks"]["checkpoint"]["async_save"] = True
     cfg["default_hooks"]["logger"]["sinks"] = [dict(type="MLflowSink",
                                                     tracking_uri=mlflow_server.uri)]
-    assert fit(cfg)[0] == 0 and (tmp_path / "died" / "died_once").read_text() == "10"
+    assert fit(cfg)[0] == 0 and 10 <= int((tmp_path / "died" / "died_once").read_text()) < 14
 
     # Ray's copy of iter_7 (committed before the death): the manifest and both ranks' shards
     reported = next((tmp_path / "died" / "ray_storage" / "died").glob("iter_7-*"))
@@ -105,15 +105,16 @@ def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster
 
 def test_ddp_on_the_transformer_through_ray_survives_a_dead_worker_exactly(ray_cluster, tmp_path):
     """The same transformer toy with DDP (one checkpoint file, written in the background): a
-    worker killed after iteration 10 comes back from iteration 7 and the run ends with the
+    worker killed after iteration 10 (or the first after it at which iteration 7's background
+    save is committed and persisted) comes back from iteration 7 and the run ends with the
     weights, average and optimizer state of 2 local gloo processes that were never interrupted."""
     ddp = dict(FSDP, strategy="ddp")
     train_reference(tmp_path / "reference", ddp)
-    cfg = ray_cfg(tmp_path / "died", custom_hooks=[EMA, dict(type="DieOnceHook", at_iter=10)],
-                  log_level="INFO", **ddp)
+    die = dict(type="DieOnceHook", at_iter=10, persisted=7)
+    cfg = ray_cfg(tmp_path / "died", custom_hooks=[EMA, die], log_level="INFO", **ddp)
     cfg["launcher"]["max_failures"] = 1
     cfg["default_hooks"]["checkpoint"]["async_save"] = True
-    assert fit(cfg)[0] == 0 and (tmp_path / "died" / "died_once").read_text() == "10"
+    assert fit(cfg)[0] == 0 and 10 <= int((tmp_path / "died" / "died_once").read_text()) < 14
     assert "iter_7.pth (epoch 1, iter 7)" in (tmp_path / "died" / "logs" / "run.log").read_text()
     a, b = (torch.load(tmp_path / run / "last.pth", weights_only=False)
             for run in ("reference", "died"))
