@@ -9,128 +9,27 @@ with ``update_info`` wins until the owner's next update (the provider's ``stamp`
 provider with nothing to say yet (no step timed) leaves whatever was stored (a resumed run's
 checkpointed ``eta``).
 
-Scalars may be recorded as 0-dim tensors, and recording one costs a list append: the tensor is
-kept as it is and turned into a float only when read, all the values a read needs in one
-conversion (``torch.stack(...).tolist()``; on a CPU ``.item()`` each, which is cheaper there),
-and the floats replace the tensors in the history. On a GPU that keeps the step free of a device
-sync per logged value; on a CPU it saves a conversion per value per step — the logger pays for
-them once per logging interval instead. A history holds at most ``history`` values, tensors or not.
+How scalars are kept (tensors converted when read, writers' values taken in before any read):
+:mod:`distributed_runner.history_buffer`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from functools import partial
-from itertools import islice
 from typing import Any, Protocol
 
-import torch
+from .history_buffer import DEFAULT_HISTORY, Convert, HistoryBuffer
 
-DEFAULT_HISTORY = 1000
-
-
-def _as_floats(values: Iterable[Any]) -> list[float]:
-    values = list(values)
-    tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
-    if tensors:
-        picked = [values[i] for i in tensors]
-        try:
-            if all(t.is_cpu for t in picked):  # on a CPU, .item() each is cheaper than a stack
-                converted = [t.item() for t in picked]
-            else:  # one conversion (one device sync) for all of them, not one .item() each
-                converted = torch.stack(picked).tolist()
-        except RuntimeError:  # several elements, mixed dtypes or shapes: the mean of each
-            converted = [t.detach().double().mean().item() for t in picked]
-        for i, c in zip(tensors, converted, strict=True):
-            values[i] = c
-    return [float(v) for v in values]
-
-
-_FLOAT = {float}
-
-
-class HistoryBuffer:
-    """The last ``max_length`` values of one scalar.
-
-    Values may carry a count (``update(mean, count=n)``) for weighted means; the counts are only
-    kept once a count other than 1 has been given, so the common case is one append.
-    """
-
-    __slots__ = ("_counts", "_values", "append_one")
-
-    def __init__(self, max_length: int = DEFAULT_HISTORY) -> None:
-        self._values: deque = deque(maxlen=max_length)
-        self._counts: deque | None = None
-        # record a value of count 1: the deque's own append until counts are kept
-        self.append_one = self._values.append
-
-    def update(self, value: Any, count: int = 1) -> None:
-        self._values.append(value)  # the hot path: a tensor is converted when read
-        if count != 1 or self._counts is not None:
-            self._add_count(count)
-
-    def _add_count(self, count: int) -> None:
-        if self._counts is None:
-            self._counts = deque([1] * (len(self._values) - 1), maxlen=self._values.maxlen)
-            self.append_one = self._append_with_count
-        self._counts.append(count)
-
-    def _append_with_count(self, value: Any) -> None:
-        self._values.append(value)
-        self._counts.append(1)  # type: ignore[union-attr]  # installed once counts exist
-
-    def _last(self, n: int) -> list[float]:
-        """The last ``n`` values as floats, newest first; tensors among them are converted in one
-        go and replaced by their floats."""
-        values = self._values
-        recent = list(islice(reversed(values), n))
-        if set(map(type, recent)) != _FLOAT:
-            recent = _as_floats(recent)
-            for i, v in enumerate(recent, start=1):
-                values[-i] = v
-        return recent
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def current(self) -> float:
-        if not self._values:
-            raise ValueError("empty history")
-        last = self._values[-1]
-        return last if type(last) is float else float(self._last(1)[0])
-
-    def mean(self, window: int | None = None) -> float:
-        """Mean of the last ``window`` values (weighted by their counts); all if None."""
-        values = self._values
-        if not values:
-            raise ValueError("empty history")
-        n = len(values) if window is None else min(window, len(values))
-        if self._counts is None and type(values[-1]) is float:  # usually floats only, then
-            total = sum(islice(reversed(values), n))  # a tensor or an int among them makes the
-            if type(total) is float:  # sum something else: the general way
-                return total / n
-        vals = self._last(n)
-        if self._counts is None:
-            return sum(vals) / n
-        counts = list(islice(reversed(self._counts), n))
-        return sum(v * c for v, c in zip(vals, counts, strict=True)) / sum(counts)
-
-    def values(self) -> list[float]:
-        return self._last(len(self._values))[::-1]
-
-    def counts(self) -> list[int]:
-        return list(self._counts) if self._counts is not None else [1] * len(self._values)
-
-    def state_dict(self) -> dict:
-        return {"values": self.values(), "counts": self.counts(), "max_length": self._values.maxlen}
-
-    @classmethod
-    def from_state(cls, state: dict) -> HistoryBuffer:
-        buf = cls(int(state.get("max_length", DEFAULT_HISTORY)))
-        for v, c in zip(state["values"], state["counts"], strict=True):
-            buf.update(float(v), int(c))
-        return buf
+__all__ = [
+    "DEFAULT_HISTORY",
+    "MISSING",
+    "HistoryBuffer",
+    "InfoProvider",
+    "MessageHub",
+    "RuntimeInfo",
+]
 
 
 MISSING: Any = object()  # a provider's answer when it has no value (yet)
@@ -214,51 +113,80 @@ class RuntimeInfo(MutableMapping):
         return f"RuntimeInfo({dict(self.items())!r})"
 
 
-NOTES_PER_STEP = 16  # the note stream keeps NOTES_PER_STEP x history notes at most
-
-
 class MessageHub:
     """Runtime info (``epoch``, ``iter``, ``eta`` ...) and scalar histories (``train/loss`` ...).
 
-    Scalars a hook records every step may be *noted* rather than written: the hook appends
-    ``(write, figures)`` to the hub's note stream (:meth:`note_stream`), and the hub calls
-    ``write(figures)`` for every note, in the order noted, whenever anyone touches the scalars
-    (``log_scalars``, ``get_scalar``, ``update_scalar``, ``state_dict``, ``load_state_dict``).
-    ``write`` records with :meth:`write_scalar` the values it would have recorded at once. So a
-    reader finds exactly what it would have found had every value been written when noted, and a
-    step pays for an append. The stream keeps at most ``NOTES_PER_STEP x history`` notes; only a
-    run that notes more than that per step and reads nothing for ``history`` steps would lose
-    values still inside a history.
+    Scalars a hook records every step go through a writer (:meth:`scalar_writer`): one append,
+    taken into the key's history before anything reads or writes it
+    (:mod:`distributed_runner.history_buffer`), so a reader finds exactly what it would have found
+    had every value been written with :meth:`update_scalar` at once.
     """
 
     def __init__(self, history: int = DEFAULT_HISTORY) -> None:
         self._history = history
         self.runtime_info = RuntimeInfo()
         self._log_scalars: dict[str, HistoryBuffer] = {}
-        self._noted: deque[tuple[Callable[[Any], None], Any]] = deque(
-            maxlen=NOTES_PER_STEP * history
-        )
+        # key -> its writer's values and their conversion (scalar_writer)
+        self._writers: dict[str, tuple[deque, Convert | None]] = {}
+        self._holders: dict[str, HistoryBuffer] = {}  # key -> the history taking them
 
     @property
     def log_scalars(self) -> dict[str, HistoryBuffer]:
-        """Key -> history, every noted value written first."""
-        if self._noted:
-            self._write_noted()
+        """Key -> history, every writer's value taken in first."""
+        if self._writers:
+            self._take_writers()
         return self._log_scalars
 
     @log_scalars.setter
     def log_scalars(self, value: dict[str, HistoryBuffer]) -> None:
+        if self._writers:  # what was written belongs to the histories being replaced
+            self._take_writers()
+            self._let_go()
         self._log_scalars = value
 
-    def note_stream(self) -> Callable[[tuple[Callable[[Any], None], Any]], None]:
-        """The append of the note stream (class docstring): ``note((write, figures))``."""
-        return self._noted.append
+    def _let_go(self) -> None:
+        """The histories being replaced stop taking their writers' values."""
+        for buf in self._holders.values():
+            buf._detach()
+        self._holders.clear()
 
-    def _write_noted(self) -> None:
-        noted = self._noted
-        while noted:
-            write, figures = noted.popleft()
-            write(figures)
+    def scalar_writer(self, key: str, convert: Convert | None = None) -> Callable[[Any], None]:
+        """``write(value)`` records ``value`` for ``key`` as ``update_scalar(key, value)`` would
+        (:mod:`distributed_runner.history_buffer`), for an owner that records ``key`` every
+        iteration: one append. With ``convert``, ``write(figure)`` records
+        ``update_scalar(key, *convert(figure))``, converted when the history is read."""
+        writer = self._writers.get(key)
+        if writer is not None and writer[1] is not convert:  # a new owner: the old one's first
+            self._take_writers()
+            writer = None
+        if writer is None:
+            writer = self._writers[key] = (deque(maxlen=self._history), convert)
+        buf = self._log_scalars.get(key)
+        if buf is not None:
+            self._attach(key, buf, writer)
+        return writer[0].append
+
+    def _take_writers(self) -> None:
+        """Every writer's values into its key's history (made if missing)."""
+        scalars = self._log_scalars
+        for key, writer in self._writers.items():
+            buf = scalars.get(key)
+            if buf is None:
+                if not writer[0]:
+                    continue
+                buf = scalars[key] = HistoryBuffer(self._history)
+            self._attach(key, buf, writer)
+            buf._take()
+
+    def _attach(self, key: str, buf: HistoryBuffer, writer: tuple[deque, Convert | None]) -> None:
+        """``buf`` takes the writer's values of ``key`` from now on; the history that took them
+        before (deleted or replaced since) lets go: values not taken yet are ``buf``'s."""
+        before = self._holders.get(key)
+        if before is not buf:
+            if before is not None:
+                before._detach()
+            self._holders[key] = buf
+        buf._attach(*writer)
 
     def update_info(self, key: str, value: Any) -> None:
         self.runtime_info[key] = value
@@ -274,17 +202,14 @@ class MessageHub:
         self.runtime_info.derive(key, provider)
 
     def update_scalar(self, key: str, value: Any, count: int = 1) -> None:
-        """Record ``value``, after every value noted before it."""
-        if self._noted:
-            self._write_noted()
-        self.write_scalar(key, value, count)
-
-    def write_scalar(self, key: str, value: Any, count: int = 1) -> None:
-        """Record ``value`` now, noted values or not: what a note's ``write`` records with."""
+        """Record ``value`` (after the values ``key``'s writer, if any, wrote before it)."""
         buf = self._log_scalars.get(key)
         if buf is None or count != 1:
             if buf is None:
                 buf = self._log_scalars[key] = HistoryBuffer(self._history)
+                writer = self._writers.get(key)
+                if writer is not None:  # its writer's values so far come first
+                    self._attach(key, buf, writer)
             buf.update(value, count)
         else:
             buf.append_one(value)
@@ -314,9 +239,11 @@ class MessageHub:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        # what was noted before the load belongs to the state it replaces: written, then
+        # what was written before the load belongs to the state it replaces: taken in, then
         # dropped with it, as if it had been written at once
-        self._write_noted()
+        if self._writers:
+            self._take_writers()
+            self._let_go()
         self.runtime_info.update(state.get("runtime_info", {}))
         self._log_scalars = {
             k: HistoryBuffer.from_state(s) for k, s in state.get("log_scalars", {}).items()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -60,6 +61,14 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 
 SAMPLES, TOKENS, MFU = "train/samples_per_s", "train/tokens_per_s", "train/mfu"
+
+
+def per_second(scale: float, figure: tuple[Any, float]) -> tuple[float, int]:
+    """A step's ``(count, seconds)`` as (count x ``scale`` per microsecond, the step's
+    microseconds): its rate and its weight in a window's mean."""
+    count, seconds = figure
+    us = int(seconds * 1e6 + 0.5) or 1
+    return count * (scale / us), us
 _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
@@ -216,6 +225,10 @@ class ThroughputMeter:
         self._chosen = False
         self._rate_scale = 1e6
         self._mfu_scale = 0.0
+        # the hub's writers of the rates, made at the first batch (_start_recording)
+        self._write_samples: Callable[[Any], None] | None = None
+        self._write_tokens: Callable[[Any], None] | None = None
+        self._write_mfu: Callable[[Any], None] | None = None
 
     def start(self, model: nn.Module, device: torch.device, world_size: int) -> None:
         """Before training: the world size, FLOPs per token and the device's peak."""
@@ -247,24 +260,17 @@ class ThroughputMeter:
         return peak_tflops_of(torch.cuda.get_device_name(device), self.peak_tflops)
 
     def _start_recording(self, hub: Any) -> None:
-        """Each step's counts go to the hub's note stream; :meth:`_write_rates` turns them into
-        the rates when the hub's scalars are read."""
-        self._hub = hub
-        self._note = hub.note_stream()
-        self._write = self._write_rates  # the bound method, made once
-
-    def _write_rates(self, figures: tuple[Any, Any, float]) -> None:
-        """One step's rates, each weighted by the step's microseconds."""
-        samples, tokens, seconds = figures
-        write = self._hub.write_scalar
-        us = int(seconds * 1e6 + 0.5) or 1
-        per_us = self._rate_scale / us
-        if samples is not None:
-            write(SAMPLES, samples * per_us, us)
-        if tokens is not None:
-            write(TOKENS, tokens * per_us, us)
-            if self._mfu_scale:
-                write(MFU, tokens * (self._mfu_scale / us), us)
+        """Each step's counts and seconds go to the hub's writers of the rates
+        (:meth:`~distributed_runner.message_hub.MessageHub.scalar_writer`), which turn them into
+        the rates, weighted by the step's microseconds, when the histories are read."""
+        rate = partial(per_second, self._rate_scale)
+        self._write_samples = hub.scalar_writer(SAMPLES, rate) if self._samples else None
+        self._write_tokens = hub.scalar_writer(TOKENS, rate) if self._tokens else None
+        self._write_mfu = (
+            hub.scalar_writer(MFU, partial(per_second, self._mfu_scale))
+            if self._tokens and self._mfu_scale
+            else None
+        )
 
     def _choose(self, batch: Any) -> None:
         """At the first batch: how this run's batches are counted."""
@@ -284,19 +290,20 @@ class ThroughputMeter:
             )
 
     def record(self, hub: Any, batch: Any, seconds: float) -> None:
-        """One iteration of ``seconds`` on ``batch``. Only its counts are noted here: the rates
-        (each weighted by the step's microseconds) are computed when the hub's histories are
-        read (:meth:`_write_rates`), every figure as it would have been at once."""
+        """One iteration of ``seconds`` on ``batch``. Only its counts are written here: the rates
+        are computed when the hub's histories are read (:func:`per_second`), every figure as it
+        would have been at once."""
         if not self._chosen:
             self._choose(batch)
             self._start_recording(hub)
         try:
-            figures = (
-                self._samples(batch) if self._samples is not None else None,
-                self._tokens(batch) if self._tokens is not None else None,
-                seconds,
-            )
-            self._note((self._write, figures))
+            if self._write_samples is not None:
+                self._write_samples((self._samples(batch), seconds))  # type: ignore[misc]
+            if self._write_tokens is not None:
+                tokens = self._tokens(batch)  # type: ignore[misc]
+                self._write_tokens((tokens, seconds))
+                if self._write_mfu is not None:
+                    self._write_mfu((tokens, seconds))
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             # a batch unlike the first: stop rather than log a window mixing counted and not
             logging.getLogger(LOGGER_NAME).warning(
@@ -305,3 +312,4 @@ class ThroughputMeter:
                 e,
             )
             self._samples = self._tokens = None
+            self._write_samples = self._write_tokens = self._write_mfu = None

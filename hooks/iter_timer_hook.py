@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,10 @@ class IterTimerHook(Hook):
     priority = "NORMAL"
     _meter: ThroughputMeter | None = None  # a subclass that skips __init__ has none
     _eta_inputs: tuple[float, int] | None = None  # (end, iter) of the last step timed
+    # the hub's writers of train/data_time and train/time (MessageHub.scalar_writer), taken at
+    # before_train; None: a subclass whose before_train did not call this one's
+    _write_data_time: Callable[[float], None] | None = None
+    _write_time: Callable[[float], None] | None = None
 
     def __init__(
         self,
@@ -62,7 +67,10 @@ class IterTimerHook(Hook):
         if self._meter is not None:
             self._meter.start(get_ori_model(runner.model), runner.device, runner.world_size)
         self._eta_inputs = None
-        runner.message_hub.derive_info("eta", _EtaProvider(self))
+        hub = runner.message_hub
+        hub.derive_info("eta", _EtaProvider(self))
+        self._write_data_time = hub.scalar_writer("train/data_time")
+        self._write_time = hub.scalar_writer("train/time")
         self._train_start = time.perf_counter()
 
     # MMEngine's helpers, which the base class forwards every epoch and val/test iteration to
@@ -91,7 +99,11 @@ class IterTimerHook(Hook):
     def before_train_iter(
         self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
     ) -> None:
-        runner.message_hub.update_scalar("train/data_time", perf_counter() - self._t)
+        write = self._write_data_time
+        if write is not None:
+            write(perf_counter() - self._t)
+        else:
+            runner.message_hub.update_scalar("train/data_time", perf_counter() - self._t)
 
     def after_train_iter(
         self,
@@ -102,7 +114,11 @@ class IterTimerHook(Hook):
     ) -> None:
         now = perf_counter()
         seconds = now - self._t
-        runner.message_hub.update_scalar("train/time", seconds)
+        write = self._write_time
+        if write is not None:
+            write(seconds)
+        else:
+            runner.message_hub.update_scalar("train/time", seconds)
         self._t = now
         self._record_eta(runner, now)
         if self._meter is not None:

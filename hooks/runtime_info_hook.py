@@ -24,10 +24,11 @@ class RuntimeInfoHook(Hook):
     """
 
     priority = "VERY_HIGH"
-    _write_iter: Callable[[int], None] | None = None  # set by before_train
-
-    def __init__(self) -> None:
-        self._keys: dict[str, str] = {}  # output key -> 'train/<key>', built once
+    # the hub's writers of what this hook records every iteration (MessageHub.scalar_writer),
+    # taken at before_train; None: a subclass whose before_train did not call this one's
+    _write_iter: Callable[[int], None] | None = None
+    _write_lr: Callable[[Any], None] | None = None
+    _out_writers: dict[str, Callable[[Any], None]] | None = None
 
     def before_train(self, runner: RunnerAPI) -> None:
         runner.message_hub.update_info_dict(
@@ -38,8 +39,14 @@ class RuntimeInfoHook(Hook):
                 "max_iters": runner.max_iters,
             }
         )
+        self._start_writing(runner)
+
+    def _start_writing(self, runner: RunnerAPI) -> None:
+        hub = runner.message_hub
         # 'iter' is written every iteration: through the hub's plain store, not the mapping
-        self._write_iter = runner.message_hub.runtime_info.store_for("iter")
+        self._write_iter = hub.runtime_info.store_for("iter")
+        self._write_lr = hub.scalar_writer("train/lr")
+        self._out_writers = {}  # output key -> the writer of 'train/<key>'
 
     def before_train_epoch(self, runner: RunnerAPI) -> None:
         runner.message_hub.update_info("epoch", runner.epoch)
@@ -47,14 +54,13 @@ class RuntimeInfoHook(Hook):
     def before_train_iter(
         self, runner: RunnerAPI, batch_idx: int, data_batch: DataBatch = None
     ) -> None:
-        hub = runner.message_hub
-        if self._write_iter is not None:
-            self._write_iter(runner.iter)
-        else:  # a subclass whose before_train did not call this one's
-            hub.update_info("iter", runner.iter)
+        if self._write_lr is None:
+            self._start_writing(runner)
+        self._write_iter(runner.iter)  # type: ignore[misc]  # set with _write_lr
         groups = runner.optim_wrapper.optimizer.param_groups
-        hub.update_scalar("train/lr", groups[0]["lr"])
+        self._write_lr(groups[0]["lr"])  # type: ignore[misc]  # set above
         if len(groups) > 1:
+            hub = runner.message_hub
             for i in range(1, len(groups)):
                 hub.update_scalar(f"train/lr_group{i}", groups[i]["lr"])
 
@@ -67,12 +73,15 @@ class RuntimeInfoHook(Hook):
     ) -> None:
         if not outputs:
             return
-        hub, keys = runner.message_hub, self._keys
+        writers = self._out_writers
+        if writers is None:
+            self._start_writing(runner)
+            writers = self._out_writers
         for key, value in outputs.items():
-            name = keys.get(key)
-            if name is None:
-                name = keys[key] = f"train/{key}"
-            hub.update_scalar(name, value)
+            write = writers.get(key)  # type: ignore[union-attr]  # set above
+            if write is None:
+                write = writers[key] = runner.message_hub.scalar_writer(f"train/{key}")  # type: ignore[index]
+            write(value)
 
     def _metrics(self, runner: RunnerAPI, prefix: str, metrics: dict[str, Any] | None) -> None:
         for key, value in (metrics or {}).items():
