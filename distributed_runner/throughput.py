@@ -69,6 +69,8 @@ def per_second(scale: float, figure: tuple[Any, float]) -> tuple[float, int]:
     count, seconds = figure
     us = int(seconds * 1e6 + 0.5) or 1
     return count * (scale / us), us
+
+
 _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
