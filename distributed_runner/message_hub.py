@@ -139,16 +139,21 @@ class MessageHub:
 
     @log_scalars.setter
     def log_scalars(self, value: dict[str, HistoryBuffer]) -> None:
-        if self._writers:  # what was written belongs to the histories being replaced
-            self._take_writers()
-            self._let_go()
-        self._log_scalars = value
+        self._replace_histories(value)
 
-    def _let_go(self) -> None:
-        """The histories being replaced stop taking their writers' values."""
-        for buf in self._holders.values():
-            buf._detach()
-        self._holders.clear()
+    def _replace_histories(self, histories: dict[str, HistoryBuffer]) -> None:
+        """What was written belongs to the histories being replaced: taken in, and they let go
+        of the writers, which the new histories of the same keys take over."""
+        if self._writers:
+            self._take_writers()
+            for held in self._holders.values():
+                held._detach()
+            self._holders.clear()
+        self._log_scalars = histories
+        for key, writer in self._writers.items():
+            buf = histories.get(key)
+            if buf is not None:
+                self._attach(key, buf, writer)
 
     def scalar_writer(self, key: str, convert: Convert | None = None) -> Callable[[Any], None]:
         """``write(value)`` records ``value`` for ``key`` as ``update_scalar(key, value)`` would
@@ -241,10 +246,7 @@ class MessageHub:
     def load_state_dict(self, state: dict) -> None:
         # what was written before the load belongs to the state it replaces: taken in, then
         # dropped with it, as if it had been written at once
-        if self._writers:
-            self._take_writers()
-            self._let_go()
         self.runtime_info.update(state.get("runtime_info", {}))
-        self._log_scalars = {
-            k: HistoryBuffer.from_state(s) for k, s in state.get("log_scalars", {}).items()
-        }
+        self._replace_histories(
+            {k: HistoryBuffer.from_state(s) for k, s in state.get("log_scalars", {}).items()}
+        )

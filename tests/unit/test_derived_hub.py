@@ -226,3 +226,15 @@ def test_a_writers_values_are_in_its_history_for_every_reader_in_the_order_writt
     rate((9, 3))
     assert hub.get_scalar("train/rate").values() == [5.0, 3.0]
     assert hub.get_scalar("train/rate").mean() == (10 + 9) / 5
+
+
+def test_after_a_load_update_scalar_still_comes_after_the_writers_values():
+    hub = MessageHub()
+    write = hub.scalar_writer("train/time")
+    write(1.0)
+    state = hub.state_dict()
+    hub.load_state_dict(state)  # a rollback: new histories, the same writers
+    write(2.0)
+    hub.get_scalar("train/time").update(3.0)  # a reader holding the new history writes too
+    hub.update_scalar("train/time", 4.0)
+    assert hub.get_scalar("train/time").values() == [1.0, 2.0, 3.0, 4.0]
