@@ -81,7 +81,7 @@ class HistoryBuffer:
         if self._pending:
             self._take()
         self._pending, self._convert = pending, convert
-        self.append_one = self._append_in_order
+        self.append_one = self.update  # the writer's values first
 
     def _detach(self) -> None:
         """Another history of the same key took over its writer (this one was replaced)."""
@@ -110,13 +110,6 @@ class HistoryBuffer:
             self._counts.extend([1] * len(pending))
         self._values.extend(pending)
         pending.clear()
-
-    def _append_in_order(self, value: Any) -> None:
-        if self._pending:
-            self._take()
-        self._values.append(value)
-        if self._counts is not None:
-            self._counts.append(1)
 
     def update(self, value: Any, count: int = 1) -> None:
         if self._pending:
