@@ -299,10 +299,12 @@ class ThroughputMeter:
             self._choose(batch)
             self._start_recording(hub)
         try:
+            # both counted before either is written: a batch that cannot be counted writes none
+            samples = self._samples(batch) if self._write_samples is not None else None  # type: ignore[misc]
+            tokens = self._tokens(batch) if self._write_tokens is not None else None  # type: ignore[misc]
             if self._write_samples is not None:
-                self._write_samples((self._samples(batch), seconds))  # type: ignore[misc]
+                self._write_samples((samples, seconds))
             if self._write_tokens is not None:
-                tokens = self._tokens(batch)  # type: ignore[misc]
                 self._write_tokens((tokens, seconds))
                 if self._write_mfu is not None:
                     self._write_mfu((tokens, seconds))

@@ -229,3 +229,19 @@ def test_world_size_scales_run_rates_not_mfu():
     assert hub.get_scalar("train/samples_per_s").mean() == pytest.approx(2 * 4 / 0.5)
     assert hub.get_scalar("train/tokens_per_s").mean() == pytest.approx(10 * 4 / 0.5)
     assert hub.get_scalar("train/mfu").mean() == pytest.approx(10 / 0.5 * 10 / 1e3)
+
+
+def test_a_batch_that_cannot_be_counted_records_nothing_and_ends_the_counting(caplog):
+    """Counted from the first batch on; a later batch without the tokens' key writes neither
+    rate for its step (the samples are not half-recorded) and the meter stops with a warning."""
+    meter = ThroughputMeter()
+    meter.start(nn.Linear(1, 1), torch.device("cpu"), world_size=1)
+    from distributed_runner.message_hub import MessageHub
+    hub = MessageHub()
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    meter.record(hub, {"inputs": torch.zeros(2, 3), "input_ids": ids}, 0.5)
+    meter.record(hub, {"inputs": torch.zeros(2, 3)}, 0.25)  # samples countable, tokens not
+    meter.record(hub, {"inputs": torch.zeros(2, 3), "input_ids": ids}, 0.5)
+    samples, tokens = hub.get_scalar("train/samples_per_s"), hub.get_scalar("train/tokens_per_s")
+    assert len(samples) == len(tokens) == 1
+    assert "cannot count this batch" in caplog.text
