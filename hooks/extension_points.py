@@ -95,7 +95,7 @@ class RankFigures:
 
     In a distributed run LoggerHook, at each training record, takes every provider's
     :meth:`rank_figures` into the one collective it makes there anyway (an all_gather of its
-    window's values and these figures, instead of an all-reduce of the values), then calls
+    window's values and these figures), then calls
     :meth:`figures_gathered` on every rank with the same table and writes the scalars it returns
     into the record. No synchronisation of its own, and none outside LoggerHook's records.
     """

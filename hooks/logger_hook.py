@@ -190,25 +190,21 @@ class LoggerHook(Hook, SinkProvider):
 
     def _across_ranks(self, runner: RunnerAPI, smoothed: dict) -> tuple[dict, dict]:
         """The window's values averaged over the ranks, and the scalars the RankFigures
-        providers derive from every rank's figures: one collective either way — an all-reduce
-        (mean) when no provider has figures, else one all_gather of values and figures."""
+        providers derive from every rank's figures: one collective, an all_gather of this
+        rank's values and figures (:func:`~distributed_runner.dist.all_gather_floats`); the
+        means are summed in rank order."""
         figures = [[float(v) for v in hook.rank_figures()] for hook in self._rank_figures]
-        if not any(figures):
-            if not smoothed:
-                return {}, {}
-            avg = dist.all_reduce(
-                torch.tensor(list(smoothed.values()), dtype=torch.float64), "mean"
-            ).tolist()
-            return dict(zip(smoothed, avg, strict=True)), {}
-        mine = [*smoothed.values(), *(v for own in figures for v in own)]
-        table = dist.all_gather(torch.tensor(mine, dtype=torch.float64))
+        if not smoothed and not any(figures):
+            return {}, {}
         n = len(smoothed)
-        avg = (table[:, :n].sum(0) / table.shape[0]).tolist()
+        table = dist.all_gather_floats([*smoothed.values(), *(v for own in figures for v in own)])
+        world = len(table)
+        avg = [sum(row[i] for row in table) / world for i in range(n)]
         ranked: dict[str, float] = {}
         start = n
         for hook, own in zip(self._rank_figures, figures, strict=True):
             if own:
-                per_rank = table[:, start : start + len(own)].tolist()
+                per_rank = [row[start : start + len(own)] for row in table]
                 ranked.update(hook.figures_gathered(runner, per_rank))
                 start += len(own)
         return dict(zip(smoothed, avg, strict=True)), ranked

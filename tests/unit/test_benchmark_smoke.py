@@ -72,6 +72,18 @@ def test_agreement_overhead_benchmark_runs_on_two_processes():
     assert sum("ratio to never" in line for line in lines) == 3
 
 
+def test_distributed_parts_benchmark_adds_one_part_per_line_on_two_processes():
+    out = run_benchmark("distributed_parts", "--rounds", "1", "--epochs", "3")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("distributed parts: 2 gloo processes") and "2 pairs" in lines[0]
+    assert lines[1].startswith("plain DDP loop: training thread")
+    rows = lines[3:-1]
+    assert [row.split(" ")[0] for row in rows] == ["loop,"] + ["+"] * 4
+    assert all(row.endswith(" us/iter") for row in rows)
+    assert rows[-1].startswith("+ the records written")
+    assert lines[-1].startswith("the defaults: training thread CPU")
+
+
 def test_checkpoint_verify_benchmark_runs():
     out = run_benchmark("checkpoint_verify", "--mb", "8", "--rounds", "2")
     assert out.stdout.startswith("load and restore a 8 MB checkpoint (median of 2, interleaved)")

@@ -19,6 +19,7 @@ def test_identity_without_a_process_group():
     assert torch.equal(dist.all_reduce(t, "mean"), torch.tensor([1.0, 2.0]))
     assert dist.broadcast_object({"a": 1}) == {"a": 1}
     assert dist.all_gather_object(3) == [3]
+    assert dist.all_gather_floats([1, 2.5]) == [[1.0, 2.5]]
     assert dist.master_only(lambda: 5)() == 5
     assert dist.get_dist_info() == (0, 1)
     data = {"x": torch.tensor([1.0])}
@@ -48,6 +49,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "max": dist.all_reduce(torch.tensor([rank + 1.0]), "max").item(),
             "broadcast": dist.broadcast_object(f"from {rank}"),
             "gathered": dist.all_gather_object(rank * 10),
+            "gathered_floats": dist.all_gather_floats([rank + 0.25, 1e-9 * (rank + 1), -rank]),
             "master_only": dist.master_only(lambda: "ran")(),
             "dist_info": dist.get_dist_info(),
             "reduced_dict": {k: v.tolist() for k, v in dist.all_reduce_dict(
@@ -79,6 +81,7 @@ def test_collectives_loss_averaging_and_gathered_metrics(tmp_path):
     assert r0["sum"] == r1["sum"] == 3.0 and r0["mean"] == 1.5 and r1["max"] == 2.0
     assert r0["broadcast"] == r1["broadcast"] == "from 0"
     assert r0["gathered"] == r1["gathered"] == [0, 10]
+    assert r0["gathered_floats"] == r1["gathered_floats"] == [[0.25, 1e-9, 0.0], [1.25, 2e-9, -1.0]]
     assert r0["master_only"] == "ran" and r1["master_only"] is None
     assert r0["dist_info"] == [0, 2] and r1["dist_info"] == [1, 2]
     assert r0["reduced_dict"] == r1["reduced_dict"] == {"a": 2, "b": [0.5, 1.0]}  # int kept
