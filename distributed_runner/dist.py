@@ -136,7 +136,7 @@ def all_gather_floats(values: list[float]) -> list[list[float]]:
     """Every rank's ``values`` (the same length on every rank), in rank order, as Python floats.
 
     For the few figures a logging record carries: one flat float64 tensor, one
-    ``all_gather_into_tensor`` and one conversion back — each torch call on the training thread
+    ``all_gather_single`` and one conversion back — each torch call on the training thread
     between two steps costs several microseconds (caches cold after the step), and :func:`all_gather`
     makes a tensor per rank and stacks them (measured in a 2-rank gloo run: 297 µs of rank 0's
     thread time per LoggerHook record with that, the collective's own share 90 µs)."""
@@ -145,7 +145,11 @@ def all_gather_floats(values: list[float]) -> list[list[float]]:
     n, world = len(values), get_world_size()
     device = _collective_device()
     out = torch.empty(world * n, dtype=torch.float64, device=device)
-    torch_dist.all_gather_into_tensor(out, torch.tensor(values, dtype=torch.float64, device=device))
+    # all_gather_single where torch has it (2.13 deprecates all_gather_into_tensor for it)
+    gather_single = getattr(torch_dist, "all_gather_single", None)
+    if gather_single is None:
+        gather_single = torch_dist.all_gather_into_tensor
+    gather_single(out, torch.tensor(values, dtype=torch.float64, device=device))
     flat = out.tolist()
     return [flat[r * n : (r + 1) * n] for r in range(world)]
 
