@@ -63,6 +63,7 @@ def _worker(rank: int, port: int, rounds: int, epochs: int, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
+    from benchmarks.hook_overhead import epoch_by_hand
     from benchmarks.ranks import leave_rank_process
     from benchmarks.ray_overhead import BATCH, RayBenchData, RayBenchMLP
     from distributed_runner import Runner
@@ -83,14 +84,8 @@ def _worker(rank: int, port: int, rounds: int, epochs: int, out: str) -> None:
             """(CPU, wall) seconds per iteration of one epoch."""
             self.sampler.set_epoch(self.epoch_count)
             self.epoch_count += 1
-            model, opt = self.model, self.opt
             cpu, wall = time.thread_time(), time.perf_counter()
-            model.train()
-            for batch in self.loader:
-                loss = model(**batch, mode="loss")["loss"]
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+            epoch_by_hand(self.model, self.opt, self.loader)
             n = len(self.loader)
             return (time.thread_time() - cpu) / n, (time.perf_counter() - wall) / n
 

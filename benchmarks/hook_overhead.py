@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -119,6 +120,17 @@ class EpochClockEndHook(Hook):
         self.clock.epoch_end(self.iters)
 
 
+def epoch_by_hand(model: nn.Module, opt: torch.optim.Optimizer, loader: Iterable) -> None:
+    """One epoch of the loop users write by hand, which the Runner is compared with: forward in
+    loss mode, ``zero_grad``, backward, step (distributed_parts.py's DDP loop too)."""
+    model.train()
+    for batch in loader:
+        loss = model(**batch, mode="loss")["loss"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
 def bare_loop(epochs: int, clock: EpochClock) -> None:
     torch.manual_seed(0)
     model = BenchMLP()
@@ -127,12 +139,7 @@ def bare_loop(epochs: int, clock: EpochClock) -> None:
                         generator=torch.Generator().manual_seed(0))
     for _ in range(epochs):
         clock.epoch_start()
-        model.train()
-        for batch in loader:
-            loss = model(**batch, mode="loss")["loss"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        epoch_by_hand(model, opt, loader)
         clock.epoch_end()
 
 
@@ -196,13 +203,7 @@ class BareUserLoop:
     def epoch(self) -> float:
         """Process CPU seconds per iteration of one epoch."""
         start = time.process_time()
-        model, opt = self.model, self.opt
-        model.train()
-        for batch in self.loader:
-            loss = model(**batch, mode="loss")["loss"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        epoch_by_hand(self.model, self.opt, self.loader)
         return (time.process_time() - start) / USER_ITERS
 
 
