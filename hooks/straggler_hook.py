@@ -22,9 +22,9 @@ How it is measured, at no cost to a single process (nothing is attached there):
 The figures cross ranks only at LoggerHook's training records, in the collective it makes there
 anyway: this hook is a :class:`~hooks.extension_points.RankFigures` provider, so LoggerHook
 gathers every rank's figures with its window's values (in its one all_gather, no collective
-of its own) and puts ``straggler/rank_<r>_s`` (rank r's mean seconds before the collective per step),
-``straggler/spread`` and ``straggler/slowest_rank`` in the record, hence in every sink. A rank at
-``watchdog.straggler_ratio`` times the median of the other ranks' figures (and at least
+of its own) and puts ``straggler/rank_<r>_s`` (rank r's mean seconds before the collective per
+step), ``straggler/spread`` and ``straggler/slowest_rank`` in the record, hence in every sink. A
+rank at ``watchdog.straggler_ratio`` times the median of the other ranks' figures (and at least
 :data:`MIN_EXCESS_S` above it) for ``watchdog.straggler_patience`` records in a row is named in
 one warning, and in one more when it recovers.
 """
