@@ -137,9 +137,10 @@ def all_gather_floats(values: list[float]) -> list[list[float]]:
 
     For the few figures a logging record carries: one flat float64 tensor, one
     ``all_gather_single`` and one conversion back — each torch call on the training thread
-    between two steps costs several microseconds (caches cold after the step), and :func:`all_gather`
-    makes a tensor per rank and stacks them (measured in a 2-rank gloo run: 297 µs of rank 0's
-    thread time per LoggerHook record with that, the collective's own share 90 µs)."""
+    between two steps costs several microseconds (caches cold after the step), and
+    :func:`all_gather` makes a tensor per rank and stacks them (measured in a 2-rank gloo run:
+    297 µs of rank 0's thread time per LoggerHook record with that, the collective's own share
+    90 µs)."""
     if not is_distributed():
         return [[float(v) for v in values]]
     n, world = len(values), get_world_size()
