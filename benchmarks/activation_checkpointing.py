@@ -45,10 +45,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_models import GPT, SyntheticTokens  # noqa: E402
-from benchmarks.gpu_throughput import SyntheticIds, hf_gpt2_config  # noqa: E402
-from distributed_runner import Runner  # noqa: E402
-from hooks import Hook  # noqa: E402
+from benchmarks.gpu_models import GPT, SyntheticTokens
+from benchmarks.gpu_throughput import SyntheticIds, hf_gpt2_config
+from distributed_runner import Runner
+from hooks import Hook
 
 SIZES = {"smoke": dict(vocab=64, context=16, width=32, layers=2, heads=2, batch=2),
          "example": dict(vocab=256, context=128, width=192, layers=4, heads=6, batch=32),
@@ -77,7 +77,7 @@ class SavedBytes:
     def total(self) -> int:
         return sum(self.storages.values())
 
-    def __enter__(self) -> "SavedBytes":
+    def __enter__(self) -> SavedBytes:
         self._hooks.__enter__()
         return self
 

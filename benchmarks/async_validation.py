@@ -43,7 +43,7 @@ from torch.utils.data import ConcatDataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from distributed_runner.registry import DATASETS, HOOKS  # noqa: E402
+from distributed_runner.core.registry import DATASETS, HOOKS  # noqa: E402
 from hooks import Hook  # noqa: E402
 
 
@@ -71,7 +71,7 @@ class IterStartClock(Hook):
 
 
 def config(work_dir: str, args: argparse.Namespace, mode: str) -> dict:
-    from distributed_runner.config import Config
+    from distributed_runner.core.config import Config
 
     cfg = Config.fromfile(ROOT / "configs" / "digits_cnn.py")
     cfg["custom_imports"] = dict(imports=["distributed_runner.examples.digits",
@@ -94,7 +94,7 @@ def config(work_dir: str, args: argparse.Namespace, mode: str) -> dict:
 
 
 def measure(args: argparse.Namespace, mode: str) -> dict:
-    from distributed_runner.runner import Runner
+    from distributed_runner.engine.runner import Runner
 
     work_dir = tempfile.mkdtemp(prefix=f"drun-async-val-{mode}-")
     try:

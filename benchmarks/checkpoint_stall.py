@@ -33,9 +33,9 @@ from torch.utils.data import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ranks import leave_rank_process  # noqa: E402
-from distributed_runner.registry import DATASETS, MODELS  # noqa: E402
-from hooks import Hook  # noqa: E402
+from benchmarks.ranks import leave_rank_process
+from distributed_runner.core.registry import DATASETS, MODELS
+from hooks import Hook
 
 WIDTH_FOR_MB = 512  # layers of WIDTH x WIDTH; WIDTH is chosen so that they hold --mb MB
 

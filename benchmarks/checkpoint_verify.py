@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from distributed_runner.checkpoint import atomic_save, checksum_path, load_file  # noqa: E402
+from distributed_runner.checkpoint.files import atomic_save, checksum_path, load_file
 
 
 def main() -> None:

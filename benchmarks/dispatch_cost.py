@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distributed_runner.dispatch import HookDispatcher  # noqa: E402
-from hooks import Hook  # noqa: E402
+from distributed_runner.engine.dispatch import HookDispatcher
+from hooks import Hook
 
 
 class Implements(Hook):

@@ -37,9 +37,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,9 +48,9 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_models import GPT, ResNet, SyntheticImages, SyntheticTokens  # noqa: E402
-from distributed_runner import Runner  # noqa: E402
-from hooks import Hook  # noqa: E402
+from benchmarks.gpu_models import GPT, ResNet, SyntheticImages, SyntheticTokens
+from distributed_runner import Runner
+from hooks import Hook
 
 LOG_EVERY = 10
 # dense bf16 peak of the GPUs this is run on (no sparsity), TFLOP/s

@@ -38,10 +38,10 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distributed_runner import Runner  # noqa: E402
-from distributed_runner.registry import DATASETS, MODELS  # noqa: E402
-from benchmarks.dispatch_cost import print_dispatch_costs  # noqa: E402
-from hooks import Hook  # noqa: E402
+from benchmarks.dispatch_cost import print_dispatch_costs
+from distributed_runner import Runner
+from distributed_runner.core.registry import DATASETS, MODELS
+from hooks import Hook
 
 BATCHES, BATCH, FEATURES = 16, 32, 16
 
@@ -287,7 +287,7 @@ def hook_cost(work_dir: str, iters: int = 10_000) -> float:
     return best / iters * 1e6
 
 
-def report(title: str, bare: "EpochClock", ours: "EpochClock") -> None:
+def report(title: str, bare: EpochClock, ours: EpochClock) -> None:
     print(title)
     for label, k in (("cpu ", 1), ("wall", 0)):
         b, o = [x[k] for x in bare.samples], [x[k] for x in ours.samples]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from distributed_runner import Config, Runner  # noqa: E402
-from distributed_runner.sinks.mlflow import MLflowSink  # noqa: E402
+from distributed_runner.tracking.sinks.mlflow import MLflowSink  # noqa: E402
 from hooks import Hook  # noqa: E402
 
 

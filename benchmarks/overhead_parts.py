@@ -32,10 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.hook_overhead import USER_ITERS, paired_user_run, spread  # noqa: E402
-from hooks import (Hook, IterTimerHook, LoggerHook, ParamSchedulerHook,  # noqa: E402
-                   RuntimeInfoHook)
-from hooks.hook import overrides  # noqa: E402
+from benchmarks.hook_overhead import USER_ITERS, paired_user_run, spread
+from distributed_runner.engine.hook import overrides
+from hooks import Hook, IterTimerHook, LoggerHook, ParamSchedulerHook, RuntimeInfoHook
 
 PER_ITERATION = ("before_train_iter", "after_train_iter")
 

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from distributed_runner.registry import DATASETS, HOOKS, MODELS  # noqa: E402
+from distributed_runner.core.registry import DATASETS, HOOKS, MODELS  # noqa: E402
 from hooks import Hook  # noqa: E402
 
 N, FEATURES, BATCH = 2048, 16, 32
@@ -177,7 +177,7 @@ def run_plain(epochs: int, use_gpu: bool, out: str) -> dict:
 
 
 def run_ours(epochs: int, use_gpu: bool, out: str, agree_every: int | str = "auto") -> dict:
-    from distributed_runner.launcher import RayLauncher, normalize_launcher
+    from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 
     work_dir = Path(out).parent / f"ours-{time.time_ns()}"
     fit_time = time.time()

@@ -14,7 +14,7 @@
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
 (``--debug`` shows its traceback); a checkpoint that cannot be written (a full disk) is one line
 and status 1; anything else is a bug and keeps its traceback. A run stopped by
-SIGTERM after writing its checkpoint exits with 143 (see :mod:`distributed_runner.preemption`).
+SIGTERM after writing its checkpoint exits with 143 (see :mod:`distributed_runner.core.preemption`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointWriteError, ConfigError
-from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
-from .preemption import TrainingPreempted
-from .ray_connect import announced_path
+from distributed_runner.core.errors import CheckpointWriteError, ConfigError
+from distributed_runner.core.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
+from distributed_runner.core.preemption import TrainingPreempted
+from distributed_runner.launch.ray_connect import announced_path
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -45,6 +45,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``drun``'s parser: the global ``--debug`` flag and one subcommand parser each."""
     parser = argparse.ArgumentParser(
         prog="drun",
         description="distributed-runner: hooked PyTorch training on a laptop or a Ray cluster",
@@ -53,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show tracebacks for configuration errors too"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
+    _add_test_parser(sub)
+    _add_hooks_parser(sub)
+    _add_plot_parser(sub)
+    from distributed_runner.tune.cli_args import add_tune_parser
+
+    add_tune_parser(sub, _add_common)
+    return parser
+
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """``drun train``: kept apart so build_parser stays short; adds the Ray flag group too."""
     train = sub.add_parser("train", help="train a model")
     _add_common(train)
     train.add_argument(
@@ -69,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="overrides strategy's type (the config's options are kept: all of "
         "them for fsdp, activation_checkpointing for ddp)",
     )
+    _add_ray_flags(train)
+
+
+def _add_ray_flags(train: argparse.ArgumentParser) -> None:
+    """``drun train``'s Ray group: the flags apply_launcher_flags lays over the launcher."""
     ray = train.add_argument_group("Ray (override the config's launcher=dict(type='ray', ...))")
     ray.add_argument("--launcher", choices=["none", "ray"])
     ray.add_argument(
@@ -84,9 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ray.add_argument("--name", help="run name; rerunning with the same name resumes")
     ray.add_argument("--max-failures", type=int, help="worker-group restarts Ray may make")
+
+
+def _add_test_parser(sub: argparse._SubParsersAction) -> None:
+    """``drun test``: the common arguments plus the checkpoint to evaluate."""
     test = sub.add_parser("test", help="evaluate a checkpoint on test_dataloader")
     _add_common(test)
     test.add_argument("--checkpoint", required=True, help="weights to load (load_from)")
+
+
+def _add_hooks_parser(sub: argparse._SubParsersAction) -> None:
+    """``drun hooks``: no --work-dir (nothing is written), so not _add_common."""
     hooks = sub.add_parser("hooks", help="print the resolved hook plan without training")
     hooks.add_argument("config")
     hooks.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
@@ -96,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="plan as this launcher runs it (ray adds its RayReportHook)",
     )
+
+
+def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
+    """``drun plot``: takes work_dirs, not a config, so it shares nothing with the others."""
     plot = sub.add_parser(
         "plot", help="draw loss, lr and validation curves of one run or several overlaid"
     )
@@ -110,14 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="W",
         help="EMA weight in [0, 1) for the training curves, e.g. 0.6 (default 0)",
     )
-    from .tune.cli_args import add_tune_parser
-
-    add_tune_parser(sub, _add_common)
-    return parser
 
 
 def load_config(args: argparse.Namespace):
-    from .config import Config
+    from distributed_runner.core.config import Config
 
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
     if getattr(args, "work_dir", None):
@@ -181,7 +207,7 @@ def override_strategy(base: Any, kind: str) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .launcher import run
+    from distributed_runner.launch.launcher import run
 
     cfg = load_config(args)
     if args.resume is not None:
@@ -193,7 +219,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from .runner import Runner
+    from distributed_runner.engine.runner import Runner
 
     cfg = load_config(args)
     cfg["load_from"] = args.checkpoint
@@ -205,8 +231,8 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
-    from .config import Config
-    from .hook_builder import plan_hooks
+    from distributed_runner.core.config import Config
+    from distributed_runner.engine.hook_builder import plan_hooks
 
     cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
     if args.launcher is not None:
@@ -216,7 +242,7 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .plot import plot
+    from distributed_runner.tracking.plot import plot
 
     if not 0.0 <= args.smooth < 1.0:
         raise ConfigError("--smooth", f"{args.smooth} is not in [0, 1): try 0.6")
@@ -229,7 +255,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .tune.driver import run_sweep
+    from distributed_runner.tune.driver import run_sweep
 
     return run_sweep(load_config(args), args)
 

@@ -3,8 +3,9 @@
 MkDocs loads this file as a hook (``hooks:`` in ``mkdocs.yml``): ``on_files`` adds the generated
 pages (:data:`PAGES`: config keys, hooks, CLI) to the site, ``on_page_markdown`` replaces every
 ``<!-- insert: NAME ARGS -->`` line of a hand-written page with generated text (``gen_inserts.py``
-beside this file: a module docstring, the mount points, the checkpoint parts ...), and
-``on_page_content`` turns the Sphinx roles of docstrings (``:class:`~a.B```) into plain code.
+beside this file: a module docstring, the mount points, the checkpoint parts, the module tables,
+the import contracts, the files of one iteration), and ``on_page_content`` turns the Sphinx roles
+of docstrings (``:class:`~a.B```) into plain code.
 Nothing here is written by hand about the code: each table is read from the structure the code
 itself uses — the checks a config passes before anything is built, the ``HOOKS`` registry, the
 argparse parser — so the reference cannot drift. ``python docs/gen_reference.py OUT_DIR``
@@ -19,8 +20,9 @@ import argparse
 import inspect
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for _path in (ROOT, Path(__file__).parent):  # the checkout's package; gen_inserts beside this
@@ -61,10 +63,10 @@ def config_checks(cfg: dict) -> None:
     """Every check a config passes before anything is built, in the order a run meets them:
     the Runner's preparation (``Runner.from_cfg``; the Ray driver's too), the driver's own
     checks, then the launcher's and the preemption options' parsers."""
-    from distributed_runner.config_prep import prepare_config
-    from distributed_runner.launcher import normalize_launcher, validate_config
-    from distributed_runner.preemption import parse_preemption
-    from distributed_runner.watchdog_config import parse_watchdog
+    from distributed_runner.core.preemption import parse_preemption
+    from distributed_runner.engine.config_prep import prepare_config
+    from distributed_runner.health.watchdog import parse_watchdog
+    from distributed_runner.launch.launcher import normalize_launcher, validate_config
 
     prepare_config(dict(cfg))
     validate_config(dict(cfg))
@@ -76,7 +78,7 @@ def config_checks(cfg: dict) -> None:
 def probe(path: str) -> str:
     """What the checks say when ``path`` (dotted) holds a value nobody accepts: ``takes ...``,
     or ``''`` when nothing checks it before building."""
-    from distributed_runner.errors import ConfigError
+    from distributed_runner.core.errors import ConfigError
 
     cfg = {k: dict(v) if isinstance(v, dict) else v for k, v in PROBE_BASE.items()}
     *parents, leaf = path.split(".")
@@ -98,8 +100,8 @@ def probe(path: str) -> str:
 def nested_checked_keys() -> list[tuple[str, str]]:
     """(dotted key, kind) for every nested key ``config_check`` checks, recorded by running it
     on a config that has every section it looks into."""
-    from distributed_runner import config_check as cc
-    from distributed_runner.config_prep import OTHER_CONFIG_KEYS, RUNNER_KEYS
+    from distributed_runner.engine import config_check as cc
+    from distributed_runner.engine.config_prep import OTHER_CONFIG_KEYS, RUNNER_KEYS
 
     found: list[tuple[str, str]] = []
     originals = {name: getattr(cc, name) for name in ("positive_int", "boolean", "number")}
@@ -130,12 +132,12 @@ def _defaults(fn: Callable) -> dict[str, Any]:
 
 def default_sources() -> dict[str, dict[str, Any]]:
     """Section -> its keys' defaults, from the signatures and tables the code uses."""
-    from distributed_runner.async_val_config import ValMode
-    from distributed_runner.launcher import RAY_DEFAULTS
-    from distributed_runner.loops import EpochBasedTrainLoop, IterBasedTrainLoop
-    from distributed_runner.optim import OptimWrapper
-    from distributed_runner.sharding import FSDP_DEFAULTS
-    from distributed_runner.watchdog_config import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
+    from distributed_runner.engine.loops import EpochBasedTrainLoop, IterBasedTrainLoop
+    from distributed_runner.health.watchdog import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
+    from distributed_runner.launch.launcher import RAY_DEFAULTS
+    from distributed_runner.model.sharding import FSDP_DEFAULTS
+    from distributed_runner.optim.wrapper import OptimWrapper
+    from distributed_runner.validation.async_validation import ValMode
 
     loop = {**_defaults(IterBasedTrainLoop.__init__), **_defaults(EpochBasedTrainLoop.__init__)}
     return {"train_cfg": loop, "optim_wrapper": _defaults(OptimWrapper.__init__),
@@ -146,13 +148,13 @@ def default_sources() -> dict[str, dict[str, Any]]:
 
 
 def config_page() -> str:
-    from distributed_runner.async_val_config import KEYS as VAL_MODE_KEYS
-    from distributed_runner.config_check import MMCV1_KEYS, NEAR_MISS
-    from distributed_runner.config_prep import OTHER_CONFIG_KEYS, REQUIRED_KEYS, RUNNER_KEYS
-    from distributed_runner.launcher import RAY_DEFAULTS
-    from distributed_runner.runner import Runner
-    from distributed_runner.sharding import FSDP_DEFAULTS
-    from distributed_runner.watchdog_config import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
+    from distributed_runner.engine.config_check import MMCV1_KEYS, NEAR_MISS
+    from distributed_runner.engine.config_prep import OTHER_CONFIG_KEYS, REQUIRED_KEYS, RUNNER_KEYS
+    from distributed_runner.engine.runner import Runner
+    from distributed_runner.health.watchdog import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
+    from distributed_runner.launch.launcher import RAY_DEFAULTS
+    from distributed_runner.model.sharding import FSDP_DEFAULTS
+    from distributed_runner.validation.async_validation import KEYS as VAL_MODE_KEYS
 
     params = inspect.signature(Runner.__init__).parameters
     out = ["# Config keys", "", GENERATED_NOTE,
@@ -204,14 +206,14 @@ def config_page() -> str:
 
 # -- hooks --------------------------------------------------------------------------------------
 def mounts_of(cls: type) -> list[str]:
-    from hooks.hook import MOUNT_POINTS, overrides
+    from distributed_runner.engine.hook import MOUNT_POINTS, overrides
 
     instance = cls.__new__(cls)
     return [m for m in MOUNT_POINTS if overrides(instance, m)]
 
 
 def hook_parameters(cls: type) -> str:
-    from hooks.hook import Hook
+    from distributed_runner.engine.hook import Hook
 
     if cls.__init__ is object.__init__ or cls.__init__ is Hook.__init__:
         return "—"
@@ -228,11 +230,15 @@ def hook_parameters(cls: type) -> str:
 
 
 def hooks_page() -> str:
-    from distributed_runner.hook_builder import DEFAULT_HOOKS, LAUNCHER_HOOKS, RESERVED_KEYS, \
-        default_name
-    from distributed_runner.registry import HOOKS
+    from distributed_runner.core.registry import HOOKS
+    from distributed_runner.engine.hook_builder import (
+        DEFAULT_HOOKS,
+        LAUNCHER_HOOKS,
+        RESERVED_KEYS,
+        default_name,
+    )
+    from distributed_runner.engine.priority import get_priority, priority_name
     from hooks import CheckpointSaver, Priority, RankFigures, SinkProvider, StepGuard
-    from hooks.priority import get_priority, priority_name
 
     defaults = {spec["type"]: (key, {k: v for k, v in spec.items() if k != "type"})
                 for key, spec in DEFAULT_HOOKS.items()}

@@ -6,12 +6,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from distributed_runner.registry import HOOKS
-
-from .hook import Hook
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import Hook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

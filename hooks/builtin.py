@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from .builtin_names import BUILTIN_HOOKS
+from hooks.builtin_names import BUILTIN_HOOKS
 
 for _module in dict.fromkeys(BUILTIN_HOOKS.values()):
     importlib.import_module(f"hooks.{_module}")

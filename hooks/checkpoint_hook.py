@@ -4,37 +4,120 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distributed_runner import async_val
-from distributed_runner.checkpoint import (
+from distributed_runner.checkpoint.files import (
     checksum_path,
     point_at,
     remove_checkpoint,
     remove_stale_temporaries,
 )
-from distributed_runner.errors import ArgumentError
-from distributed_runner.interval import Interval
-from distributed_runner.metric_rules import GREATER_KEYS, LESS_KEYS, infer_rule, require_metric
-from distributed_runner.redact import redact_url
-from distributed_runner.registry import HOOKS
-from distributed_runner.remote_storage import (
+from distributed_runner.checkpoint.parts import PUBLISHABLE_KEYS
+from distributed_runner.checkpoint.publish import publish_checkpoint
+from distributed_runner.checkpoint.remote import (
     RemoteCopies,
     check_storage_options,
     is_remote,
     run_folder,
 )
-from distributed_runner.sharded_checkpoint import remove_orphan_shards, shard_folders
+from distributed_runner.checkpoint.sharded import remove_orphan_shards, shard_folders
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.interval import Interval
+from distributed_runner.core.redact import redact_url
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.extension_points import CheckpointSaver
+from distributed_runner.engine.hook import DataBatch, Hook
+from distributed_runner.evaluation.metric_rules import (
+    GREATER_KEYS,
+    LESS_KEYS,
+    infer_rule,
+    require_metric,
+)
+from distributed_runner.validation import async_validation as async_val
 
-from .checkpoint_args import as_list, best_rules, check_numbers, checked_published_keys
-from .checkpoint_publish import publish_checkpoint
-from .extension_points import CheckpointSaver
-from .hook import DataBatch, Hook
+# -- the arguments, checked when the hook is built ----------------------------------------------
+# A mistake here (a float interval, ``save_topk=0``, a misspelled published key, a rule the hook
+# cannot infer) would otherwise show up late, as a missing or wrong checkpoint, so each is refused
+# at construction in one line naming the argument.
+CHECKPOINT_KEYS = PUBLISHABLE_KEYS
+
+
+def as_list(value: str | Sequence[str] | None) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def check_numbers(
+    interval: int | str,
+    max_keep_ckpts: int,
+    save_begin: int,
+    save_topk: int,
+    by_epoch: bool,
+    async_save: bool,
+) -> None:
+    """Refuse, one line naming the argument, what would otherwise misbehave silently later (a
+    float interval, save_topk=0, by_epoch='no')."""
+    if isinstance(interval, bool) or (
+        isinstance(interval, (int, float))
+        and (interval != int(interval) or interval == 0 or interval < -1)
+    ):
+        raise ArgumentError(
+            "interval",
+            f"got {interval!r}; takes an int >= 1, -1 (no "
+            f"periodic checkpoints) or a spec like '500it', "
+            f"'2ep', '30min'",
+        )
+    for name, value, low in (
+        ("max_keep_ckpts", max_keep_ckpts, -1),
+        ("save_begin", save_begin, 0),
+        ("save_topk", save_topk, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ArgumentError(name, f"got {value!r}; takes an int >= {low}")
+    for name, flag in (("by_epoch", by_epoch), ("async_save", async_save)):
+        if not isinstance(flag, bool):
+            raise ArgumentError(name, f"got {flag!r}; takes True or False")
+
+
+def checked_published_keys(keys: str | Sequence[str] | None) -> list:
+    """``published_keys`` checked against the checkpoint's parts (a typo would publish a file
+    without them); the weights must be among them."""
+    keys = as_list(keys)
+    for k in keys:
+        if k not in CHECKPOINT_KEYS:
+            raise ArgumentError(
+                "published_keys",
+                f"unknown checkpoint key {k!r}; choose from {', '.join(CHECKPOINT_KEYS)}",
+            )
+    if keys and "state_dict" not in keys:
+        raise ArgumentError("published_keys", "must include 'state_dict' (the weights)")
+    return keys
+
+
+def best_rules(save_best: list[str], rules: list, infer: Callable[[str], str]) -> list[str | None]:
+    """One rule per ``save_best`` key: given once for all, one each, or inferred from the
+    key's name by ``infer`` ('auto' waits for the first metric's)."""
+    if "auto" in save_best and len(save_best) > 1:
+        raise ArgumentError("save_best", "'auto' cannot be combined with other keys")
+    if len(rules) == 1 and len(save_best) > 1:
+        rules = rules * len(save_best)
+    if rules and len(rules) != len(save_best):
+        raise ArgumentError("rule", f"give one rule or one per save_best key ({len(save_best)})")
+    for r in rules:
+        if r not in ("greater", "less"):
+            raise ArgumentError("rule", f"unknown rule {r!r}: use 'greater' or 'less'")
+    rules = rules or [None] * len(save_best)
+    return [
+        infer(key) if key != "auto" and r is None else r
+        for key, r in zip(save_best, rules, strict=True)
+    ]
+
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -57,12 +140,12 @@ class CheckpointHook(Hook, CheckpointSaver):
       ``less_keys`` by substring; the best is ``best_{key}_epoch_{N}.pth`` and replaces the
       previous best. ``save_topk=K`` keeps the K best checkpoints of each key instead of one.
     * ``published_keys``: after training, the last and best checkpoints are also written with only
-      these keys as ``{name}-{sha256[:8]}.pth``: any part :mod:`distributed_runner.checkpoint_parts`
+      these keys as ``{name}-{sha256[:8]}.pth``: any part :mod:`distributed_runner.checkpoint.parts`
       declares, but ``sharded``.
     * ``out_dir``: as MMEngine, checkpoints go to ``out_dir/<basename(work_dir)>`` (default:
       ``work_dir`` itself). A URI (``s3://``, ``gs://``, ``hdfs://``) gets a copy of each
       committed checkpoint, uploaded in the background, while the files stay in ``work_dir``
-      (:mod:`distributed_runner.remote_storage`); ``backend_args`` are its filesystem's options.
+      (:mod:`distributed_runner.checkpoint.remote`); ``backend_args`` are its filesystem's options.
       MMEngine's deprecated ``file_client_args`` (a local ``backend``) and MMCV's
       ``create_symlink`` are accepted with a warning.
     * ``filename_tmpl`` (default ``epoch_{}.pth`` / ``iter_{}.pth``), ``save_optimizer``,
@@ -70,7 +153,7 @@ class CheckpointHook(Hook, CheckpointSaver):
     * ``async_save``: write in the background; training waits only while the tensors are
       copied to host memory. The checkpoint commits (``last_checkpoint`` moves, old files go,
       Ray hears of it) once every rank's write is done — checked after every iteration — and a
-      new save waits for the previous one (:mod:`distributed_runner.checkpoint_writer`).
+      new save waits for the previous one (:mod:`distributed_runner.checkpoint.writer`).
 
     ``work_dir/last_checkpoint`` (and ``out_dir/last_checkpoint``) names the newest periodic or
     last checkpoint; ``resume=True`` starts from it. ``runner.request_checkpoint(reason)`` and
@@ -111,17 +194,7 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.save_topk = int(save_topk)
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
-        self.out_dir_arg = out_dir
-        check_storage_options("CheckpointHook", out_dir, backend_args, file_client_args)
-        if create_symlink is not None:
-            warnings.warn(
-                "CheckpointHook: create_symlink (MMCV's) is ignored: "
-                "work_dir/last_checkpoint names the newest checkpoint",
-                UserWarning,
-                stacklevel=2,
-            )
-        self.backend_args = backend_args
-        self.remote: RemoteCopies | None = None
+        self._set_storage(out_dir, backend_args, file_client_args, create_symlink)
         self.max_keep_ckpts = int(max_keep_ckpts)
         self.save_last = save_last
         self.save_begin = int(save_begin)
@@ -129,19 +202,53 @@ class CheckpointHook(Hook, CheckpointSaver):
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch_names else "iter_{}.pth")
         if "{}" not in self.filename_tmpl:
             raise ArgumentError("filename_tmpl", "needs a '{}' for the epoch/iteration number")
+        self._set_best(save_best, rule, greater_keys, less_keys)
+        self.published_keys = checked_published_keys(published_keys)
+        self._reset_bookkeeping()
+        self.published: list[str] = []
+
+    def _set_storage(
+        self,
+        out_dir: str | None,
+        backend_args: dict | None,
+        file_client_args: dict | None,
+        create_symlink: bool | None,
+    ) -> None:
+        """Where checkpoints go (``out_dir``, a remote copy's options); MMCV's and MMEngine's
+        older arguments accepted with a warning."""
+        self.out_dir_arg = out_dir
+        check_storage_options("CheckpointHook", out_dir, backend_args, file_client_args)
+        if create_symlink is not None:
+            warnings.warn(
+                "CheckpointHook: create_symlink (MMCV's) is ignored: "
+                "work_dir/last_checkpoint names the newest checkpoint",
+                UserWarning,
+                stacklevel=3,
+            )
+        self.backend_args = backend_args
+        self.remote: RemoteCopies | None = None
+
+    def _set_best(
+        self,
+        save_best: str | Sequence[str] | None,
+        rule: str | Sequence[str] | None,
+        greater_keys: Sequence[str] | None,
+        less_keys: Sequence[str] | None,
+    ) -> None:
+        """Which metrics pick best checkpoints, and whether larger is better for each."""
         self.greater_keys = list(greater_keys) if greater_keys is not None else GREATER_KEYS
         self.less_keys = list(less_keys) if less_keys is not None else LESS_KEYS
         self.save_best = as_list(save_best)
         self.rules = best_rules(self.save_best, as_list(rule), self._infer_rule)
-        self.published_keys = checked_published_keys(published_keys)
-        # state that survives resume (state_dict below)
+
+    def _reset_bookkeeping(self) -> None:
+        """The state that survives a resume (:meth:`state_dict`), empty."""
         self.best_scores: dict[str, float] = {}
         self.best_files: dict[str, str] = {}
         self.top: dict[str, list] = {}  # key -> [[score, file], ...], best first (save_topk)
         self.kept: list[str] = []
         self.last_file: str | None = None
         self.last_saved_iter = -1
-        self.published: list[str] = []
 
     # -- setup ---------------------------------------------------------------------------------
     def _infer_rule(self, key: str) -> str:
@@ -266,7 +373,8 @@ class CheckpointHook(Hook, CheckpointSaver):
     def _save_periodic(self, runner: RunnerAPI, filename: str) -> None:
         if filename not in self.kept:
             self.kept.append(filename)
-        # a checkpoint still waiting for its asynchronous validation stays (async_val.py)
+        # a checkpoint still waiting for its asynchronous validation stays
+        # (distributed_runner.validation.async_validation)
         removed = async_val.retire(self.kept, self.max_keep_ckpts, async_val.pinned(runner))
         self.last_file = filename
         self.last_saved_iter = runner.train_state.position()["iter"]
@@ -381,6 +489,13 @@ class CheckpointHook(Hook, CheckpointSaver):
             "save_best": list(self.save_best),
             "rules": list(self.rules),
         }
+
+    def continue_bookkeeping(self, state: dict) -> None:
+        """Take over the kept files and bests of a state this hook saved in another run (a PBT
+        fork trains a donor trial's weights but keeps its own trial's files). Its newest save is
+        not the state being trained now, so it counts as none: the next save is not skipped as
+        a repeat and does not replace it as "last"."""
+        self.load_state_dict({**state, "last_file": None, "last_saved_iter": -1})
 
     def load_state_dict(self, state: dict) -> None:
         self.best_scores = dict(state.get("best_scores", {}))

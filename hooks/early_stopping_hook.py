@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.metric_rules import infer_rule, require_metric
-from distributed_runner.registry import HOOKS
-
-from .hook import Hook
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import Hook
+from distributed_runner.evaluation.metric_rules import infer_rule, require_metric
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -20,8 +19,8 @@ class EarlyStoppingHook(Hook):
     """After each validation, compare ``monitor`` with the best value so far.
 
     * ``rule``: ``'greater'``/``'less'``; inferred from the key as CheckpointHook's save_best
-      does (:func:`~distributed_runner.metric_rules.infer_rule`: ``acc``, ``mAP``... greater;
-      ``loss`` less).
+      does (:func:`~distributed_runner.evaluation.metric_rules.infer_rule`: ``acc``, ``mAP``...
+      greater; ``loss`` less).
     * an improvement is a change beyond ``min_delta``; after ``patience`` validations without one,
       training stops. ``stopping_threshold`` stops as soon as the metric reaches it;
       ``check_finite`` stops when it is NaN or infinite.

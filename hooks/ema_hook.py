@@ -6,12 +6,11 @@ from typing import Any
 
 import torch
 
-import distributed_runner.averaged_model  # noqa: F401  (registers the averages in MODELS)
-from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import HOOKS, MODELS
-from distributed_runner.signatures import check_arguments
-
-from .hook import DataBatch, Hook
+import distributed_runner.model.averaged  # noqa: F401  (registers the averages in MODELS)
+from distributed_runner.core.errors import ArgumentError, argument_errors
+from distributed_runner.core.registry import HOOKS, MODELS
+from distributed_runner.core.signatures import check_arguments
+from distributed_runner.engine.hook import DataBatch, Hook
 
 EMA_IN_STATE_DICT = "ema_in_state_dict"  # meta flag: state_dict holds the average (MMEngine)
 
@@ -20,7 +19,7 @@ EMA_IN_STATE_DICT = "ema_in_state_dict"  # meta flag: state_dict holds the avera
 class EMAHook(Hook):
     """Keep an averaged copy of the model (``ema_type``: ``'ExponentialMovingAverage'``,
     ``'MomentumAnnealingEMA'``, ``'StochasticWeightAverage'`` or any registered
-    :class:`~distributed_runner.averaged_model.BaseAveragedModel`; other keyword arguments —
+    :class:`~distributed_runner.model.averaged.BaseAveragedModel`; other keyword arguments —
     ``momentum``, ``interval``, ``update_buffers``, ``gamma`` — go to it).
 
     * Updated after every training iteration from the ``begin_iter``-th iteration (or the

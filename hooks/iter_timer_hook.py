@@ -7,15 +7,14 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from distributed_runner.message_hub import MISSING
-from distributed_runner.model_setup import get_ori_model
-from distributed_runner.registry import HOOKS
-from distributed_runner.throughput import ThroughputMeter
-
-from .hook import DataBatch, Hook
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import DataBatch, Hook
+from distributed_runner.engine.message_hub import MISSING
+from distributed_runner.model.build import get_ori_model
+from distributed_runner.tracking.throughput import ThroughputMeter
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -27,16 +26,15 @@ class IterTimerHook(Hook):
     started: a resumed run's first steps would otherwise be averaged with another machine's) by the
     iterations done since, times the iterations left. It is derived, not written: each step only
     notes when it ended and which iteration it was, and ``eta`` is computed from those when
-    someone reads it (:meth:`~distributed_runner.message_hub.MessageHub.derive_info`) — the
+    someone reads it (:meth:`~distributed_runner.engine.message_hub.MessageHub.derive_info`) — the
     value a reader gets is the one the step would have written. Ranks: all.
 
-    Throughput (:mod:`distributed_runner.throughput`): ``train/samples_per_s`` (the run's, all
-    ranks), ``train/tokens_per_s`` where the batch holds tokens, and ``train/mfu`` (a device's
-    model FLOPs utilisation) where the FLOPs per token and the device's peak are known, exact
-    over each logging window. ``samples_key='auto'``, ``tokens_key='auto'``,
-    ``flops_per_token='auto'``, ``peak_tflops=None``: see
-    :class:`~distributed_runner.throughput.ThroughputMeter`; ``samples_key=None,
-    tokens_key=None`` turns it off.
+    Throughput (:mod:`distributed_runner.tracking.throughput`): ``train/samples_per_s`` (the run's,
+    all ranks), ``train/tokens_per_s`` where the batch holds tokens, and ``train/mfu`` (a device's
+    model FLOPs utilisation) where the FLOPs per token and the device's peak are known, exact over
+    each logging window. ``samples_key='auto'``, ``tokens_key='auto'``, ``flops_per_token='auto'``,
+    ``peak_tflops=None``: see :class:`~distributed_runner.tracking.throughput.ThroughputMeter`;
+    ``samples_key=None, tokens_key=None`` turns it off.
     """
 
     priority = "NORMAL"

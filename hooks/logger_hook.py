@@ -8,22 +8,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distributed_runner import dist
-from distributed_runner.async_val import validated_position
-from distributed_runner.errors import ArgumentError
-from distributed_runner.hook_report import timing_summary, timing_table
-from distributed_runner.interval import Interval
-from distributed_runner.quiet_log import log_brief_and_full, run_log_file
-from distributed_runner.redact import redact_url
-from distributed_runner.registry import HOOKS
-from distributed_runner.remote_storage import check_storage_options, copy_run_files, run_folder
-from distributed_runner.sinks import LogRecord
-
-from .extension_points import RankFigures, SinkProvider
-from .hook import DataBatch, Hook
+from distributed_runner.checkpoint.remote import check_storage_options, copy_run_files, run_folder
+from distributed_runner.core import dist
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.interval import Interval
+from distributed_runner.core.log import log_brief_and_full, run_log_file
+from distributed_runner.core.redact import redact_url
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.extension_points import RankFigures, SinkProvider
+from distributed_runner.engine.hook import DataBatch, Hook
+from distributed_runner.engine.hook_report import timing_summary, timing_table
+from distributed_runner.tracking.sinks import LogRecord
+from distributed_runner.validation.async_validation import validated_position
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 SHARE_CHECK_SECONDS = 5.0
@@ -34,16 +33,17 @@ class LoggerHook(Hook, SinkProvider):
     """Every ``interval`` training iterations (and after each validation/test) write one record
     to the run's sinks (``runner.sinks``). ``sinks=['terminal', 'jsonl']`` by default names them
     (any ``dict(type=...)`` from the LOG_SINKS registry or a ``LogSink`` instance also works); as
-    the :class:`~hooks.extension_points.SinkProvider`, this hook only names them — the Runner
-    validates and builds them when it is built, and a misspelled one is a config error.
+    the :class:`~distributed_runner.engine.extension_points.SinkProvider`, this hook only names
+    them — the Runner validates and builds them when it is built, and a misspelled one is a config
+    error.
 
     ``interval``: an int or ``'Nit'`` counts batches of the epoch (MMEngine's rule); ``'2ep'``
     logs at the end of every 2nd epoch; ``'30s'``/``'5min'`` by wall time (rank 0's clock).
     Training values are smoothed over the iterations since the last record (``lr`` is the current
     value) and averaged across ranks; hooks that keep per-rank figures
-    (:class:`~hooks.extension_points.RankFigures`, e.g. StragglerHook) have them gathered in the
-    same collective and add the scalars they derive. ``ignore_last=False`` also logs the last
-    iterations of an epoch that do not fill an interval.
+    (:class:`~distributed_runner.engine.extension_points.RankFigures`, e.g. StragglerHook) have them
+    gathered in the same collective and add the scalars they derive. ``ignore_last=False`` also logs
+    the last iterations of an epoch that do not fill an interval.
 
     Hook timing (from the dispatcher's always-on timing): the table (hook, mount point, calls,
     total, mean) is logged after training; a hook whose cumulative time since the first record
@@ -64,8 +64,8 @@ class LoggerHook(Hook, SinkProvider):
     Parquet) record both, whatever it says.
 
     A sink that raises is reported once and skipped for that record; the others still write
-    (:class:`~distributed_runner.sinks.SinkSet`; ``on_error='warn'`` covers this hook itself).
-    Ranks: all compute (the cross-rank average is a collective); rank 0 writes.
+    (:class:`~distributed_runner.tracking.sinks.SinkSet`; ``on_error='warn'`` covers this hook
+    itself). Ranks: all compute (the cross-rank average is a collective); rank 0 writes.
     """
 
     priority = "BELOW_NORMAL"
@@ -191,7 +191,7 @@ class LoggerHook(Hook, SinkProvider):
     def _across_ranks(self, runner: RunnerAPI, smoothed: dict) -> tuple[dict, dict]:
         """The window's values averaged over the ranks, and the scalars the RankFigures
         providers derive from every rank's figures: one collective, an all_gather of this
-        rank's values and figures (:func:`~distributed_runner.dist.all_gather_floats`); the
+        rank's values and figures (:func:`~distributed_runner.core.dist.all_gather_floats`); the
         means are summed in rank order."""
         figures = [[float(v) for v in hook.rank_figures()] for hook in self._rank_figures]
         if not smoothed and not any(figures):
@@ -220,7 +220,8 @@ class LoggerHook(Hook, SinkProvider):
                     len(runner.val_dataloader if mode == "val" else runner.test_dataloader)
                 )
         by_epoch = self.log_metric_by_epoch and runner.by_epoch and mode == "val"
-        # an asynchronous validation's results: at the validated checkpoint's step (async_val.py)
+        # an asynchronous validation's results: at the validated checkpoint's step
+        # (distributed_runner.validation.async_validation)
         at = (validated_position(runner) if mode == "val" else None) or {}
         step, epoch = at.get("iter", runner.iter), at.get("epoch", runner.epoch)
         info = {"by_epoch": runner.by_epoch, **({"async_applied_iter": runner.iter} if at else {})}
@@ -290,8 +291,9 @@ class LoggerHook(Hook, SinkProvider):
         ``out_dir/<basename(work_dir)>``, as MMEngine does; ``keep_local=False`` deletes the
         local ones afterwards."""
         if runner.rank == 0:
-            # the training records still queued (sinks/record_queue.py) are written now: a hook
-            # after this one at after_run finds the files whole, and so do the copies below
+            # the training records still queued (distributed_runner.tracking.sinks.record_queue)
+            # are written now: a hook after this one at after_run finds the files whole, and so
+            # do the copies below
             runner.sinks.flush()
         if self.out_dir and runner.rank == 0:
             names = copy_run_files(

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from distributed_runner.registry import HOOKS
-
-from .hook import DataBatch
-from .visualization_hook import VisualizationHook
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import DataBatch
+from hooks.visualization_hook import VisualizationHook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

@@ -6,14 +6,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS
-
-from .extension_points import StepGuard
-from .hook import Hook
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.extension_points import StepGuard
+from distributed_runner.engine.hook import Hook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 POLICIES = ("raise", "skip", "rollback")
@@ -55,7 +54,7 @@ class NonFiniteLossHook(Hook, StepGuard):
         self.lr_factor = 1.0
         self._kept: dict | None = None
 
-    # -- the StepGuard extension point (hooks.extension_points; called by the training loop) ----
+    # -- the StepGuard extension point (engine.extension_points; called by the training loop) ---
     def check_loss(self, loss: torch.Tensor) -> bool:
         return bool(torch.isfinite(loss).all())
 

@@ -7,13 +7,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS
-
-from .hook import DataBatch, Hook
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import DataBatch, Hook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

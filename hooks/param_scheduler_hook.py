@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distributed_runner.registry import HOOKS
-
-from .hook import DataBatch, Hook
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import DataBatch, Hook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

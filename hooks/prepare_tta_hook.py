@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from distributed_runner.errors import ArgumentError, argument_errors
-from distributed_runner.registry import HOOKS, MODELS
-from distributed_runner.signatures import check_arguments
-from distributed_runner.tta import TTAModel
-
-from .hook import Hook
+from distributed_runner.core.errors import ArgumentError, argument_errors
+from distributed_runner.core.registry import HOOKS, MODELS
+from distributed_runner.core.signatures import check_arguments
+from distributed_runner.engine.hook import Hook
+from distributed_runner.model.tta import TTAModel
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

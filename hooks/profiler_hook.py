@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS
-from distributed_runner.signatures import accepts
-
-from .hook import DataBatch, Hook
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.core.signatures import accepts
+from distributed_runner.engine.hook import DataBatch, Hook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 def _check_trace_keys(spec: dict) -> None:

@@ -10,16 +10,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distributed_runner import dist
-from distributed_runner.async_val import report_validation
-from distributed_runner.checkpoint import checksum_path
-from distributed_runner.registry import HOOKS
-from distributed_runner.sharded_checkpoint import SHARDED, is_ranks_file
-
-from .hook import Hook
+from distributed_runner.checkpoint.files import checksum_path
+from distributed_runner.checkpoint.sharded import SHARDED, is_ranks_file
+from distributed_runner.core import dist
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import Hook
+from distributed_runner.validation.async_validation import report_validation
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

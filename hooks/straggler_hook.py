@@ -20,13 +20,13 @@ How it is measured, at no cost to a single process (nothing is attached there):
   the first record's figures are less sharp, which ``straggler_patience`` absorbs.
 
 The figures cross ranks only at LoggerHook's training records, in the collective it makes there
-anyway: this hook is a :class:`~hooks.extension_points.RankFigures` provider, so LoggerHook
-gathers every rank's figures with its window's values (in its one all_gather, no collective
-of its own) and puts ``straggler/rank_<r>_s`` (rank r's mean seconds before the collective per
-step), ``straggler/spread`` and ``straggler/slowest_rank`` in the record, hence in every sink. A
-rank at ``watchdog.straggler_ratio`` times the median of the other ranks' figures (and at least
-:data:`MIN_EXCESS_S` above it) for ``watchdog.straggler_patience`` records in a row is named in
-one warning, and in one more when it recovers.
+anyway: this hook is a :class:`~distributed_runner.engine.extension_points.RankFigures` provider, so
+LoggerHook gathers every rank's figures with its window's values (in its one all_gather, no
+collective of its own) and puts ``straggler/rank_<r>_s`` (rank r's mean seconds before the
+collective per step), ``straggler/spread`` and ``straggler/slowest_rank`` in the record, hence in
+every sink. A rank at ``watchdog.straggler_ratio`` times the median of the other ranks' figures (and
+at least :data:`MIN_EXCESS_S` above it) for ``watchdog.straggler_patience`` records in a row is
+named in one warning, and in one more when it recovers.
 """
 
 from __future__ import annotations
@@ -39,18 +39,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distributed_runner import dist
-from distributed_runner.registry import HOOKS
-from distributed_runner.watchdog_config import parse_watchdog
-
-from .extension_points import RankFigures
-from .hook import Hook
+from distributed_runner.core import dist
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.extension_points import RankFigures
+from distributed_runner.engine.hook import Hook
+from distributed_runner.health.watchdog import parse_watchdog
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.optim import Optimizer
 
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 MIN_EXCESS_S = 0.001
 """A rank is a straggler only if it is also this many seconds per step above the others'
@@ -193,9 +192,10 @@ class StragglerHook(Hook, RankFigures):
     from the end of one optimizer step to the end of the next forward pass (batch wait, the hooks
     before the step, forward; under FSDP up to the forward's start) — what the others wait for in
     the gradient all-reduce. The figures cross ranks only in LoggerHook's collective at its
-    records (this hook is a :class:`~hooks.extension_points.RankFigures` provider). Nothing is
-    attached in a single process; with no LoggerHook nothing is reported. Ranks: all time and
-    decide alike; rank 0 logs. See :mod:`hooks.straggler_hook` for what is left out and why.
+    records (this hook is a :class:`~distributed_runner.engine.extension_points.RankFigures`
+    provider). Nothing is attached in a single process; with no LoggerHook nothing is reported.
+    Ranks: all time and decide alike; rank 0 logs. See :mod:`hooks.straggler_hook` for what is left
+    out and why.
     """
 
     priority = "VERY_LOW"  # attaches after the other hooks' before_train (which may swap things)

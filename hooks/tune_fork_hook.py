@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distributed_runner.checkpoint import load_file
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS
+from distributed_runner.checkpoint.files import load_file
+from distributed_runner.checkpoint.parts import hook_state
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import Hook
 from distributed_runner.tune.mutations import MUTABLE_KEYS
-
-from .hook import Hook
-from .non_finite_loss_hook import scale_learning_rate
+from hooks.non_finite_loss_hook import scale_learning_rate
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()
@@ -75,8 +75,8 @@ class TuneForkHook(Hook):
                         group[field] = group[field] * new / old if old else new
             applied.append(f"{key} {old:g} -> {new:g}")
         checkpoints = runner.get_hook("checkpoint")
-        if checkpoints is not None and callable(getattr(checkpoints, "load_state_dict", None)):
-            checkpoints.load_state_dict(self._own_bookkeeping())
+        if checkpoints is not None and callable(getattr(checkpoints, "continue_bookkeeping", None)):
+            checkpoints.continue_bookkeeping(self._own_saved_state())
         if runner.rank == 0:
             runner.logger.info(
                 "PBT fork: continuing trial %s's run from iteration %d with %s",
@@ -85,12 +85,9 @@ class TuneForkHook(Hook):
                 "; ".join(applied) or "no change",
             )
 
-    def _own_bookkeeping(self) -> dict:
-        """CheckpointHook's state as the trial's own newest checkpoint left it ({} if none);
-        its newest save is not the state being trained now, so it counts as none."""
-        state: dict = {}
+    def _own_saved_state(self) -> dict:
+        """What this trial's CheckpointHook (registered as ``checkpoint``) saved in the trial's own
+        newest checkpoint ({} if none): the files it keeps and its bests."""
         if self.own_checkpoint and Path(self.own_checkpoint).is_file():
-            ckpt = load_file(self.own_checkpoint, "own_checkpoint")
-            state = dict(ckpt.get("hooks", {}).get("checkpoint") or {})
-        state.update(last_file=None, last_saved_iter=-1)
-        return state
+            return hook_state(load_file(self.own_checkpoint, "own_checkpoint"), "checkpoint")
+        return {}

@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import DataBatch, Hook
 from distributed_runner.tune.channel import ReportChannel, get_channel
 from distributed_runner.tune.trial_run import TrialReport
 
-from .hook import DataBatch, Hook
-
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 @HOOKS.register_module()

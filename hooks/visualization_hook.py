@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import HOOKS
-
-from .hook import DataBatch, Hook
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.hook import DataBatch, Hook
 
 if TYPE_CHECKING:
-    from distributed_runner.runner_api import RunnerAPI
+    from distributed_runner.core.runner_api import RunnerAPI
 
 
 def _field(batch: Any, key: str, index: int) -> Any:
@@ -45,9 +44,10 @@ class VisualizationHook(Hook):
     ``p:<predicted>`` and ``t:<true label>`` (``label_key``/``label_index``) in green when right,
     red when wrong — as one grid, and write it
 
-    * to TensorBoard (``<stage>/predictions``) when the run has a ``tensorboard`` sink
-      (``runner.sinks``),
-    * to MLflow as ``visualizations/<stage>_iter_<N>.png`` when it has an ``mlflow`` sink,
+    * as an image ``<stage>/predictions`` to every sink of ``runner.sinks`` that keeps images
+      (a ``tensorboard`` sink),
+    * as the file ``visualizations/<stage>_iter_<N>.png`` to every sink that keeps files (an
+      ``mlflow`` sink),
     * to ``work_dir/<out_dir>/<stage>_iter_<N>.png`` always.
 
     Predictions are the ``argmax`` of the model's outputs (logits/scores ``N x K``) or the
@@ -177,17 +177,11 @@ class VisualizationHook(Hook):
         self._active = False
         from PIL import Image
 
-        from distributed_runner.sinks.mlflow import MLflowSink
-        from distributed_runner.sinks.tensorboard import TensorBoardSink
-
         grid = self.draw()
         path = Path(runner.work_dir) / self.out_dir / f"{stage}_iter_{runner.iter}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(grid).save(path)
         self.written.append(path)
-        board = runner.sinks.of_type(TensorBoardSink)
-        if board is not None:
-            board.add_image(f"{stage}/predictions", grid, runner.iter)
-        mlflow = runner.sinks.of_type(MLflowSink)
-        if mlflow is not None:
-            mlflow.log_artifact(path, "visualizations")
+        # offered to every sink: the ones that keep images (tensorboard) or files (mlflow) do
+        runner.sinks.add_image(f"{stage}/predictions", grid, runner.iter)
+        runner.sinks.log_artifact(path, "visualizations")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import tests.ray_probe  # noqa: F401  (ToyLinear, RankDumpHook, SyncBuffersHook's probes)
-from distributed_runner.registry import HOOKS
+from distributed_runner.core.registry import HOOKS
 from hooks import Hook
 
 
@@ -55,6 +55,40 @@ class StopMeOnceHook(Hook):
         marker = Path(runner.work_dir) / "stop_me"
         if runner.iter == self.at_iter and runner.rank == self.rank and not marker.exists():
             wait_to_be_stopped(marker)
+
+
+@HOOKS.register_module(force=True)
+class StopAtHook(Hook):
+    """Rank ``rank`` waits to be stopped (as :class:`StopMeOnceHook`, once per work_dir) at
+    iteration ``at_iter`` in ``mount``: ``before_train_iter`` (mid-epoch), ``after_train_iter``
+    (before CheckpointHook saves on a checkpoint iteration), ``before_val_iter`` (during a
+    validation) or ``after_save_checkpoint`` (saved, before RayReportHook's ``ray.train.report``,
+    which the other rank enters). Priority LOW: before CheckpointHook and RayReportHook."""
+
+    priority = "LOW"
+    MOUNTS = ("before_train_iter", "after_train_iter", "before_val_iter", "after_save_checkpoint")
+
+    def __init__(self, at_iter: int = -1, rank: int = 1, mount: str = "before_train_iter") -> None:
+        assert mount in self.MOUNTS, mount
+        self.at_iter, self.rank, self.mount = at_iter, rank, mount
+
+    def _maybe_stop(self, runner, mount: str) -> None:
+        marker = Path(runner.work_dir) / "stop_me"
+        if (mount == self.mount and runner.iter == self.at_iter and runner.rank == self.rank
+                and not marker.exists()):
+            wait_to_be_stopped(marker)
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        self._maybe_stop(runner, "before_train_iter")
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self._maybe_stop(runner, "after_train_iter")
+
+    def before_val_iter(self, runner, batch_idx, data_batch=None) -> None:
+        self._maybe_stop(runner, "before_val_iter")
+
+    def after_save_checkpoint(self, runner, path=None, checkpoint=None) -> None:
+        self._maybe_stop(runner, "after_save_checkpoint")
 
 
 @HOOKS.register_module(force=True)

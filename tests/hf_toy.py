@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from distributed_runner.registry import DATASETS
+from distributed_runner.core.registry import DATASETS
 
 VOCAB, CONTEXT = 64, 16
 

@@ -10,8 +10,8 @@ import time
 import torch
 
 import tests.toy  # noqa: F401  (ToyDataset / ToyModel)
-from distributed_runner.evaluator import BaseMetric
-from distributed_runner.registry import HOOKS, METRICS, MODELS
+from distributed_runner.core.registry import HOOKS, METRICS, MODELS
+from distributed_runner.evaluation.evaluator import BaseMetric
 from hooks import Hook
 from tests.toy import ToyModel
 

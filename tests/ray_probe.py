@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import distributed_runner.checkpoint_writer as checkpoint_writer
+import distributed_runner.checkpoint.writer as checkpoint_writer
 import tests.toy  # noqa: F401  (registers ToyDataset / ToyModel on the worker)
-from distributed_runner.registry import HOOKS, MODELS
+from distributed_runner.core.registry import HOOKS, MODELS
 from hooks import Hook
 
 _original_save = checkpoint_writer.atomic_save
@@ -104,7 +104,7 @@ class DieOnceHook(Hook):
         os._exit(1)
 
     def _wait_until_persisted(self, runner) -> None:
-        from distributed_runner.resume_choice import newest_persisted
+        from distributed_runner.checkpoint.resume_choice import newest_persisted
 
         launcher = runner.cfg["launcher"]
         deadline = time.monotonic() + self.upload_timeout

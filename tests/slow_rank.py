@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import tests.toy  # noqa: F401  (registers ToyDataset / ToyModel on a worker)
-from distributed_runner.registry import HOOKS
+from distributed_runner.core.registry import HOOKS
 from hooks import Hook
 
 

@@ -7,8 +7,9 @@ import faulthandler
 import os
 import socket
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +18,8 @@ from torch.utils.data import Dataset
 
 from benchmarks.gpu_models import GPT, SyntheticTokens
 from benchmarks.ranks import leave_rank_process
-from distributed_runner.registry import DATASETS, MODELS
-from distributed_runner.sinks import LogSink
+from distributed_runner.core.registry import DATASETS, MODELS
+from distributed_runner.tracking.sinks import LogSink
 from hooks import HOOKS, MOUNT_POINTS, Hook
 
 
@@ -193,8 +194,18 @@ def assert_state_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"{k} differs"
 
 
-__all__ = ["HOOKS", "ListSink", "RecorderHook", "TinyBlocks", "ToyDataset", "ToyModel", "base_cfg",
-           "make_runner", "params_of", "assert_state_equal"]
+__all__ = [
+    "HOOKS",
+    "ListSink",
+    "RecorderHook",
+    "TinyBlocks",
+    "ToyDataset",
+    "ToyModel",
+    "assert_state_equal",
+    "base_cfg",
+    "make_runner",
+    "params_of",
+]
 
 
 

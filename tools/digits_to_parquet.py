@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distributed_runner.examples.digits import DigitsDataset  # noqa: E402
+from distributed_runner.examples.digits import DigitsDataset
 
 
 def write_split(split: str, out: Path, files: int = 2) -> int:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from distributed_runner.registry import DATASETS, MODELS
+from distributed_runner.core.registry import DATASETS, MODELS
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:

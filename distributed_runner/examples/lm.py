@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from distributed_runner.errors import ArgumentError
-from distributed_runner.registry import DATASETS
+from distributed_runner.core.errors import ArgumentError
+from distributed_runner.core.registry import DATASETS
 
 MAKE = "run python tools/make_byte_corpus.py first"
 

@@ -13,8 +13,8 @@ import importlib
 import importlib.util
 from typing import Any
 
-from ..errors import ConfigError, did_you_mean
-from ..signatures import check_arguments
+from distributed_runner.core.errors import ConfigError, did_you_mean
+from distributed_runner.core.signatures import check_arguments
 
 # our name -> (module, class); imported only when a sweep checks or builds one
 SCHEDULERS: dict[str, tuple[str, str]] = {

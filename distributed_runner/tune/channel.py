@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from .trial_run import TrialReport
+from distributed_runner.tune.trial_run import TrialReport
 
 
 class ReportChannel:

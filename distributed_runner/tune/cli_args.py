@@ -6,8 +6,8 @@ import argparse
 import inspect
 from typing import Any
 
-from ..errors import ConfigError
-from .algorithms import SCHEDULERS, SEARCHERS, algorithm_class
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.tune.algorithms import SCHEDULERS, SEARCHERS, algorithm_class
 
 
 def add_tune_parser(sub: Any, add_common: Any) -> argparse.ArgumentParser:

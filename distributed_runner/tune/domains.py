@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError, did_you_mean
+from distributed_runner.core.errors import ConfigError, did_you_mean
 
 # type -> (required keys, optional keys with defaults)
 DOMAIN_KEYS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {

@@ -22,18 +22,18 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..config import to_plain
-from ..errors import ConfigError
-from ..launcher_config import validate_config
-from ..ray_connect import probe_address, resolve_address, start_local_ray
-from . import mlflow_parent, results
-from .algorithms import build_scheduler, build_searcher
-from .cli_args import apply_tune_flags
-from .domains import sample, to_tune
-from .spec import SweepSpec, _train_shape, parse_tune
-from .status import TrialStatusCallback, read_statuses
-from .trainable import DrunTrainable, ray_trial_api
-from .trial_config import trial_config
+from distributed_runner.core.config import to_plain
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.launch.launcher_config import validate_config
+from distributed_runner.launch.ray_connect import probe_address, resolve_address, start_local_ray
+from distributed_runner.tune import mlflow_parent, results
+from distributed_runner.tune.algorithms import build_scheduler, build_searcher
+from distributed_runner.tune.cli_args import apply_tune_flags
+from distributed_runner.tune.domains import sample, to_tune
+from distributed_runner.tune.spec import SweepSpec, _train_shape, parse_tune
+from distributed_runner.tune.status import TrialStatusCallback, read_statuses
+from distributed_runner.tune.trainable import DrunTrainable, ray_trial_api
+from distributed_runner.tune.trial_config import trial_config
 
 INTERRUPTED_EXIT_CODE = 130
 

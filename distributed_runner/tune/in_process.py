@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 
-from ..runner import Runner
-from .channel import open_channel
-from .trial_config import with_report_hook
-from .trial_run import TrialReport
+from distributed_runner.engine.runner import Runner
+from distributed_runner.tune.channel import open_channel
+from distributed_runner.tune.trial_config import with_report_hook
+from distributed_runner.tune.trial_run import TrialReport
 
 
 class InProcessTrialRun:

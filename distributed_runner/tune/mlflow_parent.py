@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..sinks.mlflow import MLFLOW_SINK_TYPES, tracking_uri
+from distributed_runner.tracking.sinks.mlflow import MLFLOW_SINK_TYPES, tracking_uri
 
 SWEEP_FILE = "mlflow_sweep.json"
 

@@ -1,6 +1,6 @@
 """A sweep trial run on Ray Train (``trial_launcher='ray'``): the :class:`TrialRun` that starts the
-config's ``TorchTrainer`` (the ordinary :class:`~distributed_runner.launcher.RayLauncher`) from
-inside the Tune trial's actor.
+config's ``TorchTrainer`` (the ordinary :class:`~distributed_runner.launch.launcher.RayLauncher`)
+from inside the Tune trial's actor.
 
 How the pieces meet:
 
@@ -35,15 +35,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..launcher import RayLauncher
-from .ray_trial_resources import (
+from distributed_runner.launch.launcher import RayLauncher
+from distributed_runner.tune.ray_trial_resources import (
     ray_launcher_opts,
     ray_trial_footprint,
     ray_trial_resources,
     ray_trials_that_fit,
 )
-from .ray_trial_signal import TrialSignal
-from .trial_run import TrialReport
+from distributed_runner.tune.ray_trial_signal import TrialSignal
+from distributed_runner.tune.trial_run import TrialReport
 
 __all__ = [
     "RayTrainTrialRun",

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ConfigError
-from ..launcher_config import normalize_launcher, uses_ray_data, worker_resources
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.launch.launcher_config import (
+    normalize_launcher,
+    uses_ray_data,
+    worker_resources,
+)
 
 # The trial actor's bundle: it only waits on its run's reports and stop requests. Tune refuses an
 # empty bundle ({'CPU': 0}); a little logical memory makes it non-empty without taking CPU, so a

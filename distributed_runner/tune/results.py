@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, set_dotted, to_config_dict, to_plain
+from distributed_runner.core.config import Config, set_dotted, to_config_dict, to_plain
 
 RESULTS_FILE = "tune_results.parquet"
 BEST_CONFIG = "best_config.py"

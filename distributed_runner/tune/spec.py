@@ -26,11 +26,11 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, check_known_keys, did_you_mean
-from ..metric_rules import infer_rule
-from . import algorithms
-from .domains import check_domain
-from .mutations import MUTABLE_KEYS
+from distributed_runner.core.errors import ConfigError, check_known_keys, did_you_mean
+from distributed_runner.evaluation.metric_rules import infer_rule
+from distributed_runner.tune import algorithms
+from distributed_runner.tune.domains import check_domain
+from distributed_runner.tune.mutations import MUTABLE_KEYS
 
 TUNE_DEFAULTS: dict[str, Any] = {
     "metric": None,
@@ -128,8 +128,8 @@ def _check_metric(cfg: dict, metric: Any) -> str:
             "the config has no validation (val_dataloader, val_evaluator, val_cfg): trials "
             "report what each validation measures",
         )
-    from ..evaluator import Evaluator
-    from ..metric_rules import require_metric
+    from distributed_runner.evaluation.evaluator import Evaluator
+    from distributed_runner.evaluation.metric_rules import require_metric
 
     names = Evaluator.build(cfg["val_evaluator"], "val_evaluator").metric_names()
     require_metric("tune.metric", metric, names)
@@ -283,29 +283,31 @@ def _check_resources(value: Any) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in value.items()}
 
 
-def parse_tune(cfg: dict) -> SweepSpec:
-    """The checked sweep of ``cfg`` (its ``tune`` block); every mistake is one ConfigError."""
+def _tune_options(cfg: dict) -> dict[str, Any]:
+    """The ``tune`` block over TUNE_DEFAULTS, deep-copied so checks may rewrite it safely."""
     block = cfg.get("tune")
     if not isinstance(block, dict):
         raise ConfigError(
             "tune", f"a sweep needs tune=dict(metric=..., param_space=...), got {block!r}"
         )
     check_known_keys(block, TUNE_DEFAULTS, "tune")
-    opts = {**copy.deepcopy(TUNE_DEFAULTS), **copy.deepcopy(dict(block))}
-    metric = _check_metric(cfg, opts["metric"])
-    mode = _check_mode(metric, opts["mode"])
-    if not isinstance(opts["param_space"], dict):
+    return {**copy.deepcopy(TUNE_DEFAULTS), **copy.deepcopy(dict(block))}
+
+
+def _check_param_space(cfg: dict, param_space: Any) -> dict[str, dict[str, Any]]:
+    """``tune.param_space``: each dotted key must name a config place, each value a domain."""
+    if not isinstance(param_space, dict):
         raise ConfigError("tune.param_space", "takes {'dotted.config.key': dict(type=...), ...}")
     space: dict[str, dict[str, Any]] = {}
-    for dotted, spec in opts["param_space"].items():
+    for dotted, spec in param_space.items():
         key = f"tune.param_space.{dotted}"
         check_dotted_key(cfg, str(dotted), key)
         space[str(dotted)] = check_domain(key, spec)
-    scheduler, scheduler_options, time_attr = _check_scheduler(cfg, opts["scheduler"], space)
-    if not space:
-        raise ConfigError("tune.param_space", "is empty: name at least one key to sweep")
-    search_alg, search_options = _check_searcher(opts["search_alg"], space)
-    launcher = opts["trial_launcher"]
+    return space
+
+
+def _check_trial_launcher(cfg: dict, launcher: Any) -> None:
+    """``tune.trial_launcher``: a known name; 'ray' also needs the config's Ray launcher."""
     if launcher not in TRIAL_LAUNCHERS:
         raise ConfigError(
             "tune.trial_launcher",
@@ -313,7 +315,7 @@ def parse_tune(cfg: dict) -> SweepSpec:
             f"'none' (the Runner in the trial) or 'ray' (a Ray Train run per trial)",
         )
     if launcher == "ray":
-        from ..launcher_config import normalize_launcher
+        from distributed_runner.launch.launcher_config import normalize_launcher
 
         if normalize_launcher(cfg.get("launcher")) is None:
             raise ConfigError(
@@ -321,6 +323,10 @@ def parse_tune(cfg: dict) -> SweepSpec:
                 "'ray' runs each trial with the config's launcher: set launcher=dict(type='ray', "
                 "num_workers=N) or pass --num-workers N",
             )
+
+
+def _check_trial_limits(opts: dict[str, Any]) -> tuple[int | float, int, int | float | None]:
+    """(stop_grace_s, max_failures, time_budget_s), checked here so a bad one fails before Ray."""
     grace = opts["stop_grace_s"]
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace <= 0:
         raise ConfigError("tune.stop_grace_s", f"takes seconds (> 0), got {grace!r}")
@@ -330,6 +336,21 @@ def parse_tune(cfg: dict) -> SweepSpec:
     budget = opts["time_budget_s"]
     if budget is not None and (not isinstance(budget, (int, float)) or budget <= 0):
         raise ConfigError("tune.time_budget_s", f"takes seconds (> 0) or None, got {budget!r}")
+    return grace, failures, budget
+
+
+def parse_tune(cfg: dict) -> SweepSpec:
+    """The checked sweep of ``cfg`` (its ``tune`` block); every mistake is one ConfigError."""
+    opts = _tune_options(cfg)
+    metric = _check_metric(cfg, opts["metric"])
+    mode = _check_mode(metric, opts["mode"])
+    space = _check_param_space(cfg, opts["param_space"])
+    scheduler, scheduler_options, time_attr = _check_scheduler(cfg, opts["scheduler"], space)
+    if not space:
+        raise ConfigError("tune.param_space", "is empty: name at least one key to sweep")
+    search_alg, search_options = _check_searcher(opts["search_alg"], space)
+    _check_trial_launcher(cfg, opts["trial_launcher"])
+    grace, failures, budget = _check_trial_limits(opts)
     return SweepSpec(
         metric=metric,
         mode=mode,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -32,11 +33,14 @@ from typing import Any
 
 from ray import tune
 
-from ..checkpoint import checksum_path, read_pointer
-from .in_process import InProcessTrialRun
-from .mutations import MUTABLE_KEYS
-from .trial_config import trial_config
-from .trial_run import TrialReport, TrialRun
+from distributed_runner.checkpoint.files import checksum_path
+from distributed_runner.checkpoint.resume_choice import newest_verified
+from distributed_runner.tune.in_process import InProcessTrialRun
+from distributed_runner.tune.mutations import MUTABLE_KEYS
+from distributed_runner.tune.trial_config import trial_config
+from distributed_runner.tune.trial_run import TrialReport, TrialRun
+
+_LOG = logging.getLogger("distributed_runner.tune")
 
 STATE_FILE = "drun_tune.json"
 FORKS_FILE = "tune_forks.jsonl"  # one line per exploit this trial made: where it came from
@@ -104,7 +108,7 @@ class DrunTrainable(tune.Trainable):
             if self.resume_from is None:
                 # restarted without a Tune checkpoint (the sweep was cut after the run wrote a
                 # file but before Tune persisted it): the trial's own newest file is as exact
-                own = read_pointer(self.trial_dir)
+                own = newest_verified(self.trial_dir, _LOG)
                 self.resume_from = str(own) if own is not None else None
             self.run = self._make_run()
             self.run.start()
@@ -176,7 +180,8 @@ class DrunTrainable(tune.Trainable):
         }
         self.fork = {"donor": state["trial_id"], "iteration": state.get("iter"), "changes": changes}
         line = {"time": time.time(), **self.fork}
-        own = read_pointer(self.trial_dir)  # the trial's newest file: its bookkeeping is kept
+        # the trial's newest good file: its bookkeeping is kept
+        own = newest_verified(self.trial_dir, _LOG)
         if own is not None:
             self.fork["own_checkpoint"] = str(own)
         with open(self.trial_dir / FORKS_FILE, "a") as f:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..config import set_dotted, to_plain
+from distributed_runner.core.config import set_dotted, to_plain
 
 MLFLOW_SINKS = ("mlflow", "MLflowSink")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from distributed_runner import Config, Runner
-from distributed_runner.launcher import RayLauncher, normalize_launcher
-from hooks import HOOKS, Hook
 import tests.hook_probes  # noqa: F401 - CrashAtHook
+from distributed_runner import Config, Runner
+from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
+from hooks import HOOKS, Hook
 from tests.toy import base_cfg
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from distributed_runner import Runner
-from distributed_runner.errors import ConfigError
-from distributed_runner.launcher import RayLauncher, normalize_launcher
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.toy import base_cfg
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from distributed_runner import Config
-from distributed_runner.launcher import RayLauncher, normalize_launcher
+from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.docs_blocks import docs_commands
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

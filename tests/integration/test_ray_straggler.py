@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from distributed_runner.launcher import RayLauncher, normalize_launcher
+from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.toy import base_cfg
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

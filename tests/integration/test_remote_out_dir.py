@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from tests.toy import free_port, make_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

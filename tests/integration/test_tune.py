@@ -132,7 +132,7 @@ def test_asha_stops_trials_gracefully_and_the_best_config_trains(mlflow_server, 
     assert parent_run.data.tags[f"best.{LR}"] == str(best[LR])
 
     # drun plot of the sweep's work_dir overlays its trials' curves
-    from distributed_runner.plot import build_figure, expand_sweeps
+    from distributed_runner.tracking.plot import build_figure, expand_sweeps
 
     assert sorted(p.name for p in expand_sweeps([work_dir])) == sorted(rows)
     assert build_figure(expand_sweeps([work_dir]))._suptitle.get_text().count(" vs ") == 3

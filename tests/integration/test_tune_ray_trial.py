@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed_runner.config import Config
+from distributed_runner.core.config import Config
 from distributed_runner.tune.ray_trial import RayTrainTrialRun
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

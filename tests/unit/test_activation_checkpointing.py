@@ -11,9 +11,12 @@ import torch
 import torch.multiprocessing as mp
 
 from benchmarks.activation_checkpointing import SavedBytes
-from distributed_runner.errors import ConfigError
-from distributed_runner.recompute import apply_activation_checkpointing, is_recomputed
-from distributed_runner.sharding import parse_strategy
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.model.activation_checkpointing import (
+    apply_activation_checkpointing,
+    is_recomputed,
+)
+from distributed_runner.model.sharding import parse_strategy
 from tests.toy import TinyBlocks, ToyGPT, free_port, gloo_rank
 
 ITERS = 4
@@ -234,7 +237,7 @@ FSDP_AC = dict(type="fsdp", shard_modules=["Block"], activation_checkpointing=["
 def _worker(rank: int, port: int, out: str) -> None:
     with gloo_rank(rank, port):
         import tests.toy  # noqa: F401  (registers ToyTokens and ToyGPT)
-        from distributed_runner.sharding import is_sharded
+        from distributed_runner.model.sharding import is_sharded
         facts = {}
         for name, strategy in (("ddp", "ddp"), ("fsdp", dict(FSDP_AC, activation_checkpointing=[])),
                                ("fsdp_ac", FSDP_AC),

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from distributed_runner.checkpoint import read_pointer
-from distributed_runner.errors import CheckpointWriteError
+from distributed_runner.checkpoint.files import read_pointer
+from distributed_runner.core.errors import CheckpointWriteError
 from hooks import Hook
 from tests.toy import make_runner
 
@@ -79,7 +79,7 @@ def test_a_finished_background_write_commits_without_waiting_for_the_next_save(t
 
 def test_a_failed_background_write_is_one_line_and_the_previous_checkpoint_stays(
         tmp_path, monkeypatch):
-    import distributed_runner.checkpoint_writer as writer
+    import distributed_runner.checkpoint.writer as writer
     real = writer.atomic_save
 
     def failing(obj, path):

@@ -3,7 +3,7 @@ process running the project's own validation loop, while training goes on; resul
 ``lag`` due validations later on every rank, so decisions are deterministic and resume exactly.
 
 Real processes, real files: the validation process is ``python -m
-distributed_runner.async_val_worker``; every comparison is against an in-loop run of the same
+distributed_runner.launch.validation_worker``; every comparison is against an in-loop run of the same
 config (the toy evaluator is deterministic)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from distributed_runner import Runner
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from tests.toy import assert_state_equal, base_cfg, free_port, gloo_rank, params_of
 
 pytestmark = pytest.mark.timeout(240)
@@ -152,8 +152,8 @@ def test_two_ranks_apply_the_same_results_at_the_same_iteration(tmp_path):
 
 
 def test_the_terminal_line_marks_an_asynchronous_result():
-    from distributed_runner.sinks import LogRecord
-    from distributed_runner.sinks.terminal import format_record
+    from distributed_runner.tracking.sinks import LogRecord
+    from distributed_runner.tracking.sinks.terminal import format_record
 
     record = LogRecord("val", 30, 3, {"accuracy": 90.0}, {"by_epoch": True,
                                                          "async_applied_iter": 40})

@@ -36,8 +36,8 @@ def test_overhead_parts_benchmark_adds_one_part_per_line():
 def test_overhead_parts_empties_only_the_per_iteration_methods():
     sys.path.insert(0, str(ROOT))
     from benchmarks.overhead_parts import emptied
+    from distributed_runner.engine.hook import overrides
     from hooks import IterTimerHook, ParamSchedulerHook
-    from hooks.hook import overrides
 
     timer = emptied(IterTimerHook)
     # still dispatched at both mount points, but doing nothing (the real ones read the runner)

@@ -5,10 +5,10 @@ import re
 import pytest
 import torch
 
-from distributed_runner.checkpoint import read_pointer
-from distributed_runner.errors import ConfigError
-from distributed_runner.evaluator import BaseMetric
-from distributed_runner.registry import METRICS
+from distributed_runner.checkpoint.files import read_pointer
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import METRICS
+from distributed_runner.evaluation.evaluator import BaseMetric
 from tests.toy import make_runner
 
 NO_VAL = dict(val_dataloader=None, val_evaluator=None, val_cfg=None)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed_runner.checkpoint import CheckpointDamaged, checksum_path, load_file
-from distributed_runner.errors import ConfigError
+from distributed_runner.checkpoint.files import CheckpointDamaged, checksum_path, load_file
+from distributed_runner.core.errors import ConfigError
 from tests.toy import make_runner, params_of
 
 ROOT = Path(__file__).resolve().parents[2]

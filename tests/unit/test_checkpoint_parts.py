@@ -2,10 +2,10 @@
 keys CheckpointHook publishes and the keys a real checkpoint holds all come from that table."""
 import torch
 
-import distributed_runner.checkpoint as checkpoint
-from distributed_runner.checkpoint import read_pointer
-from distributed_runner.checkpoint_parts import PARTS, PUBLISHABLE_KEYS, layout_text
-from hooks.checkpoint_args import CHECKPOINT_KEYS
+import distributed_runner.checkpoint.files as checkpoint
+from distributed_runner.checkpoint.files import read_pointer
+from distributed_runner.checkpoint.parts import PARTS, PUBLISHABLE_KEYS, layout_text
+from hooks.checkpoint_hook import CHECKPOINT_KEYS
 from tests.toy import make_runner
 
 

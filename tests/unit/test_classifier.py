@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distributed_runner.classifier import Classifier, logits_of
-from distributed_runner.errors import ConfigError
-from distributed_runner.evaluator import Accuracy
-from distributed_runner.registry import MODELS
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import MODELS
+from distributed_runner.evaluation.evaluator import Accuracy
+from distributed_runner.model.classifier import Classifier, logits_of
 from tests.toy import make_runner
 
 

@@ -25,7 +25,7 @@ def pinned_ray() -> str:
     return pin.split("==")[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_crd(crd_file: str) -> dict:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are 1-1.4 MB of YAML
     crd = yaml.load((CRDS / crd_file).read_text(), Loader=loader)
@@ -107,7 +107,7 @@ def test_rayjob_entrypoint_is_consistent_with_the_code_and_the_cluster():
     assert parsed.launcher == "ray" and parsed.address == "auto"
     assert parsed.name and parsed.storage_path, "retries resume only with a fixed name and storage"
     from distributed_runner import Config
-    from distributed_runner.launcher import validate_config
+    from distributed_runner.launch.launcher import validate_config
     cfg = Config.fromfile(ROOT / args[2], cfg_options=parsed.cfg_options)
     validate_config(cfg)  # the entrypoint's config, with its overrides, builds
     assert "mlflow" in cfg.default_hooks.logger.sinks  # the Secret's tracking URI is used

@@ -3,9 +3,9 @@ changes: the same weights as eager, the same checkpoint keys, EMA and hooks on t
 import pytest
 import torch
 
-from distributed_runner.checkpoint import model_state_from
-from distributed_runner.errors import ConfigError
-from distributed_runner.model_setup import get_ori_model
+from distributed_runner.checkpoint.files import model_state_from
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.model.build import get_ori_model
 from tests.toy import make_runner, params_of
 
 NO_VAL = dict(val_dataloader=None, val_evaluator=None, val_cfg=None)

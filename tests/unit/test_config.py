@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from distributed_runner.config import Config, parse_value
-from distributed_runner.errors import ConfigError
-from distributed_runner.registry import HOOKS
+from distributed_runner.core.config import Config, parse_value
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import HOOKS
 
 
 def write(path, text):

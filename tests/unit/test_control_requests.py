@@ -1,5 +1,5 @@
 """ControlRequests' own flag ``unresolved``: whether this rank holds a request not agreed on yet."""
-from distributed_runner.control import ControlRequests
+from distributed_runner.engine.requests import ControlRequests
 
 
 def test_unresolved_follows_requests_until_they_are_resolved():

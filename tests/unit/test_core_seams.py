@@ -3,7 +3,6 @@ argument errors at their real config path, import hygiene, and the bugs found re
 (TTA eval mode, late requests)."""
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,10 @@ import torch
 
 import tests.hook_probes  # noqa: F401  (RequestHook)
 from distributed_runner.cli import main as drun_main
-from distributed_runner.errors import ConfigError
-from distributed_runner.launcher import validate_config
-from distributed_runner.sinks import JsonlSink, LogRecord
-from distributed_runner.train_state import TrainState
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.engine.train_state import TrainState
+from distributed_runner.launch.launcher import validate_config
+from distributed_runner.tracking.sinks import JsonlSink, LogRecord
 from hooks import CheckpointSaver, Hook, StepGuard
 from tests.docs_blocks import docs_block, docs_text
 from tests.toy import ListSink, base_cfg, make_runner
@@ -262,9 +261,10 @@ def test_a_request_raised_after_the_last_agreement_point_is_acted_on(tmp_path):
 
 # -- import hygiene --------------------------------------------------------------------------------
 def test_importing_the_hook_api_loads_neither_the_runner_nor_the_built_in_hooks():
-    code = ("import sys, hooks.hook, hooks; from hooks import Hook, HOOKS, Priority\n"
+    code = ("import sys, distributed_runner.engine.hook, hooks\n"
+            "from hooks import Hook, HOOKS, Priority\n"
             "loaded = [m for m in sys.modules if m.startswith(('hooks.', 'distributed_runner.'))]\n"
-            "assert 'distributed_runner.runner' not in loaded, loaded\n"
+            "assert 'distributed_runner.engine.runner' not in loaded, loaded\n"
             "assert not any(m.endswith('_hook') for m in loaded), loaded\n"
             "@HOOKS.register_module()\n"
             "class CheckInvalidLossHook(Hook):\n"

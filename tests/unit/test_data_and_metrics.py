@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from distributed_runner.data import DefaultSampler, build_dataloader, pseudo_collate
-from distributed_runner.evaluator import Accuracy, interleave
+from distributed_runner.data.loaders import DefaultSampler, build_dataloader, pseudo_collate
+from distributed_runner.evaluation.evaluator import Accuracy, interleave
 from tests.toy import ToyDataset
 
 

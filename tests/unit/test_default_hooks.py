@@ -1,7 +1,7 @@
 """default_hooks override rules and custom_hooks registration (names, priorities)."""
 import pytest
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from hooks import HOOKS, CheckpointHook, Hook, LoggerHook
 from tests.toy import make_runner
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-import tests.toy  # noqa: F401  (ToyDataset / ToyModel)
 import hooks.iter_timer_hook as iter_timer_module
+import tests.toy  # noqa: F401  (ToyDataset / ToyModel)
 from distributed_runner import Runner
-from distributed_runner.message_hub import MessageHub
-from distributed_runner.throughput import MFU, SAMPLES, TOKENS, per_second
+from distributed_runner.engine.message_hub import MessageHub
+from distributed_runner.tracking.throughput import MFU, SAMPLES, TOKENS, per_second
 from hooks import MOUNT_POINTS, Hook, IterTimerHook, RuntimeInfoHook
 from tests.toy import base_cfg
 
@@ -169,7 +169,7 @@ def test_a_derived_key_reads_its_provider_until_written_then_the_written_value_u
             self.val: Any = None
 
         def value(self):
-            from distributed_runner.message_hub import MISSING
+            from distributed_runner.engine.message_hub import MISSING
             return MISSING if self.val is None else self.val
 
         def stamp(self):

@@ -1,8 +1,8 @@
 """Dispatch tables: priority order, stable ties, only implementers, the plan."""
 import pytest
 
-from distributed_runner.dispatch import HookDispatcher
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.engine.dispatch import HookDispatcher
 from hooks import Hook, Priority
 
 

@@ -4,8 +4,8 @@ import pytest
 
 import tests.hook_probes  # noqa: F401
 from distributed_runner.cli import main as drun
-from distributed_runner.dispatch import HookDispatcher
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.engine.dispatch import HookDispatcher
 from hooks import HOOKS, Hook
 from tests.toy import ListSink, make_runner
 
@@ -81,7 +81,7 @@ def test_failures_on_the_untimed_path_follow_the_same_policies(tmp_path):
     # after its first 16 calls a mount point mostly runs through its generated caller
     # (dispatch.compile_caller): a failure there must apply the hook's policy, still call the hooks after
     # it, and a disabled hook must leave the callers the loop holds
-    from distributed_runner.dispatch import _TIMED
+    from distributed_runner.engine.dispatch import _TIMED
     assert not _TIMED[37]  # the 37th call takes the untimed path
     after = _After()
     runner = make_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=6),

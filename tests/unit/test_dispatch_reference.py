@@ -4,13 +4,14 @@ dispatcher of each kind must call the same hooks in the same order with the same
 and time the same calls, and end the same way under every error policy."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from distributed_runner.dispatch import _TIMED, TIME_FIRST, HookDispatcher
+from distributed_runner.engine.dispatch import _TIMED, TIME_FIRST, HookDispatcher
+from distributed_runner.engine.hook import MOUNT_POINTS
 from hooks import Hook
-from hooks.hook import MOUNT_POINTS
 
 
 class Holder:
@@ -33,11 +34,11 @@ def recording_hook(tag: str, log: list, mounts: tuple[str, ...], imix: tuple[str
 
     def make(mount: str) -> Callable[..., None]:
         if mount in imix:
-            def imix_style(self):  # noqa: ANN001 - iMIX's signature, no runner
+            def imix_style(self):
                 record(self, mount, self.trainer, {})
             return imix_style
 
-        def mounted(self, runner, **kwargs):  # noqa: ANN001
+        def mounted(self, runner, **kwargs):
             record(self, mount, runner, kwargs)
         return mounted
 

@@ -1,4 +1,4 @@
-"""distributed_runner.dist with and without a process group (2 local gloo processes, no Ray),
+"""distributed_runner.core.dist with and without a process group (2 local gloo processes, no Ray),
 and the rank-aware pieces that use it: cross-rank loss averaging and gathered metrics."""
 import json
 import os
@@ -9,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from benchmarks.ranks import leave_rank_process
-from distributed_runner import dist
+from distributed_runner.core import dist
 
 
 def test_identity_without_a_process_group():

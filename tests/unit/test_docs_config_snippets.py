@@ -38,8 +38,8 @@ def alternatives(code: str) -> list[dict]:
 @pytest.mark.parametrize("name", SNIPPETS)
 def test_config_snippet_is_a_valid_config(name, tmp_path):
     from distributed_runner import Config
-    from distributed_runner.launcher import validate_config
-    from distributed_runner.registry import check_arguments
+    from distributed_runner.core.registry import check_arguments
+    from distributed_runner.launch.launcher import validate_config
 
     if name in NEEDS:
         pytest.importorskip(NEEDS[name])
@@ -52,7 +52,7 @@ def test_config_snippet_is_a_valid_config(name, tmp_path):
         validate_config(cfg)
         loader = cfg.get("train_dataloader")
         if isinstance(loader, dict) and loader.get("type") == "RayDataLoader":
-            from distributed_runner.ray_data import RayDataLoader
+            from distributed_runner.data.ray_data import RayDataLoader
             check_arguments(RayDataLoader, {k: v for k, v in loader.items() if k != "type"},
                             "train_dataloader")
 

@@ -31,7 +31,7 @@ def test_the_ray_config_asks_for_what_the_ray_flags_ask_for():
     """``drun train configs/digits_cnn_ray.py`` is the flags' run, from the config."""
     from distributed_runner import Config
     from distributed_runner.cli import apply_launcher_flags, build_parser
-    from distributed_runner.launcher import normalize_launcher
+    from distributed_runner.launch.launcher import normalize_launcher
 
     flags, from_config = docs_commands("ray-local")
     args = build_parser().parse_args(shlex.split(flags)[1:])

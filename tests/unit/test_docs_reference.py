@@ -30,8 +30,8 @@ def test_the_generated_pages_are_the_ones_the_menu_expects(gen):
 
 
 def test_the_hooks_page_has_every_registered_hook(gen):
-    from distributed_runner.hook_builder import DEFAULT_HOOKS
-    from distributed_runner.registry import HOOKS
+    from distributed_runner.core.registry import HOOKS
+    from distributed_runner.engine.hook_builder import DEFAULT_HOOKS
     from hooks.builtin_names import BUILTIN_HOOKS
 
     page = gen.hooks_page()
@@ -48,10 +48,10 @@ def test_the_hooks_page_has_every_registered_hook(gen):
 
 
 def test_the_config_page_has_every_key(gen):
-    from distributed_runner.config_check import MMCV1_KEYS
-    from distributed_runner.config_prep import OTHER_CONFIG_KEYS, RUNNER_KEYS
-    from distributed_runner.launcher import RAY_DEFAULTS
-    from distributed_runner.sharding import FSDP_DEFAULTS
+    from distributed_runner.engine.config_check import MMCV1_KEYS
+    from distributed_runner.engine.config_prep import OTHER_CONFIG_KEYS, RUNNER_KEYS
+    from distributed_runner.launch.launcher import RAY_DEFAULTS
+    from distributed_runner.model.sharding import FSDP_DEFAULTS
 
     page = gen.config_page()
     keys = [*RUNNER_KEYS, *OTHER_CONFIG_KEYS, *MMCV1_KEYS,
@@ -92,12 +92,12 @@ def test_every_insert_of_the_pages_renders(gen):
 
 
 def test_the_loop_page_shows_the_loops_docstring(gen):
-    import distributed_runner.loops
-    from distributed_runner.checkpoint_parts import PARTS
-    from hooks.hook import MOUNT_POINTS
+    import distributed_runner.engine.loops
+    from distributed_runner.checkpoint.parts import PARTS
+    from distributed_runner.engine.hook import MOUNT_POINTS
 
     loop = gen.expand_inserts((ROOT / "docs" / "explanation" / "loop.md").read_text())
-    for line in distributed_runner.loops.__doc__.splitlines():
+    for line in distributed_runner.engine.loops.__doc__.splitlines():
         if line.startswith("    ") and line.strip():
             assert line[4:].rstrip() in loop, line
     for mount in MOUNT_POINTS:

@@ -14,9 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from distributed_runner.errors import ConfigError
-from distributed_runner.registry import DATASETS, HOOKS, MODELS, Registry
-
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import DATASETS, HOOKS, MODELS, Registry
 from hooks import Hook
 from tests.published import MMDET_HOOKS, published_module
 from tests.toy import ToyDataset, ToyModel, assert_state_equal, make_runner, params_of
@@ -24,11 +23,11 @@ from tests.toy import ToyDataset, ToyModel, assert_state_equal, make_runner, par
 MMPRETRAIN_EMA_IMPORTS = {
     "from mmengine.hooks import EMAHook as BaseEMAHook":
         "from hooks.ema_hook import EMAHook as BaseEMAHook",
-    "from mmengine.logging import MMLogger": "from distributed_runner.log import MMLogger",
+    "from mmengine.logging import MMLogger": "from distributed_runner.core.log import MMLogger",
     "from mmengine.runner import Runner": "from distributed_runner import Runner",
     "from mmpretrain.registry import HOOKS": "from tests.published import SCRATCH_HOOKS as HOOKS",
     "from mmengine.runner.checkpoint import load_state_dict":
-        "from distributed_runner.checkpoint import load_state_dict",
+        "from distributed_runner.checkpoint.files import load_state_dict",
 }
 
 
@@ -165,7 +164,7 @@ def test_mmyolos_yolox_mode_switch_hook_rebuilds_the_loader_the_loop_then_iterat
                                "from mmyolo.registry import HOOKS":
                                    "from tests.published import SCRATCH_HOOKS as HOOKS",
                                "from mmengine.model import is_model_wrapper":
-                                   "from distributed_runner.model_setup import is_model_wrapper"})
+                                   "from distributed_runner.model.build import is_model_wrapper"})
     loader = dict(dataset=dict(type="PipelineToyDataset", n=40,
                                pipeline=[dict(type="Scale", factor=2.0)]),
                   batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distributed_runner.registry import DATASETS, MODELS
+from distributed_runner.core.registry import DATASETS, MODELS
 from hooks import Hook
 from tests.published import mmengine_hook, published_module
 from tests.toy import ToyDataset, make_runner
@@ -20,7 +20,7 @@ from tests.toy import ToyDataset, make_runner
 HOOK = {"from mmengine.hooks import Hook": "from hooks import Hook"}
 RUNNER = {"from mmengine.runner import Runner": "from distributed_runner import Runner"}
 WRAPPER = {"from mmengine.model.wrappers import is_model_wrapper":
-           "from distributed_runner.model import is_model_wrapper"}
+           "from distributed_runner.model.base import is_model_wrapper"}
 
 
 def registry(project: str) -> dict:
@@ -101,7 +101,7 @@ def test_mmdets_set_epoch_info_and_mean_teacher_hooks(tmp_path):
                                                                  **registry("mmdet")})
     teacher = load("mmdet", "3.3.0", "mean_teacher_hook", {
         **HOOK, **RUNNER, **registry("mmdet"), "from mmengine.model import is_model_wrapper":
-        "from distributed_runner.model import is_model_wrapper"})
+        "from distributed_runner.model.base import is_model_wrapper"})
     student = Probe(lambda runner: params(runner.model.student), after=True)
     runner = train(tmp_path, [set_epoch.SetEpochInfoHook(),
                               teacher.MeanTeacherHook(momentum=0.2), student])
@@ -118,7 +118,7 @@ def test_mmdets_set_epoch_info_and_mean_teacher_hooks(tmp_path):
 
 def test_mmpretrains_densecl_warmup_param_and_simsiam_hooks(tmp_path):
     utils = {"from mmpretrain.utils import get_ori_model":
-             "from distributed_runner.model import get_ori_model"}
+             "from distributed_runner.model.base import get_ori_model"}
     densecl = load("mmpretrain", "1.2.0", "densecl_hook", {**HOOK, **registry("mmpretrain"),
                                                            **utils})
     warmup = load("mmpretrain", "1.2.0", "warmup_param_hook", {**HOOK, **registry("mmpretrain"),
@@ -144,7 +144,7 @@ def test_mmpretrains_densecl_warmup_param_and_simsiam_hooks(tmp_path):
 def test_mmpretrains_class_num_check_hook_passes_and_refuses(tmp_path):
     check = load("mmpretrain", "1.2.0", "class_num_check_hook", {
         **HOOK, **registry("mmpretrain"),
-        "from mmengine.utils import is_seq_of": "from distributed_runner.utils import is_seq_of"})
+        "from mmengine.utils import is_seq_of": "from distributed_runner.compat.mmengine_utils import is_seq_of"})
     data = dict(dataset=dict(type="NamedToyDataset", n=40), batch_size=4,
                 sampler=dict(type="DefaultSampler", shuffle=True))
     val = dict(data, dataset=dict(type="NamedToyDataset", n=20, seed=1))
@@ -173,13 +173,13 @@ def test_mmyolos_ppyoloe_scheduler_hook_warms_up_then_anneals(tmp_path):
 def test_mmagics_ema_and_pickle_data_hooks(tmp_path):
     ema = load("mmagic", "1.2.0", "ema", {
         **HOOK, **WRAPPER, **RUNNER, **registry("mmengine"),
-        "from mmengine.utils import is_tuple_of": "from distributed_runner.utils import "
+        "from mmengine.utils import is_tuple_of": "from distributed_runner.compat.mmengine_utils import "
                                                   "is_tuple_of"})
     pickler = load("mmagic", "1.2.0", "pickle_data_hook", {
         **HOOK, **RUNNER, **registry("mmagic"),
         "from mmengine import is_list_of, mkdir_or_exist, print_log":
-            "from distributed_runner.utils import is_list_of, mkdir_or_exist, print_log",
-        "from mmengine.dist import master_only": "from distributed_runner.dist import master_only"})
+            "from distributed_runner.compat.mmengine_utils import is_list_of, mkdir_or_exist, print_log",
+        "from mmengine.dist import master_only": "from distributed_runner.core.dist import master_only"})
     generator = Probe(lambda runner: params(runner.model.generator), after=True)
     runner = train(tmp_path, [
         ema.ExponentialMovingAverageHook(module_keys=("generator_ema",), interval=1,

@@ -1,4 +1,4 @@
-"""Elastic worker groups (``launcher.num_workers=(min, max)``, distributed_runner/elastic.py):
+"""Elastic worker groups (``launcher.num_workers=(min, max)``, distributed_runner/data/elastic.py):
 the global batch and its sample order do not depend on the world size, so a run resized
 2 -> 1 -> 2 (2 local gloo processes, then this process alone, then 2 again, each resuming the
 other's checkpoint) ends within 1e-5 of the run that stayed at 2; one iteration is one optimizer
@@ -16,10 +16,10 @@ import torch.multiprocessing as mp
 from benchmarks.ranks import leave_rank_process
 from distributed_runner import Runner
 from distributed_runner.cli import worker_count
-from distributed_runner.data import DefaultSampler
-from distributed_runner.elastic import GlobalBatchPlan, GlobalBatchSampler
-from distributed_runner.errors import ConfigError
-from distributed_runner.launcher import normalize_launcher, validate_config
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.data.elastic import GlobalBatchPlan, GlobalBatchSampler
+from distributed_runner.data.loaders import DefaultSampler
+from distributed_runner.launch.launcher import normalize_launcher, validate_config
 from tests.toy import ToyDataset, free_port
 
 ELASTIC = dict(type="ray", num_workers=(1, 2))

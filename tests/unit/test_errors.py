@@ -2,7 +2,7 @@
 import pytest
 
 from distributed_runner import Runner
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from tests.toy import base_cfg
 
 
@@ -90,8 +90,8 @@ def test_same_seed_same_initial_weights(tmp_path):
 def test_config_errors_survive_pickling_as_between_a_ray_worker_and_the_driver():
     import pickle
 
-    from distributed_runner.checkpoint import CheckpointDamaged
-    from distributed_runner.errors import ArgumentError, ConfigError
+    from distributed_runner.checkpoint.files import CheckpointDamaged
+    from distributed_runner.core.errors import ArgumentError, ConfigError
     for error in (ConfigError("model.type", "unknown model 'X'"), ConfigError(None, "no key"),
                   ArgumentError("interval", "must be >= 1"), ArgumentError("", "whole"),
                   CheckpointDamaged("resume", "iter_4.pth: truncated")):

@@ -88,7 +88,7 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path, args, fragment):
 
 def test_the_strategy_flag_keeps_the_options_the_chosen_strategy_takes():
     from distributed_runner.cli import override_strategy
-    from distributed_runner.sharding import parse_strategy
+    from distributed_runner.model.sharding import parse_strategy
     fsdp = dict(type="fsdp", shard_modules=["Block"], checkpoint="full",
                 activation_checkpointing=["Block"])
     assert override_strategy(fsdp, "fsdp") == fsdp

@@ -13,8 +13,8 @@ import torch
 import torch.multiprocessing as mp
 
 from benchmarks.ranks import leave_rank_process
-from distributed_runner.errors import ConfigError
-from distributed_runner.sharding import parse_strategy
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.model.sharding import parse_strategy
 from hooks.ema_hook import EMAHook
 from tests.toy import make_runner
 
@@ -60,7 +60,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         import tests.toy  # noqa: F401  (registers ToyDataset and TinyBlocks)
         from distributed_runner import Runner
-        from distributed_runner.sharding import is_sharded
+        from distributed_runner.model.sharding import is_sharded
 
         facts = {}
         runs = {
@@ -217,7 +217,7 @@ def test_a_shard_module_the_model_lacks_is_named_before_training(tmp_path):
 
 
 def sharded_weights(path):
-    from distributed_runner.sharded_checkpoint import full_weights
+    from distributed_runner.checkpoint.sharded import full_weights
     return full_weights(path, weights(path))
 
 
@@ -288,7 +288,7 @@ def test_a_sharded_checkpoint_of_2_ranks_resumes_in_one_process(two_rank_runs, t
 def test_a_torn_shard_is_refused_like_a_damaged_file(two_rank_runs, tmp_path):
     import shutil
 
-    from distributed_runner.checkpoint import CheckpointDamaged, load_file
+    from distributed_runner.checkpoint.files import CheckpointDamaged, load_file
     source = out_dir = two_rank_runs[0] / "sharded_acc"
     copy = tmp_path / "copy"
     shutil.copytree(out_dir, copy)

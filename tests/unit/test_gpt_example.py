@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from distributed_runner.examples.lm import ByteShards
 from tests.docs_blocks import docs_block, docs_commands
 

@@ -10,11 +10,19 @@ from pathlib import Path
 import pytest
 
 from distributed_runner import Config
-from distributed_runner.errors import ConfigError
-from distributed_runner.heartbeat import (CHECKPOINT, DATA, DATA_WARMUP, FIRST_ITER, SETUP,
-                                          STEP, VAL, Heartbeat, limit_of)
-from distributed_runner.watchdog import HANG_EXIT_CODE
-from distributed_runner.watchdog_config import parse_watchdog
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.health.heartbeat import (
+    CHECKPOINT,
+    DATA,
+    DATA_WARMUP,
+    FIRST_ITER,
+    SETUP,
+    STEP,
+    VAL,
+    Heartbeat,
+    limit_of,
+)
+from distributed_runner.health.watchdog import HANG_EXIT_CODE, parse_watchdog
 from tests.toy import base_cfg
 
 ROOT = Path(__file__).resolve().parents[2]

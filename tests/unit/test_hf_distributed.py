@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("transformers")
 
-from tests.hf_toy import GPT2, gpt2_cfg  # noqa: E402
-from tests.toy import assert_state_equal, free_port, gloo_rank  # noqa: E402
+from tests.hf_toy import GPT2, gpt2_cfg
+from tests.toy import assert_state_equal, free_port, gloo_rank
 
 ITERS = 6
 # no dropout: the ranks draw their own masks, one process draws others
@@ -46,7 +46,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     with gloo_rank(rank, port):
         import tests.hf_toy  # noqa: F401  (registers the datasets in this process)
         from distributed_runner import Runner
-        from distributed_runner.sharding import is_sharded
+        from distributed_runner.model.sharding import is_sharded
 
         runs = {"ddp": cfg(f"{out}/ddp", 2, "ddp"),
                 "fsdp": cfg(f"{out}/fsdp", 2, FULL),

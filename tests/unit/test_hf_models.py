@@ -16,14 +16,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-from distributed_runner import Runner  # noqa: E402
-from distributed_runner.errors import ConfigError  # noqa: E402
-from distributed_runner.external import missing_package  # noqa: E402
-from distributed_runner.model_steps import choose_step, predictions, takes_mode  # noqa: E402
-from distributed_runner.registry import MODELS  # noqa: E402
-from distributed_runner.step import LossOf, PlainStep, call_as_is  # noqa: E402
-from tests.hf_toy import GPT2, VIT, gpt2_cfg  # noqa: E402
-from tests.toy import assert_state_equal, make_runner, params_of  # noqa: E402
+from distributed_runner import Runner
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.external import missing_package
+from distributed_runner.core.registry import MODELS
+from distributed_runner.engine.step import PlainStep
+from distributed_runner.engine.step_choice import choose_step, predictions, takes_mode
+from distributed_runner.model.calling import LossOf, call_as_is
+from tests.hf_toy import GPT2, VIT, gpt2_cfg
+from tests.toy import assert_state_equal, make_runner, params_of
 
 TINY_GPT2 = GPT2["config"]
 

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import distributed_runner.registry
-from distributed_runner.errors import ConfigError
+import distributed_runner.core.registry
+from distributed_runner.core.errors import ConfigError
 from hooks import ADDED_MOUNT_POINTS, HOOKS, MMENGINE_MOUNT_POINTS, MOUNT_POINTS, Hook
 from tests.toy import make_runner
 
@@ -27,7 +27,7 @@ def test_22_mount_points_with_mmengine_signatures():
 
 
 def test_hooks_registry_is_the_engine_registry():
-    assert HOOKS is distributed_runner.registry.HOOKS
+    assert HOOKS is distributed_runner.core.registry.HOOKS
 
 
 def test_helpers_count_from_one_like_mmengine():

@@ -1,7 +1,6 @@
 """The on-demand hooks: EMA, EarlyStopping, EmptyCache, Profiler, CheckInvalidLoss,
 AutogradAnomalyDetect, PrepareTTA (+ TTAModel) and Visualization — each in-process."""
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -10,11 +9,14 @@ from torch import nn
 
 import tests.hook_probes  # noqa: F401
 from distributed_runner import Runner
-from distributed_runner.averaged_model import (ExponentialMovingAverage, MomentumAnnealingEMA,
-                                               StochasticWeightAverage)
-from distributed_runner.config import Config
-from distributed_runner.errors import ConfigError
-from distributed_runner.tta import TTAModel
+from distributed_runner.core.config import Config
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.model.averaged import (
+    ExponentialMovingAverage,
+    MomentumAnnealingEMA,
+    StochasticWeightAverage,
+)
+from distributed_runner.model.tta import TTAModel
 from hooks import Hook
 from tests.toy import ToyModel, assert_state_equal, base_cfg, make_runner, params_of
 

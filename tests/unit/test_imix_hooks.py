@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from distributed_runner.errors import ConfigError
-from distributed_runner.registry import HOOKS, MODELS
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import HOOKS, MODELS
 from hooks import Hook
 from tests.published import imix_hook
 from tests.toy import ToyModel, make_runner
@@ -59,7 +59,7 @@ def test_imix_ema_hooks_run_with_self_trainer_and_levels(tmp_path, imix_ema):
 
 
 def test_imix_levels_map_onto_mmengines_scale(tmp_path, imix_ema):
-    from hooks.priority import imix_level
+    from distributed_runner.engine.priority import imix_level
     assert [imix_level(n) for n in ("HIGHEST", "HIGHER", "HIGH", "NORMAL", "LOW", "LOWER",
                                     "LOWEST")] == [0, 10, 30, 50, 70, 90, 100]
     assert imix_level(35) == 60 and imix_level("normal") == 50
@@ -113,7 +113,7 @@ def test_imix_arguments_without_an_equivalent_are_refused(tmp_path):
 
 
 def test_translation_leaves_the_callers_config_and_users_own_hooks_alone():
-    from distributed_runner.imix_compat import translate_imix_hooks
+    from distributed_runner.compat.imix import translate_imix_hooks
     original = dict(optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
                     custom_hooks=[dict(type="AutogradProfilerHook", output_dir="prof"),
                                   dict(type="OptimizerHook", grad_clip=dict(max_norm=1.0)),
@@ -145,7 +145,7 @@ def test_every_hook_imix_registers_is_translated_or_answered_with_what_to_do(tmp
     import re
     import zipfile
 
-    from distributed_runner.imix_compat import NO_EQUIVALENT, RULES
+    from distributed_runner.compat.imix import NO_EQUIVALENT, RULES
     from tests.published import wheel
     registered = set()
     with zipfile.ZipFile(wheel("imix", "0.1.0")) as archive:

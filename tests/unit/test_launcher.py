@@ -4,8 +4,8 @@ import argparse
 import pytest
 
 from distributed_runner.cli import apply_launcher_flags, build_parser
-from distributed_runner.errors import ConfigError
-from distributed_runner.launcher import RayLauncher, normalize_launcher, validate_config
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.launch.launcher import RayLauncher, normalize_launcher, validate_config
 from tests.toy import base_cfg
 
 

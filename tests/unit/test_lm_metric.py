@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from distributed_runner import dist
-from distributed_runner.evaluator import Evaluator
-from distributed_runner.lm_metric import Perplexity
-from distributed_runner.registry import DATASETS, METRICS, MODELS
+from distributed_runner.core import dist
+from distributed_runner.core.registry import DATASETS, METRICS, MODELS
+from distributed_runner.evaluation.evaluator import Evaluator
+from distributed_runner.evaluation.lm_metric import Perplexity
 from tests.toy import make_runner
 
 V, T = 11, 7

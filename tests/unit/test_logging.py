@@ -4,9 +4,9 @@ import time
 
 import torch
 
-from distributed_runner.message_hub import HistoryBuffer, MessageHub
-from distributed_runner.sinks import LogRecord
-from distributed_runner.sinks.terminal import format_record
+from distributed_runner.engine.message_hub import HistoryBuffer, MessageHub
+from distributed_runner.tracking.sinks import LogRecord
+from distributed_runner.tracking.sinks.terminal import format_record
 from tests.toy import ListSink, make_runner
 
 
@@ -82,7 +82,7 @@ def test_training_lines_reach_every_handler_as_logger_info_would_write_them(tmp_
     must be exactly what logging writes, and a user's handler or filter still gets a record."""
     import logging
 
-    from distributed_runner.log import log_info_line, setup_logger
+    from distributed_runner.core.log import log_info_line, setup_logger
 
     for rank in (0, 1):
         logger = setup_logger(tmp_path / f"r{rank}", rank, "INFO")
@@ -118,7 +118,7 @@ def test_training_lines_to_a_file_share_a_flush_a_second_and_a_warning_flushes_a
         tmp_path):
     """A flush is a write to the OS: training lines to a file or a piped stdout are flushed by
     LineFlusher at most once a second, and any other message (flushed at once) takes them too."""
-    from distributed_runner.log import LINE_FLUSHER, log_info_line, setup_logger
+    from distributed_runner.core.log import LINE_FLUSHER, log_info_line, setup_logger
 
     logger = setup_logger(tmp_path, 0, "INFO")
     file_handler = next(h for h in logger.handlers if hasattr(h, "baseFilename"))
@@ -154,7 +154,7 @@ def _warn_from_child() -> None:
 def test_a_forked_child_that_logs_does_not_write_the_parents_pending_lines_again(tmp_path):
     import multiprocessing
 
-    from distributed_runner.log import log_info_line, setup_logger
+    from distributed_runner.core.log import log_info_line, setup_logger
 
     logger = setup_logger(tmp_path, 0, "INFO")
     log_info_line(logger, "Epoch(train) [1][10/50]")  # pending: LineFlusher's next second
@@ -196,7 +196,7 @@ def test_logger_hook_out_dir_copies_the_run_files_as_mmengine(tmp_path):
 
 def test_json_lines_are_what_json_dumps_writes_for_every_kind_of_value():
     """JsonlSink fills a prepared line per key set; the text must be json.dumps's exactly."""
-    from distributed_runner.sinks.jsonl import json_line
+    from distributed_runner.tracking.sinks.jsonl import json_line
 
     records = [
         LogRecord("train", 640, 10, {"lr": 0.01, "data_time": 1.7e-4, "loss": 0.4123}),

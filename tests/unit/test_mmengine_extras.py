@@ -7,8 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from distributed_runner.errors import ConfigError
-from distributed_runner.registry import DATASETS, MODELS
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import DATASETS, MODELS
 from tests.toy import ToyDataset, ToyModel, make_runner
 
 

@@ -10,9 +10,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from distributed_runner.errors import ConfigError
-from distributed_runner.model import BaseDataPreprocessor, BaseModel
-from distributed_runner.registry import MODELS
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import MODELS
+from distributed_runner.model.base import BaseDataPreprocessor, BaseModel
 from tests.toy import free_port, gloo_rank, make_runner
 
 

@@ -63,10 +63,10 @@ def test_an_mmcv1_config_is_refused_with_what_replaced_each_key(tmp_path):
     the error names the key and its MMEngine replacement (then the next one, once fixed)."""
     import pytest
 
-    from distributed_runner.config import Config
-    from distributed_runner.config_check import MMCV1_KEYS
-    from distributed_runner.errors import ConfigError
-    from distributed_runner.runner import Runner
+    from distributed_runner.core.config import Config
+    from distributed_runner.core.errors import ConfigError
+    from distributed_runner.engine.config_check import MMCV1_KEYS
+    from distributed_runner.engine.runner import Runner
 
     path = tmp_path / "faster_rcnn_r50_fpn_1x.py"
     path.write_text(MMCV1_CONFIG)

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from distributed_runner import Runner
-from distributed_runner.errors import ConfigError
-from distributed_runner.log import current_logger, print_log
-from distributed_runner.model_setup import get_ori_model, is_model_wrapper
-from distributed_runner.registry import MODELS
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.log import current_logger, print_log
+from distributed_runner.core.registry import MODELS
+from distributed_runner.model.build import get_ori_model, is_model_wrapper
 from hooks import Hook
 from tests.toy import ToyModel, make_runner
 
@@ -30,7 +30,7 @@ def test_model_wrapper_helpers():
     assert not is_model_wrapper(model) and get_ori_model(model) is model
     wrapped = nn.DataParallel(model)
     assert is_model_wrapper(wrapped) and get_ori_model(wrapped) is model
-    from distributed_runner.tta import TTAModel
+    from distributed_runner.model.tta import TTAModel
     tta = TTAModel(wrapped)
     assert is_model_wrapper(tta) and get_ori_model(tta) is model
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from distributed_runner.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
-from distributed_runner.schedulers import build_param_schedulers
+from distributed_runner.optim.schedulers import build_param_schedulers
+from distributed_runner.optim.wrapper import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from tests.toy import make_runner
 
 

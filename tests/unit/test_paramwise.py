@@ -1,4 +1,4 @@
-"""``optim_wrapper.paramwise_cfg`` and ``constructor`` (distributed_runner/optim_constructor.py):
+"""``optim_wrapper.paramwise_cfg`` and ``constructor`` (distributed_runner/optim/constructor.py):
 the per-parameter groups are the ones MMEngine's published DefaultOptimWrapperConstructor builds
 (its module loaded from the mmengine 0.10.7 wheel, only its imports replaced), a run with them
 trains and resumes exactly, and mistakes are one line."""
@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from distributed_runner.errors import ConfigError
-from distributed_runner.launcher import validate_config
-from distributed_runner.optim import build_optim_wrapper
-from distributed_runner.optim_constructor import DefaultOptimWrapperConstructor
-from distributed_runner.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from distributed_runner.launch.launcher import validate_config
+from distributed_runner.optim.constructor import DefaultOptimWrapperConstructor
+from distributed_runner.optim.wrapper import build_optim_wrapper
 from tests.published import published_module
 from tests.toy import make_runner, params_of
 
@@ -21,7 +21,7 @@ REWRITES = {
         "print_log = lambda *args, **kwargs: None",
     "from mmengine.registry import (OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS,\n"
     "                               OPTIMIZERS)":
-        "from distributed_runner.registry import Registry\n"
+        "from distributed_runner.core.registry import Registry\n"
         "OPTIM_WRAPPER_CONSTRUCTORS = Registry('constructor', 'scratch')",
     "from mmengine.utils import is_list_of":
         "is_list_of = lambda seq, kind: all(isinstance(x, kind) for x in seq)",

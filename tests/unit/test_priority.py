@@ -1,6 +1,6 @@
 import pytest
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from hooks import Priority, get_priority
 
 

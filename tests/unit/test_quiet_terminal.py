@@ -2,9 +2,8 @@
 and short to the terminal, which names the file."""
 import logging
 
-from distributed_runner.hook_report import HookTiming, timing_summary
-from distributed_runner.log import LINE_FLUSHER
-from distributed_runner.quiet_log import log_brief_and_full, run_log_file
+from distributed_runner.core.log import LINE_FLUSHER, log_brief_and_full, run_log_file
+from distributed_runner.engine.hook_report import HookTiming, timing_summary
 from tests.toy import make_runner
 
 

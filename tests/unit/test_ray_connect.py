@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from distributed_runner.config import Config
-from distributed_runner.errors import ConfigError
-from distributed_runner.ray_connect import (forwarded_env, in_job_package, persistent_path,
-                                            resolve_address)
+from distributed_runner.core.config import Config
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.launch.ray_connect import (
+    forwarded_env,
+    in_job_package,
+    persistent_path,
+    resolve_address,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +131,7 @@ def test_an_address_nobody_listens_at_is_one_line_in_seconds():
     import socket
     import time
 
-    from distributed_runner.ray_connect import probe_address
+    from distributed_runner.launch.ray_connect import probe_address
 
     port = closed_port()
     start = time.monotonic()
@@ -145,7 +149,7 @@ def test_an_address_nobody_listens_at_is_one_line_in_seconds():
 
 
 def test_an_unwritable_storage_path_is_one_line(tmp_path):
-    from distributed_runner.ray_connect import check_storage
+    from distributed_runner.launch.ray_connect import check_storage
 
     check_storage(str(tmp_path / "storage"))
     assert (tmp_path / "storage").is_dir() and not any((tmp_path / "storage").iterdir())

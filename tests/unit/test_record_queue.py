@@ -12,8 +12,8 @@ import pytest
 
 import tests.toy  # noqa: F401  (ToyDataset / ToyModel)
 from distributed_runner import Runner
-from distributed_runner.registry import LOG_SINKS
-from distributed_runner.sinks import LogSink
+from distributed_runner.core.registry import LOG_SINKS
+from distributed_runner.tracking.sinks import LogSink
 from hooks import Hook
 from tests.toy import base_cfg
 
@@ -105,7 +105,7 @@ def test_a_crash_writes_every_record_made_before_it(tmp_path):
 
 
 def test_queued_lines_reach_the_file_within_about_a_second_while_training_goes_on(tmp_path):
-    from distributed_runner.sinks.record_queue import WRITE_SECONDS
+    from distributed_runner.tracking.sinks.record_queue import WRITE_SECONDS
 
     seen_after: list[float] = []
 

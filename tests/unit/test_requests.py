@@ -14,14 +14,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import distributed_runner.core.interval as interval_module
+import tests.hook_probes
 from benchmarks.ranks import leave_rank_process
-import distributed_runner.interval as interval_module
-import tests.hook_probes  # noqa: F401
 from distributed_runner import Runner
-from distributed_runner.errors import ConfigError
-from distributed_runner.interval import Interval
-from distributed_runner.checkpoint import read_pointer
-from distributed_runner.preemption import TrainingPreempted
+from distributed_runner.checkpoint.files import read_pointer
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.interval import Interval
+from distributed_runner.core.preemption import TrainingPreempted
 from tests.toy import assert_state_equal, base_cfg, make_runner, params_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_val_request_runs_validation_then_training_goes_on(tmp_path):
 
 
 def test_unknown_request_kind_is_refused():
-    from distributed_runner.control import ControlRequests
+    from distributed_runner.engine.requests import ControlRequests
     with pytest.raises(ValueError, match="unknown request 'pause'"):
         ControlRequests().request("pause", "x")
 

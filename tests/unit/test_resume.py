@@ -3,7 +3,7 @@ weights (torch.equal), sees exactly the remaining batches, and never fetches con
 import pytest
 import torch
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from tests.toy import assert_state_equal, make_runner, params_of
 
 DATA = dict(train_dataloader=dict(dataset=dict(type="ToyDataset", n=40, with_index=True),

@@ -2,8 +2,8 @@
 worker group restarted by Ray Train (one process here: the collectives are no-ops)."""
 import logging
 
-from distributed_runner.checkpoint import atomic_save
-from distributed_runner.resume_choice import choose_restart, choose_start
+from distributed_runner.checkpoint.files import atomic_save
+from distributed_runner.checkpoint.resume_choice import choose_restart, choose_start
 
 
 def _save(path, iteration):

@@ -1,4 +1,4 @@
-"""The training step is chosen once per run (distributed_runner/model_steps.py's choose_step,
+"""The training step is chosen once per run (distributed_runner/engine/step_choice.py's choose_step,
 step.py's strategies): each kind of run gets its own, the loop calls that one, and the plain
 step trains exactly the weights the general one does."""
 from itertools import islice
@@ -6,11 +6,11 @@ from itertools import islice
 import pytest
 import torch
 
-from distributed_runner.model import BaseModel
-from distributed_runner.model_steps import choose_step
-from distributed_runner.optim import OptimWrapper
-from distributed_runner.registry import MODELS
-from distributed_runner.step import ElasticStep, GuardedStep, OwnTrainStep, PlainStep
+from distributed_runner.core.registry import MODELS
+from distributed_runner.engine.step import ElasticStep, GuardedStep, OwnTrainStep, PlainStep
+from distributed_runner.engine.step_choice import choose_step
+from distributed_runner.model.base import BaseModel
+from distributed_runner.optim.wrapper import OptimWrapper
 from tests.toy import ToyModel, make_runner
 
 SGD = dict(type="SGD", lr=0.1, momentum=0.9)

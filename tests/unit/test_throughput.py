@@ -9,10 +9,15 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import hooks.iter_timer_hook as timer_module
-from distributed_runner.errors import ConfigError
-from distributed_runner.registry import DATASETS, MODELS
-from distributed_runner.throughput import (ThroughputMeter, flop_params, peak_tflops_of,
-                                           sample_counter, token_counter)
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import DATASETS, MODELS
+from distributed_runner.tracking.throughput import (
+    ThroughputMeter,
+    flop_params,
+    peak_tflops_of,
+    sample_counter,
+    token_counter,
+)
 from tests.toy import ListSink, ToyGPT, make_runner
 
 STEPS = (0.125, 0.25, 0.0625, 0.5)  # exact in binary: the expected rates are exact too
@@ -222,7 +227,7 @@ def test_counters_for_the_batch_shapes():
 def test_world_size_scales_run_rates_not_mfu():
     meter = ThroughputMeter(flops_per_token=10.0, peak_tflops=1e-9)
     meter.start(nn.Linear(1, 1), torch.device("cpu"), world_size=4)
-    from distributed_runner.message_hub import MessageHub
+    from distributed_runner.engine.message_hub import MessageHub
     hub = MessageHub()
     batch = {"input_ids": torch.zeros(2, 5, dtype=torch.long)}
     meter.record(hub, batch, 0.5)
@@ -236,7 +241,7 @@ def test_a_batch_that_cannot_be_counted_records_nothing_and_ends_the_counting(ca
     rate for its step (the samples are not half-recorded) and the meter stops with a warning."""
     meter = ThroughputMeter()
     meter.start(nn.Linear(1, 1), torch.device("cpu"), world_size=1)
-    from distributed_runner.message_hub import MessageHub
+    from distributed_runner.engine.message_hub import MessageHub
     hub = MessageHub()
     ids = torch.zeros(2, 5, dtype=torch.long)
     meter.record(hub, {"inputs": torch.zeros(2, 3), "input_ids": ids}, 0.5)

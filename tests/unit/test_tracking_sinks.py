@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed_runner.redact import REDACTED, flatten, is_secret_key, redact, redact_url
-from distributed_runner.sinks import read_scalars
 import tests.hook_probes  # noqa: F401 - SignalHook
+from distributed_runner.core.redact import REDACTED, flatten, is_secret_key, redact, redact_url
+from distributed_runner.tracking.sinks import read_scalars
 from tests.toy import ListSink, make_runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_redaction_rules():
 
 
 def test_drun_plot_draws_a_default_run_and_overlays_runs(tmp_path):
-    from distributed_runner.plot import build_figure, series
+    from distributed_runner.tracking.plot import build_figure, series
 
     train(tmp_path / "parquet")  # jsonl + parquet + tensorboard: read from Parquet
     # a default run (jsonl only) that crashed after its epoch-1 checkpoint and was resumed: the
@@ -161,7 +161,7 @@ def test_terminal_progress_bar_on_a_tty_plain_lines_otherwise(tmp_path):
 
     from rich.console import Console
 
-    from distributed_runner.sinks import TerminalSink
+    from distributed_runner.tracking.sinks import TerminalSink
 
     screen = io.StringIO()
     bar = TerminalSink(progress=True, console=Console(file=screen, force_terminal=True,
@@ -197,7 +197,7 @@ class OutcomeSink(ListSink):
 
 
 def test_sinks_are_told_how_the_run_ended(tmp_path):
-    from distributed_runner.preemption import TrainingPreempted
+    from distributed_runner.core.preemption import TrainingPreempted
 
     def run(name, hooks):
         sink = OutcomeSink()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from distributed_runner.cli import main
-from distributed_runner.config import Config
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.config import Config
+from distributed_runner.core.errors import ConfigError
 from distributed_runner.tune import algorithms
 from distributed_runner.tune.driver import choose_concurrency
 from distributed_runner.tune.spec import parse_tune

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from distributed_runner.checkpoint import checksum_path, load_file
-from distributed_runner.config import Config
-from distributed_runner.registry import HOOKS
-from distributed_runner.runner import Runner
+from distributed_runner.checkpoint.files import checksum_path, load_file
+from distributed_runner.core.config import Config
+from distributed_runner.core.registry import HOOKS
+from distributed_runner.engine.runner import Runner
 from distributed_runner.tune.trial_config import trial_config
 from hooks import Hook
 from hooks.non_finite_loss_hook import scale_learning_rate

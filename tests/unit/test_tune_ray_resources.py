@@ -1,11 +1,13 @@
 """How many Ray Train sweep trials fit at once, from the per-trial footprint (no Ray started)."""
 import pytest
 
-from distributed_runner.errors import ConfigError
+from distributed_runner.core.errors import ConfigError
 from distributed_runner.tune.ray_trial import next_generation
-from distributed_runner.tune.ray_trial_resources import (ray_trial_footprint,
-                                                         ray_trial_resources,
-                                                         ray_trials_that_fit)
+from distributed_runner.tune.ray_trial_resources import (
+    ray_trial_footprint,
+    ray_trial_resources,
+    ray_trials_that_fit,
+)
 
 
 def cfg(**launcher):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from distributed_runner.errors import ConfigError
 import tests.hook_probes  # noqa: F401 - CrashAtHook
+from distributed_runner.core.errors import ConfigError
 from tests.toy import make_runner
 
 pytest.importorskip("wandb")

@@ -1,0 +1,249 @@
+"""Which checkpoint a run starts from: the one module that decides it.
+
+* :func:`choose_start`: the Runner's start — ``resume=PATH``, ``resume=True``, ``load_from``;
+* :func:`newest_everywhere`: what a rollback (NonFiniteLossHook policy='rollback') restores;
+* :func:`choose_restart`: what a Ray worker group (re)started by Ray Train resumes from;
+* :func:`newest_verified`: what a sweep trial restarted without Tune's checkpoint continues from;
+* :func:`file_of_reported`: the checkpoint file in a folder Ray hands back (a restarted group,
+  the asynchronous validation task);
+* :func:`is_training_checkpoint`: what counts as a training checkpoint (not weights only), as the
+  table of parts (:mod:`.parts`) says.
+
+``resume=True`` (``drun train --resume``), so that resuming never loses work and never trusts a
+damaged file:
+
+1. the checkpoint ``work_dir/last_checkpoint`` names, if it loads and verifies;
+2. else the newest training checkpoint in ``work_dir`` that does (newest by the iteration in its
+   meta, then by modification time) — a dangling, empty or binary pointer, or a pointer to a
+   truncated or bit-rotten file, falls back here, and the log says what was skipped and why;
+3. if checkpoints exist but none verifies: a one-line error. A run that has checkpoints is never
+   silently started over (before, a broken pointer restarted from iteration 0 and overwrote them);
+4. no checkpoint at all: start fresh (the first run of ``--resume`` scripts).
+
+An explicit ``resume=PATH`` is not second-guessed: that file, verified, or a one-line error.
+A rollback takes the same rule's choice (rank 0 reads, every rank gets it). A Ray restart takes
+Ray's checkpoint, or a newer one already persisted under the run's storage that verifies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from distributed_runner.checkpoint.files import (
+    LAST_CHECKPOINT_POINTER,
+    CheckpointDamaged,
+    load_file,
+    read_pointer,
+)
+from distributed_runner.checkpoint.parts import missing_for_training
+from distributed_runner.core import dist
+from distributed_runner.core.errors import ConfigError
+
+
+def is_training_checkpoint(ckpt: Any) -> bool:
+    """A training state (:data:`~.parts.TRAINING_REQUIRES`: its ``meta`` and weights, in the file
+    or its shards), not weights only."""
+    return missing_for_training(ckpt) is None
+
+
+def require_training_checkpoint(ckpt: dict, path: str | Path) -> None:
+    """A one-line ConfigError naming ``resume`` when ``ckpt`` is not a training checkpoint."""
+    missing = missing_for_training(ckpt)
+    if missing is not None:
+        raise ConfigError(
+            "resume",
+            f"{path} has no {missing!r}: it is a weights file, not a "
+            f"training checkpoint; use load_from= for weights",
+        )
+
+
+def ranked_checkpoints(paths: Iterable[Path]) -> list[tuple[int, Path]]:
+    """(iteration, path) of the ``paths`` that may hold a training state, newest first (by the
+    iteration in their meta, then by modification time). Reading the meta maps the file, no
+    tensor is read. Files that do not even open rank last, at iteration -1, so they are tried —
+    and reported — after every readable one. Weights-only files are left out."""
+    ranked = []
+    for path in paths:
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - unreadable: a candidate that will be reported
+            ranked.append((-1, path.stat().st_mtime, path))
+            continue
+        if is_training_checkpoint(ckpt):
+            ranked.append((int(ckpt["meta"].get("iter", -1)), path.stat().st_mtime, path))
+    ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+    return [(iteration, path) for iteration, _, path in ranked]
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The ``*.pth`` files in ``folder`` that may hold a training state, newest first
+    (:func:`ranked_checkpoints`)."""
+    return [path for _, path in ranked_checkpoints(folder.glob("*.pth"))]
+
+
+def _pointer_note(folder: Path, target: Path | None) -> str | None:
+    pointer = folder / LAST_CHECKPOINT_POINTER
+    if not pointer.exists():
+        return None
+    if target is None:
+        return (
+            f"{LAST_CHECKPOINT_POINTER} names no checkpoint file (dangling, empty, binary "
+            f"or a folder)"
+        )
+    return None
+
+
+def choose_checkpoint(
+    folder: str | Path, logger: logging.Logger, key: str = "resume"
+) -> tuple[Path, dict] | tuple[None, None]:
+    """(path, loaded checkpoint) to resume from, or (None, None) when ``folder`` has none; see
+    the module docstring. Raises a one-line ConfigError when checkpoints exist but none
+    verifies."""
+    folder = Path(folder)
+    target = read_pointer(folder)
+    skipped: list[str] = []
+    note = _pointer_note(folder, target)
+    if note:
+        skipped.append(note)
+    order = ([target] if target else []) + [p for p in checkpoint_files(folder) if p != target]
+    for path in order:
+        try:
+            ckpt = load_file(path, key)
+        except CheckpointDamaged as e:
+            skipped.append(f"{path.name}: {str(e).split(': ', 1)[-1]}")
+            continue
+        if not is_training_checkpoint(ckpt):
+            skipped.append(f"{path.name}: weights only, no training state")
+            continue
+        if skipped:
+            logger.warning(
+                "resume: %s; resuming from %s (iter %s), the newest checkpoint in %s that verifies",
+                "; ".join(skipped),
+                path.name,
+                ckpt["meta"].get("iter"),
+                folder,
+            )
+        return path, ckpt
+    if order:
+        raise ConfigError(
+            key,
+            f"{folder} has checkpoints but none verifies ({'; '.join(skipped)})"
+            f": pass --resume PATH of a good one, or move them away to start "
+            f"over",
+        )
+    if note:
+        logger.warning("resume: %s and %s holds no checkpoint: starting fresh", note, folder)
+    return None, None
+
+
+def newest_verified(folder: str | Path, logger: logging.Logger) -> Path | None:
+    """The checkpoint of ``folder`` a run would resume from (:func:`choose_checkpoint`: the
+    pointer's file if it verifies, else the newest that does), or None when there is none or
+    none verifies (said on ``logger``) — for callers that continue without one."""
+    try:
+        return choose_checkpoint(folder, logger)[0]
+    except ConfigError as e:
+        logger.warning("%s", e)
+        return None
+
+
+def file_of_reported(folder: str | Path, where: Any) -> Path:
+    """The one checkpoint file in a checkpoint folder reported to Ray (``ray.train.report``
+    uploads the saved file alone); ``where`` names it in the error when there is not one."""
+    files = sorted(Path(folder).glob("*.pth"))
+    if len(files) != 1:
+        raise RuntimeError(f"Ray checkpoint {where} holds {len(files)} .pth files, expected one")
+    return files[0]
+
+
+class StartChoice(NamedTuple):
+    """How a Runner starts: ``purpose`` 'resume' (the whole training state), 'load_from'
+    (weights) or None (fresh); ``checkpoint`` is the file already read and verified, if it was."""
+
+    purpose: str | None
+    path: str | Path | None
+    checkpoint: dict | None
+
+
+def choose_start(
+    load_from: Any, resume: Any, work_dir: Path, logger: logging.Logger
+) -> StartChoice:
+    """``resume='path'`` (that file, no second-guessing), else ``resume=True`` (the newest
+    checkpoint of ``work_dir`` that verifies; none yet: start fresh), else ``load_from``."""
+    if isinstance(resume, (str, Path)):
+        return StartChoice("resume", resume, None)
+    if resume:
+        path, ckpt = choose_checkpoint(work_dir, logger)
+        if path is not None:
+            return StartChoice("resume", path, ckpt)
+        logger.info("resume=True but %s has no checkpoint yet: starting fresh", work_dir)
+    if load_from:
+        return StartChoice("load_from", load_from, None)
+    return StartChoice(None, None, None)
+
+
+def newest_everywhere(
+    work_dir: Path, logger: logging.Logger, rank: int, reason: str
+) -> tuple[dict, str]:
+    """What a rollback restores: :func:`choose_checkpoint`'s choice and its path on every rank
+    (rank 0 reads the file and broadcasts it, so ranks on other machines need not see
+    ``work_dir``). Call on every rank."""
+    found, ckpt = choose_checkpoint(work_dir, logger, "rollback") if rank == 0 else (None, None)
+    path = dist.broadcast_object(str(found or "") if rank == 0 else "")  # rank 0's
+    if not path:
+        raise FloatingPointError(
+            f"cannot roll back ({reason}): no checkpoint saved yet; "
+            f"save earlier (default_hooks.checkpoint.interval) or use "
+            f"policy='skip'"
+        )
+    return dist.broadcast_object(ckpt or {}), path  # rank 0 found one: path is not empty
+
+
+def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
+    """The newest checkpoint reported under ``storage/name`` that is newer than iteration
+    ``than_iter`` and verifies, or None. Ray hands a restarted group the checkpoint its
+    controller registered last; a worker killed right after a report can leave a newer one
+    persisted there that the controller never learned of. Local (or mounted) storage only."""
+    folder = Path(storage) / name
+    if "://" in storage or not folder.is_dir():
+        return None
+    for iteration, path in ranked_checkpoints(folder.glob("*/*.pth")):
+        if iteration <= than_iter:  # unreadable files rank at -1: never chosen
+            break
+        try:
+            load_file(path, "resume")  # verified against the checksum reported with it
+            return path
+        except CheckpointDamaged:
+            continue  # a torn upload
+    return None
+
+
+def choose_restart(
+    restored: str | None, launcher: dict, rank: int
+) -> tuple[str | None, str | None]:
+    """The checkpoint a (re)started Ray worker group resumes from, the same on every rank, and
+    why when it is not ``restored`` (Ray's): a newer one already persisted under the run's
+    storage (``launcher.storage_path``/``name``; rank 0 looks, and every rank must be able to
+    read it, else Ray's is kept). Call on every rank."""
+    newer = None
+    if rank == 0 and launcher.get("storage_path") and launcher.get("name"):
+        ranked = ranked_checkpoints([Path(restored)]) if restored else []
+        ray_iter = ranked[0][0] if ranked else -1
+        found = newest_persisted(launcher["storage_path"], launcher["name"], ray_iter)
+        newer = str(found) if found is not None else None
+    newer = dist.broadcast_object(newer)
+    if newer is not None:
+        readable = torch.tensor([1 if Path(newer).is_file() else 0])
+        if int(dist.all_reduce(readable, "min").item()) == 1:
+            handed = Path(restored).name if restored else "no checkpoint"
+            return newer, (
+                f"Ray handed back {handed}; resuming from {newer} instead: it is "
+                f"newer and verifies (its report had not reached Ray's controller "
+                f"when a worker died)"
+            )
+    return restored, None

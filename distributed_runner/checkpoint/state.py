@@ -1,0 +1,54 @@
+"""The training state a checkpoint holds, collected and restored as :data:`~.parts.PARTS`
+declares it.
+
+Per-rank parts are gathered from every rank, so both functions run on every rank; only rank 0
+writes the result. They act on a :class:`~.types.CheckpointSubject` (what the Runner
+hands over), not on the Runner: which checkpoint to load is :mod:`.resume_choice`'s decision,
+taken before any of this runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distributed_runner.checkpoint.files import load_weights, model_state_from
+from distributed_runner.checkpoint.parts import PARTS
+from distributed_runner.checkpoint.sharded import SHARDED, load_shards
+from distributed_runner.checkpoint.types import ABSENT, CheckpointSubject, LoadContext, SaveOptions
+from distributed_runner.core import dist
+
+
+def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> dict:
+    """The checkpoint dict for ``subject``'s current position (collective: call on every rank,
+    which all take the same parts in the same order). Parts written by others (the shards'
+    manifest, a hook's) are added later by them."""
+    ckpt: dict = {}
+    for part in PARTS:
+        if part.collect is None:
+            continue
+        value = part.collect(subject, options)
+        if value is ABSENT:
+            continue
+        ckpt[part.key] = {"ranks": dist.all_gather_object(value)} if part.per_rank else value
+    return ckpt
+
+
+def restore_training_state(subject: CheckpointSubject, ckpt: dict, path: str | Path) -> None:
+    """Give ``subject`` back the state in ``ckpt``, part by part in the table's order; each rank
+    takes its own per-rank parts when the world size is the one the checkpoint was saved with."""
+    same_world = int(ckpt["meta"].get("world_size", 1)) == subject.world_size
+    context = LoadContext(path, same_world)
+    for part in PARTS:
+        if part.restore is not None:
+            part.restore(subject, ckpt, context)
+
+
+def load_model_weights(
+    subject: CheckpointSubject, ckpt: dict, path: str | Path, key: str, strict: bool = True
+) -> None:
+    """Only the checkpoint's weights into ``subject.model`` (``load_from``): from its shards or
+    its ``state_dict``."""
+    if SHARDED in ckpt:
+        load_shards(subject.model, None, ckpt, Path(path))
+    else:
+        load_weights(subject.model, model_state_from(ckpt), key, path, strict=strict)

@@ -1,0 +1,42 @@
+"""The private parts of Ray this project uses, in one module, each with why (Ray is pinned to
+2.60.0 in ``pyproject.toml``; an upgrade checks this file first).
+
+- :class:`WorkerGroupCallback` (``ray.train.v2._internal``): the only way, in Train V2, to run
+  code on the Train controller at each poll of the worker group; the hang watch reads every
+  rank's heartbeat there and turns a hang into a group restart (:mod:`~..health.hang_watch`).
+- :func:`gcs_addresses_on_this_machine` (``ray._private.services``): which Ray clusters have a
+  node on this machine, so ``address='auto'`` can refuse to guess between two.
+- :func:`connect_gcs` (``ray._raylet.GcsClient``): one connection attempt that fails at once on
+  a token-auth cluster, instead of ``ray.init``'s twenty seconds of retries and a traceback.
+
+Nothing else in the package imports a private Ray module (``tests/unit/test_layout.py``).
+Importing this module imports Ray Train; only Ray-side code imports it.
+"""
+
+from __future__ import annotations
+
+from ray.train.v2._internal.execution.callback import WorkerGroupCallback
+
+__all__ = ["WorkerGroupCallback", "connect_gcs", "gcs_addresses_on_this_machine"]
+
+
+def gcs_addresses_on_this_machine() -> list[str]:
+    """GCS addresses of the Ray clusters with a node on this machine (empty if Ray cannot say)."""
+    try:
+        from ray._private.services import find_gcs_addresses
+    except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
+        return []
+    # Ray 2.60 sets this attribute on the function (its cache of non-empty results)
+    find_gcs_addresses.cache_clear()  # type: ignore[attr-defined]
+    return sorted(find_gcs_addresses())
+
+
+def connect_gcs(hostport: str) -> bool:
+    """Open one GCS connection to ``hostport``: False when this Ray has no such client (then
+    ``ray.init`` decides), True when it connected; Ray's ``AuthenticationError`` propagates."""
+    try:
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stub
+    except ImportError:  # pragma: no cover
+        return False
+    GcsClient(address=hostport)
+    return True

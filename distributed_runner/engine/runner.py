@@ -1,0 +1,583 @@
+"""The Runner: builds everything from a config, owns the run's services, runs the loops.
+
+The same object runs in a plain process and in each Ray Train worker: rank and world size come
+from :mod:`distributed_runner.core.dist` only; ``work_dir`` is made absolute at construction. Each
+Runner has its own MessageHub, sinks, requests and hook tables; the Python logger
+(:mod:`distributed_runner.core.log`) is one per process, re-pointed at this Runner's ``work_dir``
+and rank when it is built. It owns, each in one place: the position (:class:`TrainState`,
+``train_state``; ``epoch``/``iter``/``max_epochs``/``max_iters``/``by_epoch`` read it), the log
+sinks (:class:`SinkSet`, ``sinks``: built here, opened around every ``train()/val()/test()``)
+and the hooks with their declared extension points
+(:mod:`distributed_runner.engine.extension_points`).
+
+Hooks use the public surface: ``model``, ``wrapped_model`` (what the loops call; PrepareTTAHook
+swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the position, ``work_dir``,
+``val_mode`` (val_cfg's mode, lag and resources:
+:mod:`distributed_runner.validation.async_validation`), ``cfg``, ``message_hub``, ``logger``,
+``sinks``, ``rank``, ``world_size``, ``train_loop``, ``strategy`` (DDP or FSDP's options),
+``elastic_plan`` (an elastic run's split of the global batch,
+:mod:`distributed_runner.data.elastic`), ``save_checkpoint()``, ``checkpoints`` (its writer:
+``wait()`` for a background save), ``load_checkpoint()``, ``loading_for`` (while
+after_load_checkpoint runs: 'resume' or 'load_from'),
+``request_stop/request_checkpoint/request_val`` (:mod:`distributed_runner.engine.requests`),
+``hook_timings()``. Mount point order: :mod:`.loops`.
+"""
+
+from __future__ import annotations
+
+import time
+from operator import attrgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from distributed_runner.checkpoint.files import load_file, point_at, read_pointer
+from distributed_runner.checkpoint.resume_choice import (
+    choose_start,
+    newest_everywhere,
+    require_training_checkpoint,
+)
+from distributed_runner.checkpoint.state import load_model_weights, restore_training_state
+from distributed_runner.checkpoint.types import CheckpointSubject
+from distributed_runner.checkpoint.writer import CheckpointWriter
+from distributed_runner.core import dist
+from distributed_runner.core.config import Config
+from distributed_runner.core.config_values import all_or_none
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.log import log_brief_and_full, run_log_file, setup_logger
+from distributed_runner.core.preemption import parse_preemption, preemption_signals
+from distributed_runner.core.randomness import set_random_seed
+from distributed_runner.core.redact import redact
+from distributed_runner.core.registry import LOOPS
+from distributed_runner.core.signatures import check_arguments
+from distributed_runner.data.elastic import GlobalBatchPlan, elastic_training
+from distributed_runner.data.loaders import build_dataloader, seeded_dataloader
+from distributed_runner.engine.config_prep import RUNNER_KEYS, prepare_config
+from distributed_runner.engine.hook_builder import build_dispatcher
+from distributed_runner.engine.hook_report import plan_summary
+from distributed_runner.engine.loops import TestLoop, ValLoop
+from distributed_runner.engine.message_hub import MessageHub
+from distributed_runner.engine.requests import ControlRequests
+from distributed_runner.engine.train_state import TrainState
+from distributed_runner.evaluation.evaluator import Evaluator
+from distributed_runner.health.watchdog import watched
+from distributed_runner.model.build import default_device, setup_model
+from distributed_runner.model.sharding import parse_strategy
+from distributed_runner.optim.schedulers import build_param_schedulers
+from distributed_runner.optim.wrapper import OptimWrapper, build_optim_wrapper
+from distributed_runner.tracking.sinks import SinkSet
+from distributed_runner.validation.async_validation import split_val_cfg
+from distributed_runner.version import __version__
+
+# What hooks read and call on the Runner to reach its hooks, its position and its requests.
+# :class:`RunnerSurface` is the part of the public surface (see the Runner's docstring) that only
+# forwards, apart from the Runner's construction, entry points and checkpoints: to the model and the
+# training loop (``model``, ``train_dataloader``), to the dispatcher (``_hooks``: the hook tables,
+# their timings and the loops' callers), to the training position (``_state``, the one
+# :class:`TrainState`) and to the control requests (``requests``). The Runner inherits it and sets
+# those attributes.
+if TYPE_CHECKING:
+    from distributed_runner.engine.dispatch import HookDispatcher
+    from distributed_runner.engine.requests import ControlRequests
+
+
+class RunnerSurface:
+    """The forwarding part of the Runner's public surface; see the module docstring."""
+
+    _hooks: HookDispatcher
+    _model: nn.Module
+    requests: ControlRequests
+    train_loop: Any
+    val_loop: Any
+
+    @property
+    def model(self) -> nn.Module:
+        """The unwrapped model (never the DDP wrapper)."""
+        return self._model
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The loader training iterates; assigning one replaces it there (MMEngine's property)."""
+        return self.train_loop.dataloader if self.train_loop is not None else None
+
+    @train_dataloader.setter
+    def train_dataloader(self, loader: Any) -> None:
+        if self.train_loop is None:
+            raise ConfigError(
+                "train_dataloader",
+                "this Runner does not train: it needs "
+                "train_dataloader, train_cfg and optim_wrapper",
+            )
+        self.train_loop.dataloader = loader
+
+    @property
+    def hooks(self) -> list:
+        return [e.hook for e in self._hooks.entries]
+
+    # the position, read from the one TrainState (all zeros, by_epoch True, when nothing trains);
+    # attrgetter properties: hooks read these several times per iteration, and a getter written
+    # in Python would cost a call each time
+    train_state = property(attrgetter("_state"), doc="Where training is (TrainState).")
+    epoch = property(attrgetter("_state.epoch"))
+    iter = property(attrgetter("_state.iter"))
+    max_epochs = property(attrgetter("_state.max_epochs"))
+    max_iters = property(attrgetter("_state.max_iters"))
+    by_epoch = property(
+        attrgetter("_state.by_epoch"),
+        doc="Whether training is epoch-based (True also when nothing trains).",
+    )
+
+    @property
+    def mount_callers(self) -> dict:
+        """Mount point -> the function that calls it (``caller(**kwargs)``), kept current as
+        hooks are disabled: what the loops call on their hot path."""
+        return self._hooks.callers
+
+    @property
+    def call_hook(self):
+        """``call_hook(mount, **kwargs)``: run mount point ``mount`` on every hook that implements
+        it, in call order. (The dispatcher's bound method itself: the loops call it several times
+        per iteration.)"""
+        return self._hooks.call
+
+    step_guards = property(
+        attrgetter("_hooks.step_guards"),
+        doc="The StepGuard hooks (engine.extension_points), in call order.",
+    )
+
+    def hook_bracket(self, before: str, after: str):
+        """Context manager: ``before`` now, ``after`` at exit — also when the body raises."""
+        return self._hooks.bracket(before, after)
+
+    def hook_plan(self) -> str:
+        return self._hooks.plan_text()
+
+    def stateful_hooks(self) -> dict[str, Any]:
+        """Registered name -> hook, for the hooks whose state a checkpoint keeps."""
+        return {
+            e.name: e.hook
+            for e in self._hooks.entries
+            if callable(getattr(e.hook, "state_dict", None))
+        }
+
+    def val_metric_names(self) -> list[str] | None:
+        """The keys validation will report, if its metrics declare them (else None): hooks that
+        name a metric (``save_best``, ``monitor``) check it before training starts."""
+        if self.val_loop is None or not hasattr(self.val_loop.evaluator, "metric_names"):
+            return None
+        return self.val_loop.evaluator.metric_names()
+
+    def get_hook(self, name: str) -> Any:
+        """The hook registered under ``name`` (e.g. ``'checkpoint'``), or None."""
+        return self._hooks.hook_named(name)
+
+    def hook_timings(self) -> list:
+        """Cumulative time per (hook, mount point), slowest first
+        (:class:`~distributed_runner.engine.hook_report.HookTiming` rows)."""
+        return self._hooks.timings()
+
+    def hook_seconds(self) -> dict[str, float]:
+        """Cumulative time per registered hook name, over all its mount points."""
+        return self._hooks.seconds_by_hook()
+
+    # -- requests (hooks request, the loop acts; see distributed_runner.engine.requests) -------
+    def request_stop(self, reason: str) -> None:
+        """End training after the current iteration (or validation), on every rank."""
+        self.requests.request("stop", reason)
+
+    def request_checkpoint(self, reason: str) -> None:
+        """Save a checkpoint after the current iteration, on every rank."""
+        self.requests.request("checkpoint", reason)
+
+    def request_val(self, reason: str) -> None:
+        """Run validation after the current iteration, on every rank."""
+        self.requests.request("val", reason)
+
+
+class Runner(RunnerSurface):
+    """Train, validate and test a model with hooks; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module | dict,
+        work_dir: str | Path,
+        train_dataloader: Any = None,
+        val_dataloader: Any = None,
+        val_evaluator: Any = None,
+        val_cfg: dict | None = None,
+        test_dataloader: Any = None,
+        test_evaluator: Any = None,
+        test_cfg: dict | None = None,
+        optim_wrapper: Any = None,
+        param_scheduler: Any = None,
+        train_cfg: dict | None = None,
+        default_hooks: dict | None = None,
+        custom_hooks: list | None = None,
+        load_from: str | None = None,
+        resume: bool | str = False,
+        randomness: dict | None = None,
+        launcher: Any = "none",
+        device: str | torch.device | None = None,
+        log_level: str = "INFO",
+        experiment_name: str | None = None,
+        model_wrapper_cfg: dict | None = None,
+        preemption: Any = True,
+        compile: bool | dict = False,
+        strategy: Any = None,
+        cfg: dict | None = None,
+    ) -> None:
+        self._setup_context(cfg, launcher, work_dir, experiment_name, log_level, preemption)
+        # hooks and checkpoint paths first: their mistakes should not wait for data to load
+        self._setup_hooks_and_checkpoints(default_hooks, custom_hooks, load_from, resume)
+        self._setup_model(model, randomness, device, strategy, model_wrapper_cfg, compile)
+        self._setup_data_and_evaluation(
+            train_dataloader,
+            train_cfg,
+            optim_wrapper,
+            param_scheduler,
+            val_dataloader,
+            val_evaluator,
+            val_cfg,
+            test_dataloader,
+            test_evaluator,
+            test_cfg,
+        )
+        self._log_startup()
+
+    def _setup_context(
+        self,
+        cfg: dict | None,
+        launcher: Any,
+        work_dir: str | Path,
+        experiment_name: str | None,
+        log_level: str,
+        preemption: Any,
+    ) -> None:
+        """Config, ranks, work_dir, logger and run services: what everything after them uses."""
+        self.cfg = cfg if cfg is not None else Config()
+        self.launcher = launcher
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.work_dir = Path(work_dir).expanduser().resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.timestamp = time.strftime("%Y%m%d_%H%M%S")
+        self.experiment_name = experiment_name or self.work_dir.name
+        self.logger = setup_logger(self.work_dir, self.rank, log_level)
+        self.message_hub = MessageHub()
+        self.requests = ControlRequests()
+        self._preemption = parse_preemption(preemption)
+
+    def _setup_hooks_and_checkpoints(
+        self,
+        default_hooks: dict | None,
+        custom_hooks: list | None,
+        load_from: str | None,
+        resume: bool | str,
+    ) -> None:
+        """Hooks, sinks and checkpoint paths: built and checked before the model and data."""
+        self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
+        # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
+        self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
+        self._load_from, self._resume = load_from, resume
+        self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
+        self._has_loaded = False
+        self.loading_for: str | None = None  # see _after_load
+        for key, path in (
+            ("load_from", load_from),
+            ("resume", resume if isinstance(resume, (str, Path)) else None),
+        ):
+            if path and not Path(path).expanduser().is_file():
+                raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
+
+    def _setup_model(
+        self,
+        model: nn.Module | dict,
+        randomness: dict | None,
+        device: str | torch.device | None,
+        strategy: Any,
+        model_wrapper_cfg: dict | None,
+        compile_cfg: bool | dict,
+    ) -> None:
+        """Seed, device, strategy and the (wrapped) model: seeded before its weights are made."""
+        self.seed = set_random_seed(randomness)
+        self.device = torch.device(device) if device is not None else default_device()
+
+        self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
+        self._model, self.wrapped_model = setup_model(
+            model, model_wrapper_cfg, compile_cfg, self.device, self.strategy
+        )
+
+    def _setup_data_and_evaluation(
+        self,
+        train_dataloader: Any,
+        train_cfg: dict | None,
+        optim_wrapper: Any,
+        param_scheduler: Any,
+        val_dataloader: Any,
+        val_evaluator: Any,
+        val_cfg: dict | None,
+        test_dataloader: Any,
+        test_evaluator: Any,
+        test_cfg: dict | None,
+    ) -> None:
+        """Training (loader, loop, optimizer, schedulers), then the val and test loops."""
+        self.val_dataloader = self.test_dataloader = None
+        self.train_loop: Any = None  # a LOOPS class's loop (EpochBasedTrainLoop by default)
+        self.elastic_plan: GlobalBatchPlan | None = None
+        self._state = TrainState()  # the training loop's own once it is built
+        self.optim_wrapper: OptimWrapper | None = None
+        self.param_schedulers: list = []
+        self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
+        val_cfg, self.val_mode = split_val_cfg(val_cfg)  # mode/lag/resources: validation
+        self.val_loop = self._build_eval("val", val_dataloader, val_evaluator, val_cfg, ValLoop)
+        self.test_loop = self._build_eval(
+            "test", test_dataloader, test_evaluator, test_cfg, TestLoop
+        )
+
+    def _log_startup(self) -> None:
+        """The run's one-line summary and its hook plan, once everything is built."""
+        self.logger.info(
+            "distributed-runner %s | torch %s | device %s | world size %d%s | seed "
+            "%d | work_dir %s",
+            __version__,
+            torch.__version__,
+            self.device,
+            self.world_size,
+            f" ({self.elastic_plan.describe()})" if self.elastic_plan else "",
+            self.seed,
+            self.work_dir,
+        )
+        # the whole hook plan to the log file, a short one to the terminal (core/log.py)
+        plan = plan_summary(
+            self._hooks.entries, self._hooks.sink_specs(), run_log_file(self.logger)
+        )
+        log_brief_and_full(self.logger, plan, self._hooks.plan_text())
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_cfg(cls, cfg: dict) -> Runner:
+        """A Runner from a config (a :class:`Config` or a plain dict, as on a Ray worker).
+
+        The config is prepared by the same function the Ray driver checks it with
+        (:func:`prepare_config`): a worker applies no rule the driver did not, the device aside."""
+        cfg, notes = prepare_config(cfg)  # iMIX notes: logged once the Runner's logger exists
+        runner = cls(**{k: cfg[k] for k in RUNNER_KEYS if k in cfg}, cfg=cfg)
+        for note in notes:
+            runner.logger.info(note)
+        if runner.rank == 0:
+            (runner.work_dir / "config.py").write_text(Config(redact(cfg)).pretty_text())
+        return runner
+
+    def _build_training(
+        self, dataloader: Any, train_cfg: dict | None, optim_wrapper: Any, param_scheduler: Any
+    ) -> None:
+        if not all_or_none(
+            "training",
+            {
+                "train_dataloader": dataloader,
+                "train_cfg": train_cfg,
+                "optim_wrapper": optim_wrapper,
+            },
+        ):
+            if param_scheduler is not None:
+                raise ConfigError(
+                    "param_scheduler",
+                    "set without training: add train_dataloader, train_cfg and optim_wrapper",
+                )
+            return
+        loader, optim_wrapper, self.elastic_plan = elastic_training(  # data/elastic.py, else as is
+            build_dataloader(dataloader, "train_dataloader", self.seed),
+            optim_wrapper,
+            self.launcher,
+            self.world_size,
+            self.rank,
+        )
+        self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)
+        self._state = self.train_loop.state
+        self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
+        state = self.train_state
+        self.param_schedulers = build_param_schedulers(
+            param_scheduler,
+            self.optim_wrapper.optimizer,
+            by_epoch_training=state.by_epoch,
+            epoch_length=len(loader),
+            max_epochs=state.max_epochs if state.by_epoch else None,
+            max_iters=state.max_iters,
+        )
+
+    def _build_train_loop(self, train_cfg: dict, loader: Any) -> Any:
+        if "type" in train_cfg:
+            loop_cls = LOOPS.resolve(train_cfg.pop("type"), "train_cfg")
+        else:
+            by_epoch = train_cfg.pop("by_epoch", True)
+            loop_cls = LOOPS.get("EpochBasedTrainLoop" if by_epoch else "IterBasedTrainLoop")
+        check_arguments(loop_cls, train_cfg, "train_cfg", supplied=["runner", "dataloader"])
+        return loop_cls(runner=self, dataloader=loader, **train_cfg)
+
+    def _build_eval(
+        self, stage: str, dataloader: Any, evaluator: Any, loop_cfg: dict | None, default_loop: type
+    ) -> Any:
+        if not all_or_none(
+            stage,
+            {
+                f"{stage}_dataloader": dataloader,
+                f"{stage}_evaluator": evaluator,
+                f"{stage}_cfg": loop_cfg,
+            },
+            f" (e.g. {stage}_cfg=dict())",
+        ):
+            return None
+        loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
+        setattr(self, f"{stage}_dataloader", loader)
+        loop_args = dict(loop_cfg or {})
+        loop_cls = (
+            LOOPS.resolve(loop_args.pop("type"), f"{stage}_cfg")
+            if "type" in loop_args
+            else default_loop
+        )
+        check_arguments(
+            loop_cls, loop_args, f"{stage}_cfg", supplied=["runner", "dataloader", "evaluator"]
+        )
+        return loop_cls(
+            runner=self,
+            dataloader=loader,
+            evaluator=Evaluator.build(evaluator, f"{stage}_evaluator"),
+            **loop_args,
+        )
+
+    # -- the public surface hooks use ----------------------------------------------------------
+    build_dataloader = staticmethod(seeded_dataloader)  # MMEngine's Runner.build_dataloader
+
+    def save_requested_checkpoint(self, reason: str) -> Path:
+        """Save a checkpoint for a request: through the first
+        :class:`~distributed_runner.engine.extension_points.CheckpointSaver` (CheckpointHook), so
+        retention and the ``last_checkpoint`` pointer stay right; else ``work_dir/iter_{N}.pth``
+        directly."""
+        saver = self._hooks.checkpoint_saver()
+        if saver is not None:
+            return saver.save_on_request(self, reason)
+        path = self.save_checkpoint(self.work_dir, f"iter_{self.iter}.pth")
+        if self.rank == 0:
+            point_at(path, self.work_dir)
+        return path
+
+    def rollback(self, reason: str) -> Path:
+        """Restore the newest checkpoint on every rank (rank 0 reads it and sends it, so ranks on
+        other machines need not see ``work_dir``). Used by NonFiniteLossHook(policy='rollback')."""
+        self.checkpoints.wait()  # the newest checkpoint may still be being written
+        ckpt, path = newest_everywhere(self.work_dir, self.logger, self.rank, reason)
+        self.logger.warning("rolling back to %s: %s", path, reason)
+        self._restore(ckpt, path)
+        if self.optim_wrapper is not None:  # None only in a Runner that does not train
+            self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+        return Path(path)
+
+    # -- entry points --------------------------------------------------------------------------
+    def train(self) -> nn.Module:
+        if self.train_loop is None or self.optim_wrapper is None:  # both or neither
+            raise ConfigError(
+                "train_dataloader",
+                "train() needs train_dataloader, train_cfg and optim_wrapper in the config",
+            )
+        with (
+            watched(self),  # the hang watch (health/watchdog.py)
+            preemption_signals(self._preemption, self.requests, self.logger),
+            self.sinks.opened(self),
+            self.hook_bracket("before_run", "after_run"),
+        ):
+            self._load_or_resume()
+            self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+            self.train_loop.run()
+            self.checkpoints.wait()  # an asynchronous save still in flight commits now
+        return self.model
+
+    def val(self) -> dict:
+        return self._evaluate("val")
+
+    def test(self) -> dict:
+        return self._evaluate("test")
+
+    def _evaluate(self, stage: str) -> dict:
+        loop = getattr(self, f"{stage}_loop")
+        if loop is None:
+            raise ConfigError(
+                f"{stage}_dataloader",
+                f"{stage}() needs {stage}_dataloader, {stage}_evaluator and {stage}_cfg",
+            )
+        with self.sinks.opened(self), self.hook_bracket("before_run", "after_run"):
+            self._load_or_resume()
+            metrics = loop.run()
+        return metrics
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def find_latest_checkpoint(self) -> Path | None:
+        """The checkpoint ``work_dir/last_checkpoint`` points at, if any."""
+        return read_pointer(self.work_dir)
+
+    def _load_or_resume(self) -> None:
+        if not self._has_loaded:
+            self._has_loaded = True
+            how, path, ckpt = choose_start(
+                self._load_from, self._resume, self.work_dir, self.logger
+            )  # checkpoint/resume_choice.py decides
+            if path is None:  # a fresh start
+                return
+            if how == "resume":
+                self.resume(path, ckpt)
+            elif how == "load_from":
+                self.load_checkpoint(path)
+
+    def load_checkpoint(
+        self, path: str | Path, strict: bool = True, map_location: Any = "cpu"
+    ) -> dict:
+        """Load model weights only (``load_from``); returns the checkpoint dict."""
+        ckpt = load_file(path, "load_from", map_location)
+        self._after_load(ckpt, "load_from")
+        load_model_weights(CheckpointSubject.of(self), ckpt, path, "load_from", strict=strict)
+        self.logger.info("loaded weights from %s", path)
+        return ckpt
+
+    def resume(self, path: str | Path, checkpoint: dict | None = None) -> dict:
+        """Restore the full training state of ``path`` (``checkpoint``: the file, already read
+        and verified) and continue exactly where it stopped."""
+        ckpt = load_file(path, "resume") if checkpoint is None else checkpoint
+        require_training_checkpoint(ckpt, path)
+        self._restore(ckpt, path)
+        meta = ckpt["meta"]
+        self.logger.info(
+            "resumed from %s (epoch %s, iter %s)", path, meta.get("epoch"), meta.get("iter")
+        )
+        return ckpt
+
+    def _restore(self, ckpt: dict, path: str | Path) -> None:
+        self._after_load(ckpt, "resume")
+        restore_training_state(CheckpointSubject.of(self), ckpt, path)
+
+    def _after_load(self, ckpt: dict, purpose: str) -> None:
+        """``after_load_checkpoint`` before anything is taken from ``ckpt`` (MMEngine's order:
+        hooks may rewrite it); ``loading_for`` says for what ('resume': the whole training state,
+        also a rollback; 'load_from': weights) while the hooks run."""
+        self.loading_for = purpose
+        try:
+            self.call_hook("after_load_checkpoint", checkpoint=ckpt)
+        finally:
+            self.loading_for = None
+
+    def save_checkpoint(
+        self,
+        out_dir: str | Path,
+        filename: str,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: dict | None = None,
+        asynchronous: bool = False,
+    ) -> Path:
+        """Assemble the checkpoint (the parts :data:`~distributed_runner.checkpoint.parts.PARTS`
+        declares) on every rank; rank 0 writes it atomically (with sharded FSDP checkpoints every
+        rank writes its shards); ``asynchronous`` writes in the background. Call it on every
+        rank; see :mod:`distributed_runner.checkpoint.writer`."""
+        return self.checkpoints.save(
+            Path(out_dir) / filename, save_optimizer, save_param_scheduler, meta, asynchronous
+        )

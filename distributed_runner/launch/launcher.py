@@ -1,0 +1,272 @@
+"""Launchers: run a config in this process (``launcher='none'``) or on Ray Train workers.
+
+``launcher=dict(type='ray', num_workers=2, use_gpu=False, resources_per_worker=None,
+placement_strategy='PACK', address=None, storage_path=None, name=None, max_failures=0,
+elastic_resize_monitor_interval_s=60)``; ``num_workers=(min, max)`` is an elastic group
+(:mod:`distributed_runner.data.elastic`).
+
+On Ray the driver only loads and checks: it validates the config (every ``type`` resolves, every
+argument exists) and the resource request against the cluster — a request the cluster cannot meet
+is a one-line error within seconds rather than a trainer waiting forever — and then runs a Ray
+Train ``TorchTrainer`` whose workers each build the Runner from the plain config dict
+(:func:`distributed_runner.launch.ray_worker.train_worker`). The driver never builds the model.
+
+* no ``address`` and no ``RAY_ADDRESS``: a local Ray is started in this process;
+  ``address='auto'`` (or ``RAY_ADDRESS``) joins the one running cluster (``ray start --head``) and
+  refuses when several run on the machine; the driver prints which cluster it joined, and forwards
+  its ``MLFLOW_*`` and ``WANDB_*`` environment to the workers
+  (:mod:`distributed_runner.launch.ray_connect`).
+* ``storage_path`` defaults to ``work_dir/ray_storage``; multi-node runs point it at shared storage
+  (an NFS path or ``s3://``). ``name`` defaults to the work_dir's folder name, so rerunning the same
+  config continues the run from its last reported checkpoint instead of starting over. Relative
+  paths inside a ``ray job submit`` package folder go under ``$DRUN_WORK_ROOT`` (``~/drun``).
+* ``max_failures``: how many times Ray restarts the worker group after a worker dies; each restart
+  resumes exactly from the last checkpoint Ray holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from distributed_runner.core.config import Config, to_plain
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.redact import redact_url
+from distributed_runner.launch.launcher_config import (  # noqa: F401  (re-exported: the launcher's public names)
+    PLACEMENT_STRATEGIES,
+    RAY_DEFAULTS,
+    normalize_launcher,
+    uses_ray_data,
+    validate_config,
+    worker_resources,
+)
+from distributed_runner.launch.ray_connect import (
+    announced_path,
+    check_storage,
+    forwarded_env,
+    probe_address,
+    resolve_address,
+    start_local_ray,
+)
+from distributed_runner.validation.async_validation import check_val_resources
+
+
+def run(cfg: dict) -> int:
+    """Train ``cfg`` with the launcher it names; returns the process exit status."""
+    launcher = normalize_launcher(cfg.get("launcher"))
+    if launcher is None:
+        from distributed_runner.engine.runner import Runner
+
+        Runner.from_cfg(cfg).train()
+        return 0
+    return RayLauncher(cfg, launcher).train()
+
+
+class RayLauncher:
+    """Driver side of a Ray Train run."""
+
+    def __init__(self, cfg: dict, launcher: dict) -> None:
+        self.cfg = cfg
+        self.opts = launcher
+        self.work_dir = Path(announced_path(str(cfg["work_dir"]), "work_dir"))
+        self.storage_path = (
+            announced_path(str(launcher["storage_path"]), "launcher.storage_path")
+            if launcher["storage_path"]
+            else str(self.work_dir / "ray_storage")
+        )
+        self.name = launcher["name"] or self.work_dir.name
+        self.joined = "a local Ray started by this process"
+
+    # -- cluster -------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Join the cluster the launcher names (see :func:`ray_connect.resolve_address`), or
+        start a local one."""
+        import ray
+
+        if ray.is_initialized():
+            self.joined = (
+                f"the Ray cluster this process is connected to "
+                f"({ray.get_runtime_context().gcs_address})"
+            )
+            return
+        address = resolve_address(self.opts["address"])
+        if address:
+            probe_address(address)
+            ray.init(address=address, log_to_driver=True)
+            self.joined = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
+        else:
+            start_local_ray()
+
+    @property
+    def min_workers(self) -> int:
+        workers = self.opts["num_workers"]
+        return workers[0] if isinstance(workers, tuple) else workers
+
+    def workers_text(self) -> str:
+        workers = self.opts["num_workers"]
+        return (
+            f"{workers[0]}-{workers[1]} workers (elastic)"
+            if isinstance(workers, tuple)
+            else f"{workers} workers"
+        )
+
+    def worker_resources(self) -> dict[str, float]:
+        return worker_resources(self.opts)
+
+    def check_resources(self, total: dict[str, float]) -> None:
+        """One-line errors for a request the cluster cannot meet (Ray would wait forever)."""
+        n = self.min_workers  # an elastic group starts when its minimum fits
+        for resource, each in self.worker_resources().items():
+            have = float(total.get(resource, 0))
+            if each * n > have:
+                key = "launcher.use_gpu" if resource == "GPU" else "launcher.num_workers"
+                raise ConfigError(
+                    key,
+                    f"{n} workers x {each:g} {resource} need {each * n:g} "
+                    f"{resource}, the cluster has {have:g}: lower "
+                    f"num_workers/resources_per_worker or add nodes",
+                )
+        check_val_resources(self.cfg.get("val_cfg"), self.worker_resources(), n, total)
+        if self._uses_ray_data():
+            spare = float(total.get("CPU", 0)) - self.worker_resources()["CPU"] * n
+            if spare < 1:
+                raise ConfigError(
+                    "launcher.num_workers",
+                    f"the training workers take all {total.get('CPU', 0):g} CPUs "
+                    f"and Ray Data would starve (it needs CPUs of its own to read "
+                    f"and shuffle): lower num_workers or add CPUs",
+                )
+
+    def _uses_ray_data(self) -> bool:
+        return uses_ray_data(self.cfg)
+
+    # -- the run -------------------------------------------------------------------------------
+    def build_trainer(self) -> Any:
+        import ray
+        import ray.train
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        from distributed_runner.data.ray_data import build_ray_datasets
+        from distributed_runner.health.hang_watch import hang_watch_callbacks
+        from distributed_runner.health.watchdog import parse_watchdog
+        from distributed_runner.launch.ray_worker import train_worker
+        from distributed_runner.launch.validation_worker import trainer_kwargs
+
+        plain = to_plain(self.cfg)
+        plain["work_dir"] = str(self.work_dir)
+        # the resolved run name travels too: sinks tag the run with it
+        plain["launcher"] = {**self.opts, "name": self.name, "storage_path": self.storage_path}
+        datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
+        # the config file and its git commit are the driver's: workers may not have the file
+        source = self.cfg.source() if isinstance(self.cfg, Config) else None
+        # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
+        # metadata
+        env = ray.put(forwarded_env())
+        watchdog = parse_watchdog(self.cfg.get("watchdog"))  # hang watch: health/hang_watch.py
+        return TorchTrainer(
+            train_worker,
+            train_loop_config={"cfg": plain, "source": source, "env": env},
+            scaling_config=ray.train.ScalingConfig(
+                num_workers=self.opts["num_workers"],
+                use_gpu=self.opts["use_gpu"],
+                # Ray 2.60 binds ray.train.ScalingConfig to Train v2's (RAY_TRAIN_V2_ENABLED is
+                # on by default), which takes this; mypy reads the v1 class bound first
+                elastic_resize_monitor_interval_s=self.opts[  # type: ignore[call-arg]
+                    "elastic_resize_monitor_interval_s"
+                ],
+                resources_per_worker=self.opts["resources_per_worker"],
+                placement_strategy=self.opts["placement_strategy"],
+            ),
+            run_config=ray.train.RunConfig(
+                name=self.name,
+                storage_path=self.storage_path,
+                failure_config=ray.train.FailureConfig(max_failures=self.opts["max_failures"]),
+                callbacks=hang_watch_callbacks(watchdog, str(self.work_dir)),
+            ),
+            torch_config=TorchConfig(
+                backend="nccl" if self.opts["use_gpu"] else "gloo",
+                timeout_s=round(watchdog["collective_timeout"]),
+            ),
+            datasets=datasets,
+            **trainer_kwargs(plain),  # val_cfg.mode='async': Ray's validation tasks
+        )
+
+    def fit(self) -> Any:
+        """Validate, connect, check resources, run the trainer; returns Ray's ``Result``
+        (raises ``ray.train.TrainingFailedError`` when the workers failed)."""
+        import ray
+
+        validate_config(self.cfg)
+        check_storage(self.storage_path)
+        self.connect()
+        self.check_resources(ray.cluster_resources())
+        print(f"distributed-runner on Ray: joined {self.joined}", flush=True)
+        print(
+            f"distributed-runner on Ray: {self.workers_text()}"
+            f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
+            f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
+            flush=True,
+        )
+        return self.build_trainer().fit()
+
+    def train(self) -> int:
+        """:meth:`fit` for the command line: the process exit status."""
+        from ray.train import TrainingFailedError
+
+        try:
+            self.fit()
+        except TrainingFailedError as e:
+            print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
+            mark_mlflow_run_failed(self.work_dir, self.mlflow_uri())
+            return 1
+        print(
+            f"distributed-runner on Ray: finished; checkpoints in {self.storage_path}/{self.name}",
+            flush=True,
+        )
+        return 0
+
+    def mlflow_uri(self) -> str | None:
+        """Where rank 0 logs when the logger has an MLflow sink (the config's URI, else the
+        ``MLFLOW_TRACKING_URI`` forwarded to the workers, else the SQLite fallback)."""
+        logger = (self.cfg.get("default_hooks") or {}).get("logger")
+        sinks = logger.get("sinks", []) if isinstance(logger, dict) else []
+        for sink in sinks:
+            spec = {"type": sink} if isinstance(sink, str) else sink
+            if isinstance(spec, dict) and spec.get("type") in ("mlflow", "MLflowSink"):
+                from distributed_runner.tracking.sinks.mlflow import tracking_uri
+
+                return tracking_uri(spec.get("tracking_uri"), self.work_dir)
+        return None
+
+    def _mlflow_note(self) -> str:
+        """`` | MLflow <uri>`` (its password redacted) when the logger has an MLflow sink."""
+        uri = self.mlflow_uri()
+        return f" | MLflow {redact_url(uri)}" if uri else ""
+
+
+def mark_mlflow_run_failed(work_dir: Path, uri: str | None) -> None:
+    """After the workers gave up, end the run's MLflow run as FAILED (rank 0 died before it could
+    say so). Best effort: the run file is on the driver only when work_dir is shared."""
+    from distributed_runner.tracking.sinks.mlflow import RUN_FILE
+
+    run_file = work_dir / RUN_FILE
+    if uri is None or not run_file.is_file():
+        return
+    try:
+        info = json.loads(run_file.read_text())
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # it shows the password
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).set_terminated(info["run_id"], "FAILED")
+    except Exception as e:  # noqa: BLE001 - the failure is already reported
+        print(
+            f"drun: could not mark the MLflow run FAILED ({type(e).__name__}: {e})", file=sys.stderr
+        )
+
+
+def _first_lines(error: BaseException, n: int = 12) -> str:
+    text = str(error).strip().splitlines()
+    return "\n".join(text[:n])

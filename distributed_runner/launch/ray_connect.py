@@ -1,0 +1,228 @@
+"""The Ray driver's view of where it runs: which cluster to join, where relative paths may live,
+and which of the driver's environment the workers need.
+
+Three things a driver cannot leave to Ray's defaults without surprising a user:
+
+* **Which cluster.** ``address='auto'`` makes Ray pick the cluster named in
+  ``/tmp/ray/ray_current_cluster``; a head started with ``--temp-dir`` writes its address only
+  there, so with two clusters on one machine Ray joins one of them silently. We list the running
+  clusters (their GCS servers) and refuse when 'auto' could mean more than one.
+* **Where a relative path goes.** ``ray job submit --working-dir`` runs the entrypoint inside
+  ``.../runtime_resources/working_dir_files/_ray_pkg_<hash>``, a folder Ray deletes; a relative
+  ``work_dir`` or ``storage_path`` there would lose every checkpoint. Inside such a folder they
+  resolve under ``$DRUN_WORK_ROOT`` (default ``~/drun``) and the driver says so.
+* **What answers.** An explicit address nobody listens at is a one-line error within seconds
+  (``ray.init`` would wait minutes), and so is a ``storage_path`` that cannot be written.
+* **What the workers must see.** On a running cluster the workers were started by ``ray start``,
+  not by this driver: an ``MLFLOW_TRACKING_URI`` exported in the driver's shell never reaches them.
+  The driver hands its ``MLFLOW_*`` and ``WANDB_*`` variables (the tracking sinks' settings and
+  credentials) to every training worker through Ray's object store
+  (an object reference in the trainer's config), not through the job's ``runtime_env``: Ray shows
+  a job's runtime_env to anyone who can open its dashboard, and these may hold a token or a
+  password.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from distributed_runner.core.errors import ConfigError
+
+WORK_ROOT_ENV = "DRUN_WORK_ROOT"
+FORWARDED_PREFIXES = ("MLFLOW_", "WANDB_")
+
+
+def running_clusters() -> list[str]:
+    """GCS addresses of the Ray clusters with a node on this machine (empty if unknown)."""
+    from distributed_runner.core.ray_private import gcs_addresses_on_this_machine
+
+    return gcs_addresses_on_this_machine()
+
+
+def resolve_address(
+    address: str | None, environ: Mapping[str, str] = os.environ, clusters: list[str] | None = None
+) -> str | None:
+    """The address to join, or None to start a local Ray in this process.
+
+    ``address`` (the launcher's) wins over ``RAY_ADDRESS``. 'auto' means: ``RAY_ADDRESS`` if it
+    names a cluster (``ray job submit`` sets it for the entrypoint), else the one cluster running
+    on this machine; none or several is a one-line error naming them.
+    """
+    env_address = environ.get("RAY_ADDRESS") or None
+    address = address or env_address
+    if address != "auto":
+        return address
+    if env_address and env_address != "auto":
+        return env_address
+    found = running_clusters() if clusters is None else clusters
+    if not found:
+        raise ConfigError(
+            "launcher.address",
+            "'auto' found no running Ray cluster on this "
+            "machine: start one (cluster/local/start_head.sh) "
+            "or pass --address HOST:PORT",
+        )
+    if len(found) > 1:
+        raise ConfigError(
+            "launcher.address",
+            f"'auto' is ambiguous: {len(found)} Ray clusters "
+            f"run on this machine ({', '.join(found)}); pass "
+            f"one of them with --address",
+        )
+    return found[0]
+
+
+def start_local_ray() -> None:
+    """``ray.init`` of a new local Ray whose own processes know its address.
+
+    Ray's processes find "their" cluster through ``RAY_ADDRESS``, else by looking for GCS servers
+    on the machine; Ray Train's placement-group cleaner and autoscaling client do so. With another
+    cluster running they find two and die with tracebacks (``Found multiple active Ray
+    instances``, then ``GetTimeoutError``) in the middle of the run's output. So the GCS port is
+    chosen here and ``RAY_ADDRESS`` naming it is in the environment the cluster's processes are
+    started with; this process's environment is restored afterwards.
+    """
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    forced = {
+        "RAY_GCS_SERVER_PORT": str(port),
+        "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}",
+    }
+    saved = {k: os.environ.get(k) for k in forced}
+    os.environ.update(forced)
+    try:
+        # the dashboard serves the State API that Ray Train's placement-group cleaner polls;
+        # without it the cleaner warns every second for the whole run
+        ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def probe_address(address: str, timeout: float = 3.0) -> None:
+    """One-line error within ``timeout`` seconds when nothing listens at ``address`` (a GCS
+    ``host:port`` or a ``ray://host:port`` client address): ``ray.init`` would wait minutes."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            "launcher.address", f"{address!r} is not HOST:PORT, ray://HOST:PORT or 'auto'"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(
+            "launcher.address",
+            f"nothing answers at {address} ({reason}): is "
+            f"the head running (ray status --address "
+            f"{hostport})? check host and port",
+        ) from None
+    if "://" not in address:  # a GCS address: is this shell's token the cluster's?
+        check_authentication(hostport)
+
+
+def check_authentication(hostport: str) -> None:
+    """One-line error when the cluster at ``hostport`` refuses this process's authentication
+    (Ray >= 2.59 turns token auth on for local clusters): ``ray.init`` would retry for ~20 s,
+    printing a warning a second, then end in a traceback that does not say what to set."""
+    try:
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
+        return
+    from distributed_runner.core.ray_private import connect_gcs
+
+    try:
+        connect_gcs(hostport)
+    except AuthenticationError:
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        raise ConfigError(
+            "launcher.address",
+            f"the Ray cluster at {hostport} refused this shell's authentication "
+            f"(RAY_AUTH_MODE={mode}): set RAY_AUTH_MODE and the token (RAY_AUTH_TOKEN, "
+            f"RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) as on its head, or start the head "
+            f"with RAY_AUTH_MODE=disabled",
+        ) from None
+    except Exception:  # noqa: BLE001 - anything else: ray.init reports it as it would
+        return
+
+
+def check_storage(path: str) -> None:
+    """One-line error, before any worker starts, when ``storage_path`` cannot be written (Ray
+    would fail after its workers started, with a traceback)."""
+    probe_name = ".drun_write_probe"
+    try:
+        if "://" in path:
+            import pyarrow.fs
+
+            fs, root = pyarrow.fs.FileSystem.from_uri(path)
+            fs.create_dir(root, recursive=True)
+            with fs.open_output_stream(f"{root.rstrip('/')}/{probe_name}") as f:
+                f.write(b"ok")
+            fs.delete_file(f"{root.rstrip('/')}/{probe_name}")
+        else:
+            folder = Path(path)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / probe_name).write_bytes(b"ok")
+            (folder / probe_name).unlink()
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+        raise ConfigError(
+            "launcher.storage_path",
+            f"cannot write to {path} ({reason}): pass a "
+            f"writable --storage-path (shared storage "
+            f"or s3://BUCKET/PATH on several nodes)",
+        ) from None
+
+
+def in_job_package(cwd: Path | None = None) -> bool:
+    """Whether this process runs inside a ``ray job submit --working-dir`` package folder."""
+    parts = (cwd or Path.cwd()).resolve().parts
+    return "working_dir_files" in parts and any(p.startswith("_ray_pkg_") for p in parts)
+
+
+def persistent_path(
+    path: str, key: str, environ: Mapping[str, str] = os.environ, cwd: Path | None = None
+) -> tuple[str, str | None]:
+    """``path`` made absolute, and a note for the user when it was moved out of a job's package
+    folder (see the module docstring). URIs (``s3://``) are returned as they are."""
+    if "://" in path:
+        return path, None
+    p = Path(path).expanduser()
+    if p.is_absolute() or not in_job_package(cwd):
+        return str(((cwd or Path.cwd()) / p).resolve()), None
+    root = Path(environ.get(WORK_ROOT_ENV) or Path.home() / "drun").expanduser()
+    moved = str((root / p).resolve())
+    return moved, (
+        f"{key} {path!r} is relative and this Ray job runs in Ray's temporary "
+        f"package folder (deleted after the job): using {moved} (set "
+        f"{WORK_ROOT_ENV} or pass an absolute path)"
+    )
+
+
+def announced_path(path: str, key: str) -> str:
+    """:func:`persistent_path`, telling the user on stderr when the path was moved."""
+    resolved, note = persistent_path(path, key)
+    if note:
+        print(f"drun: {note}", file=sys.stderr, flush=True)
+    return resolved
+
+
+def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The driver's ``MLFLOW_*`` and ``WANDB_*`` variables, which every training worker gets
+    (see the module docstring)."""
+    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}

@@ -1,0 +1,160 @@
+"""The model a Runner trains: built from its config, across several ranks wrapped in DDP or
+sharded with FSDP2 (``strategy=``, :mod:`distributed_runner.model.sharding`), and with ``compile=``
+compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from distributed_runner.core import dist
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import MODELS
+from distributed_runner.core.signatures import accepts, check_arguments
+from distributed_runner.model.activation_checkpointing import apply_activation_checkpointing
+from distributed_runner.model.sharding import check_shard_modules, shard_model
+
+
+def default_device() -> torch.device:
+    """This rank's GPU (the local rank's) when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", dist.get_local_rank())
+    return torch.device("cpu")
+
+
+def build_model(spec: Any, device: torch.device) -> nn.Module:
+    """``model=dict(type=...)`` (or a module) on ``device``. ``type`` is a registered name, an
+    import path (``'transformers.GPT2LMHeadModel'``, ``'timm.create_model'``) or the class
+    itself (core/registry.py); how the loops then call the model is engine/step_choice.py's
+    business."""
+    built = MODELS.build(spec, "model")
+    if not isinstance(built, nn.Module):
+        raise ConfigError(
+            "model",
+            f"built a {type(built).__name__}, not a torch nn.Module: "
+            f"type= must name a model class or a factory returning one "
+            f"(a config object goes in its arguments, e.g. config=dict("
+            f"type=...))",
+        )
+    return built.to(device)
+
+
+def wrap_model(model: nn.Module, wrapper_cfg: dict, device: torch.device) -> nn.Module:
+    """DDP when a process group with several ranks is running; the model itself otherwise.
+
+    ``model_wrapper_cfg`` passes DDP arguments. ``broadcast_buffers`` defaults to False (as in
+    MMEngine): buffers such as BN statistics stay per rank unless SyncBuffersHook averages
+    them, instead of being silently overwritten by rank 0's before every forward.
+    """
+    if not dist.is_distributed():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "broadcast_buffers" not in wrapper_cfg:  # its newer name, where torch has it
+        key = (
+            "forward_sync_buffers"
+            if accepts(DistributedDataParallel, "forward_sync_buffers")
+            else "broadcast_buffers"
+        )
+        wrapper_cfg.setdefault(key, False)
+    ids = [device.index] if device.type == "cuda" else None
+    check_arguments(DistributedDataParallel, wrapper_cfg, "model_wrapper_cfg", supplied=["module"])
+    return DistributedDataParallel(model, device_ids=ids, **wrapper_cfg)
+
+
+COMPILE_HINT = "takes True, False or dict(mode=..., dynamic=..., backend=..., fullgraph=...)"
+
+
+def check_compile(spec: Any) -> dict | None:
+    """``compile=`` (MMEngine's key) as ``torch.compile``'s keyword arguments; None when off."""
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return {}
+    if not isinstance(spec, dict):
+        raise ConfigError("compile", f"got {spec!r:.60}; {COMPILE_HINT}")
+    check_arguments(torch.compile, spec, "compile", supplied=["model"])
+    return dict(spec)
+
+
+def compile_model(wrapped: nn.Module, spec: Any) -> nn.Module:
+    """What the loops call, compiled with ``torch.compile`` when ``compile=`` asks for it.
+
+    Only the callable the loops use (``runner.wrapped_model``) is compiled; ``runner.model``
+    stays the user's own module holding the same parameters. So checkpoints keep the keys an
+    uncompiled model has (a compiled run's checkpoint loads into an eager one and back), and EMA,
+    hooks and ``get_ori_model`` see the module they would see without compile. With DDP the
+    wrapper itself is compiled, as PyTorch recommends (graph breaks at gradient buckets).
+    """
+    args = check_compile(spec)
+    if args is None:
+        return wrapped
+    # torch.compile of a module is an OptimizedModule (a Module); typed as any callable's
+    return cast(nn.Module, torch.compile(wrapped, **args))
+
+
+def _compiled_inner(model: Any) -> Any:
+    """The module inside a ``torch.compile`` wrapper (``OptimizedModule``), else None."""
+    return model._orig_mod if type(model).__name__ == "OptimizedModule" else None
+
+
+def setup_model(
+    spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device, strategy: dict
+) -> tuple[nn.Module, nn.Module]:
+    """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
+    then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result.
+
+    Activation checkpointing is set up first, on the user's own modules (before DDP or
+    ``fully_shard`` sees them and before compile traces them): it replaces only their
+    ``forward``, so the keys of ``state_dict()`` and the class names FSDP matches stay."""
+    model = build_model(spec, device)
+    if strategy["type"] == "fsdp" and wrapper_cfg:
+        raise ConfigError(
+            "model_wrapper_cfg",
+            "holds DDP arguments, but strategy is FSDP: put FSDP options in strategy=dict(...)",
+        )
+    check_shard_modules(model, strategy)
+    apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
+    if strategy["type"] == "fsdp":
+        wrapped = shard_model(model, strategy, device) if dist.is_distributed() else model
+    else:
+        wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)
+    return model, compile_model(wrapped, compile_spec)
+
+
+def is_model_wrapper(model: Any) -> bool:
+    """Whether ``model`` wraps the user's model in ``.module`` (DDP, DataParallel, FSDP1, a
+    TTA wrapper): MMEngine's ``mmengine.model.is_model_wrapper``."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    wrappers: tuple[type, ...] = (DistributedDataParallel, DataParallel)
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        wrappers += (FullyShardedDataParallel,)
+    except ImportError:  # pragma: no cover - torch built without distributed
+        pass
+    return isinstance(model, wrappers) or bool(getattr(model, "is_model_wrapper", False))
+
+
+def wrapper_layers(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``, then each module it wraps (``torch.compile``'s, DDP, FSDP1, a TTA wrapper...),
+    ending with the user's model."""
+    while True:
+        yield model
+        inner = _compiled_inner(model)
+        if inner is None and is_model_wrapper(model):
+            inner = model.module
+        if inner is None:
+            return
+        model = inner
+
+
+def get_ori_model(model: nn.Module) -> nn.Module:
+    """The user's model inside any wrappers, compiled ones too (what downstream hooks call
+    ``get_ori_model``)."""
+    *_, innermost = wrapper_layers(model)
+    return innermost

@@ -1,0 +1,336 @@
+"""``strategy=``: how the model is spread over the ranks — DDP (every rank holds all of it, the
+default) or FSDP2 (``torch.distributed.fsdp.fully_shard``: each rank holds a shard of every
+parameter, gradient and optimizer state, and gathers a module's parameters only while it runs).
+
+    strategy = dict(type='fsdp',
+                    shard_modules=['Block'],            # module classes sharded one by one
+                    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'),
+                    reshard_after_forward=True,         # free gathered parameters after forward
+                    cpu_offload=False,                  # keep shards in host memory
+                    checkpoint='sharded',               # or 'full' (one file, gathered)
+                    activation_checkpointing=['Block'])  # recomputed in backward
+
+DDP takes one option here, ``strategy=dict(type='ddp', activation_checkpointing=[...])`` (its
+own arguments are ``model_wrapper_cfg``); activation checkpointing is
+:mod:`.activation_checkpointing`.
+
+Why per-module sharding matters: ``fully_shard`` gathers one unit's parameters at a time, so peak
+memory is one unit's full parameters plus every unit's shard. Without ``shard_modules`` only the
+root is a unit and the whole model is gathered for the forward (correct, but no memory saved).
+
+``checkpoint='sharded'`` has every rank write its own shards
+(:mod:`distributed_runner.checkpoint.sharded`); ``'full'`` gathers full, unsharded tensors to rank
+0 under the same keys as an unsharded model (``torch.distributed.checkpoint.state_dict``, a
+collective every rank joins) into one file. Both
+load into DDP, into one process, or into FSDP on another world size. With one process
+(no process group) there is nothing to shard and the model trains whole.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from distributed_runner.core.errors import ConfigError, did_you_mean
+from distributed_runner.model.activation_checkpointing import check_module_classes
+
+STRATEGIES = ("ddp", "fsdp")
+FSDP_DEFAULTS: dict[str, Any] = {
+    "shard_modules": [],
+    "mixed_precision": None,
+    "reshard_after_forward": True,
+    "cpu_offload": False,
+    "checkpoint": "sharded",
+    "activation_checkpointing": [],
+}
+DDP_OPTIONS = ("activation_checkpointing",)
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+def parse_strategy(spec: Any) -> dict:
+    """``None``/``'ddp'``/``'fsdp'``/``dict(type=..., ...)`` as a full dict; one-line errors."""
+    spec = _strategy_as_dict(spec)
+    kind = _strategy_kind(spec)
+    args = {k: v for k, v in spec.items() if k != "type"}
+    if kind == "ddp":
+        return _parse_ddp(args)
+    return _parse_fsdp(args)
+
+
+def _strategy_as_dict(spec: Any) -> dict:
+    """``None`` and a bare name as ``dict(type=...)``, so the rest reads one shape."""
+    if spec is None:
+        spec = "ddp"
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict):
+        raise ConfigError(
+            "strategy",
+            f"got {spec!r:.60}; takes 'ddp', 'fsdp' or dict(type='fsdp', shard_modules=[...], ...)",
+        )
+    return spec
+
+
+def _strategy_kind(spec: dict) -> str:
+    """``strategy.type`` lower-cased and checked against STRATEGIES (default 'ddp')."""
+    kind = str(spec.get("type", "ddp")).lower()
+    if kind not in STRATEGIES:
+        raise ConfigError(
+            "strategy.type",
+            f"unknown strategy {kind!r}{did_you_mean(kind, STRATEGIES)}; takes 'ddp' or 'fsdp'",
+        )
+    return kind
+
+
+def _parse_ddp(args: dict) -> dict:
+    """DDP's one option here; its own arguments live in model_wrapper_cfg, so others are errors."""
+    for key in args:
+        if key not in DDP_OPTIONS:
+            raise ConfigError(
+                f"strategy.{key}",
+                f"DDP has no option {key!r}"
+                f"{did_you_mean(key, DDP_OPTIONS)} here: it "
+                f"takes activation_checkpointing, and its "
+                f"own arguments from "
+                f"model_wrapper_cfg=dict(...)",
+            )
+    return {
+        "type": "ddp",
+        "activation_checkpointing": _class_names(
+            args.get("activation_checkpointing", []), "activation_checkpointing"
+        ),
+    }
+
+
+def _parse_fsdp(args: dict) -> dict:
+    """FSDP's options over FSDP_DEFAULTS, each checked: a typo must not fall back to a default."""
+    for key in args:
+        if key not in FSDP_DEFAULTS:
+            raise ConfigError(
+                f"strategy.{key}",
+                f"FSDP has no option {key!r}"
+                f"{did_you_mean(key, FSDP_DEFAULTS)}; it takes: "
+                f"{', '.join(FSDP_DEFAULTS)}",
+            )
+    out = dict(type="fsdp", **{**FSDP_DEFAULTS, **args})
+    for key in ("shard_modules", "activation_checkpointing"):
+        out[key] = _class_names(out[key], key)
+    if out["checkpoint"] not in ("full", "sharded"):
+        raise ConfigError(
+            "strategy.checkpoint",
+            f"got {out['checkpoint']!r:.40}; takes "
+            f"'sharded' (each rank writes its shards) or "
+            f"'full' (one file gathered on rank 0)",
+        )
+    for flag in ("reshard_after_forward", "cpu_offload"):
+        if not isinstance(out[flag], bool):
+            raise ConfigError(f"strategy.{flag}", f"got {out[flag]!r:.60}; takes True or False")
+    _check_mixed_precision(out["mixed_precision"])
+    return out
+
+
+def _check_mixed_precision(mixed: Any) -> None:
+    """``strategy.mixed_precision``: None or a dict of known keys to DTYPES names (or None)."""
+    if mixed is not None:
+        if not isinstance(mixed, dict):
+            raise ConfigError(
+                "strategy.mixed_precision",
+                "takes dict(param_dtype='bfloat16', reduce_dtype='float32') or None",
+            )
+        for key, value in mixed.items():
+            if key not in ("param_dtype", "reduce_dtype", "output_dtype"):
+                raise ConfigError(
+                    f"strategy.mixed_precision.{key}",
+                    "takes param_dtype, reduce_dtype, output_dtype",
+                )
+            if value is not None and value not in DTYPES:
+                raise ConfigError(
+                    f"strategy.mixed_precision.{key}",
+                    f"got {value!r:.40}; takes one of {', '.join(DTYPES)}",
+                )
+
+
+def _class_names(names: Any, key: str) -> list[str]:
+    """``strategy.<key>`` (a class name or a list of them) as a list; one-line error else."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            f"strategy.{key}",
+            f"got {names!r:.60}; takes a list of module class names, e.g. ['TransformerBlock']",
+        )
+    return list(names)
+
+
+def check_shard_modules(model: nn.Module, strategy: dict) -> None:
+    """Every ``shard_modules`` (and ``activation_checkpointing``) name is a class in the model
+    (checked with one process too: a misspelled name must not quietly leave the model unsharded,
+    or its activations all kept, on the cluster)."""
+    for key in ("shard_modules", "activation_checkpointing"):
+        check_module_classes(model, strategy.get(key, []), f"strategy.{key}")
+
+
+def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Module:
+    """``fully_shard`` each module of a ``shard_modules`` class (innermost first), then the root.
+
+    The model is sharded in place: the object stays the user's module (its class becomes an
+    ``FSDP<Name>`` subclass), so ``runner.model`` is still what hooks see.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": strategy["reshard_after_forward"],
+    }
+    if strategy["mixed_precision"]:
+        policy: dict[str, Any] = {
+            k: DTYPES[v] if v else None for k, v in strategy["mixed_precision"].items()
+        }
+        options["mp_policy"] = MixedPrecisionPolicy(**policy)
+    if strategy["cpu_offload"]:
+        options["offload_policy"] = CPUOffloadPolicy()
+    wanted = set(strategy["shard_modules"])
+    for module in reversed(list(model.modules())[1:]):  # children before their parents
+        if type(module).__name__ in wanted:
+            fully_shard(module, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def is_sharded(model: Any) -> bool:
+    """Whether ``model`` is an FSDP2 module (cheap: FSDP is only imported once used)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
+
+
+def _full_options(strict: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, strict=strict)
+
+
+def full_model_state(model: nn.Module) -> dict:
+    """The unsharded weights on rank 0 (other ranks get an empty dict); every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options())
+
+
+def load_full_model_state(model: nn.Module, state: dict, strict: bool = True) -> None:
+    """Shard full weights (read by every rank) into the model's shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(
+        model, state, options=StateDictOptions(full_state_dict=True, strict=strict)
+    )
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer state keyed by parameter name, unsharded, on rank 0."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+
+def load_full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
+) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(
+        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+    )
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded tensor (a DTensor); a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``local`` (this rank's part) as a tensor shaped and placed like ``param``."""
+    mesh, placements = getattr(param, "device_mesh", None), getattr(param, "placements", None)
+    if mesh is not None:  # a DTensor (FSDP2's parameter)
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(
+            local.to(param.device, param.dtype),
+            mesh,
+            placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
+    return local.to(param.device, param.dtype)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """All of a sharded tensor, gathered (a collective); a plain tensor itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``full`` (the same on every rank) cut into ``like``'s shards, with no communication."""
+    full = full.to(like.device, like.dtype)
+    mesh, placements = getattr(like, "device_mesh", None), getattr(like, "placements", None)
+    if mesh is not None:  # a DTensor (FSDP2's parameter)
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(full, mesh, placements, src_data_rank=None)
+    return full
+
+
+class LoadResult(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+class ShardedCopy:
+    """A frozen copy of a sharded model's parameters and buffers, for what averages weights
+    (EMA): FSDP modules cannot be deep-copied. Its tensors keep the model's shards, so averaging
+    is per shard; ``state_dict`` gathers full tensors under the model's own keys (a collective,
+    which checkpoints run on every rank) and ``load_state_dict`` cuts them back into shards.
+    It answers the calls an averaged model makes on its copy; it runs no forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self._buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self._params.items())
+
+    def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self._buffers.items())
+
+    def requires_grad_(self, requires_grad: bool = True) -> ShardedCopy:
+        return self  # detached copies: never part of a graph
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: full_tensor(t) for n, t in {**self._params, **self._buffers}.items()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict, strict: bool = True) -> LoadResult:
+        own = {**self._params, **self._buffers}
+        result = LoadResult([k for k in own if k not in state], [k for k in state if k not in own])
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(
+                f"missing keys {result.missing_keys[:3]}, unexpected keys "
+                f"{result.unexpected_keys[:3]}"
+            )
+        for name, tensor in own.items():
+            if name in state:
+                tensor.copy_(shard_like(state[name], tensor))
+        return result
