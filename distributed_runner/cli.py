@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from distributed_runner.core.errors import CheckpointWriteError, ConfigError
+from distributed_runner.core.log import redact_process_output
 from distributed_runner.core.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from distributed_runner.core.preemption import TrainingPreempted
 from distributed_runner.launch.ray_connect import announced_path
@@ -261,6 +262,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    redact_process_output()  # secrets in URLs and keys masked in every line drun prints
     args = build_parser().parse_args(argv)
     commands = {
         "train": cmd_train,

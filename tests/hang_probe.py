@@ -33,10 +33,10 @@ class HangOnceHook(Hook):
             hang_here_forever(marker)
 
 
-def wait_to_be_stopped(marker: Path) -> None:
-    """After a second (the controller has read this rank's heartbeat in phase 'step'), writes
-    ``<pid> <time>`` and waits (at most 60 s) for the test to SIGSTOP this process."""
-    time.sleep(1.0)
+def wait_to_be_stopped(marker: Path, settle: float = 1.0) -> None:
+    """After ``settle`` seconds (the controller has read this rank's heartbeat in its phase),
+    writes ``<pid> <time>`` and waits (at most 60 s) for the test to SIGSTOP this process."""
+    time.sleep(settle)
     marker.write_text(f"{os.getpid()} {time.time()}")
     end = time.monotonic() + 60
     while time.monotonic() < end:
@@ -59,7 +59,9 @@ class StopMeOnceHook(Hook):
 
 @HOOKS.register_module(force=True)
 class StopAtHook(Hook):
-    """Rank ``rank`` waits to be stopped (as :class:`StopMeOnceHook`, once per work_dir) at
+    """Rank ``rank`` waits to be stopped (as :class:`StopMeOnceHook`, once per work_dir and
+    ``tag``: its marker is ``work_dir/stop_me_<tag>``), ``settle`` seconds after it got there
+    (the controller has read its heartbeat: a read goes out at each health-check poll), at
     iteration ``at_iter`` in ``mount``: ``before_train_iter`` (mid-epoch), ``after_train_iter``
     (before CheckpointHook saves on a checkpoint iteration), ``before_val_iter`` (during a
     validation) or ``after_save_checkpoint`` (saved, before RayReportHook's ``ray.train.report``,
@@ -68,12 +70,14 @@ class StopAtHook(Hook):
     priority = "LOW"
     MOUNTS = ("before_train_iter", "after_train_iter", "before_val_iter", "after_save_checkpoint")
 
-    def __init__(self, at_iter: int = -1, rank: int = 1, mount: str = "before_train_iter") -> None:
+    def __init__(self, at_iter: int = -1, rank: int = 1, mount: str = "before_train_iter",
+                 tag: str = "", settle: float = 1.0) -> None:
         assert mount in self.MOUNTS, mount
-        self.at_iter, self.rank, self.mount = at_iter, rank, mount
+        self.at_iter, self.rank, self.mount, self.settle = at_iter, rank, mount, settle
+        self.marker = f"stop_me_{tag}" if tag else "stop_me"
 
     def _maybe_stop(self, runner, mount: str) -> None:
-        marker = Path(runner.work_dir) / "stop_me"
+        marker = Path(runner.work_dir) / self.marker
         if (mount == self.mount and runner.iter == self.at_iter and runner.rank == self.rank
                 and not marker.exists()):
             wait_to_be_stopped(marker)

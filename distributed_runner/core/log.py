@@ -33,6 +33,9 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+from distributed_runner.core.redact import redact_text
 
 LOGGER_NAME = "distributed_runner"
 
@@ -73,10 +76,16 @@ class _SecondsFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return self._time_text(record.created)
 
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, exception text included, with secrets masked (:func:`redact_text`): the
+        terminal and the run log are where lines leave the process, whoever wrote them — this
+        project, or a library whose exception a warning quotes."""
+        return redact_text(super().format(record))
+
     def info_line(self, message: str, created: float) -> str:
         """What :meth:`format` gives for an INFO record of ``message`` created at ``created``
         (plain text: no exception, no stack)."""
-        return f"{self._time_text(created)} INFO {self.rank_prefix}{message}"
+        return redact_text(f"{self._time_text(created)} INFO {self.rank_prefix}{message}")
 
 
 queued_line_sources: weakref.WeakSet = weakref.WeakSet()
@@ -313,3 +322,60 @@ def log_brief_and_full(logger: logging.Logger, brief: str, full: str) -> None:
     others = [h for h in logger.handlers if h not in files]
     if others:
         log_info_line(logger, brief, handlers=others, flush_now=True)
+
+
+# -- secrets never leave the process --------------------------------------------------------------
+class RedactingStream:
+    """A text stream that masks secrets (:func:`redact_text`) in what is written to it and
+    passes everything else (``isatty``, ``fileno``, ``flush``, ``buffer``) to the stream it
+    wraps: ``sys.stdout``/``sys.stderr`` of ``drun`` and of every Ray worker, so that a line a
+    library prints — an MLflow warning quoting its request URL, an uncaught exception — is
+    masked too."""
+
+    def __init__(self, stream: Any) -> None:
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        self.wrapped.write(redact_text(text) if isinstance(text, str) else text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+class RedactingFilter(logging.Filter):
+    """On a handler: the record's message and exception text masked before any formatter
+    sees them (a handler's own formatter, not the project's, writes the line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = redact_text(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+REDACTING_FILTER = RedactingFilter()
+
+
+def redact_process_output() -> None:
+    """Mask secrets wherever this process's lines leave it: ``sys.stdout`` and ``sys.stderr``
+    wrapped in :class:`RedactingStream`, and every logging handler that exists now (the root
+    logger's, a library's own) given :data:`REDACTING_FILTER`; handlers made later write
+    through the wrapped streams, and the project's own formatter masks its lines itself. Called
+    once per process, where it starts: ``drun``, a Ray worker, the validation process."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if REDACTING_FILTER not in handler.filters:
+                handler.addFilter(REDACTING_FILTER)

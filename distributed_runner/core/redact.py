@@ -51,6 +51,40 @@ def redact_url(text: str) -> str:
     )
 
 
+# free text: ``key=value``, ``key: value``, ``'key': 'value'``, ``"key": "value"`` (a dict's repr,
+# JSON, an environment listing, a command line) — the key is checked with is_secret_key, so
+# ``tokens_per_s: 1200`` stays; a bare ``key`` is left alone in prose ("unknown key: 'lr'")
+_PAIR = re.compile(
+    r"""(?P<key>[A-Za-z_][\w.-]*)(?P<sep>['"]?\s*[:=]\s*['"]?)(?P<value>[^\s'",;&)}\]]+)"""
+)
+_MAYBE_SECRET = re.compile(r"token|passw|secret|credential|_?key\b", re.IGNORECASE)
+
+
+def _masked_pair(match: re.Match) -> str:
+    key = match.group("key")
+    if key.lower() == "key" or not is_secret_key(key) or match.group("value") == REDACTED:
+        return match.group(0)
+    return f"{key}{match.group('sep')}{REDACTED}"
+
+
+# ``user:password@host`` without a scheme (a Ray address, a hint quoting one)
+_BARE_USERINFO = re.compile(r"(?<![\w/:@])([A-Za-z0-9._~+-]+:)([^\s/@:]+)(@[A-Za-z0-9][\w.-]*)")
+
+
+def redact_text(text: str) -> str:
+    """``text`` as it may leave the process — a log line, an exception's message, a report:
+    credentials in URLs (:func:`redact_url`) and the values of secret-looking keys written as
+    ``key=value`` or ``key: value`` (quoted or not) masked, and the password of a bare
+    ``user:password@host``, whoever wrote the text."""
+    if "://" in text:
+        text = redact_url(text)
+    if "@" in text:
+        text = _BARE_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    if not _MAYBE_SECRET.search(text):
+        return text
+    return _PAIR.sub(_masked_pair, text)
+
+
 def redact(obj: Any) -> Any:
     """A copy of ``obj`` (dicts, lists, tuples) with secret-looking keys' values replaced, and
     credentials in URL strings (:func:`redact_url`)."""

@@ -26,6 +26,7 @@ DeveloperAPI of Ray 2.60, the version the project pins.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distributed_runner.core.ray_private import WorkerGroupCallback
+from distributed_runner.core.redact import redact_text
 from distributed_runner.health.heartbeat import (
     IDLE,
     UNWATCHED,
@@ -70,14 +72,27 @@ class RankView:
     iter: int = 0
     since: float = 0.0  # controller clock: when the rank last made progress
     pending: Any = None  # the heartbeat read in flight
-    sent_at: float = 0.0
+    sent_at: float = 0.0  # when the last read was sent
+    unanswered_since: float | None = None  # the oldest read still without an answer, sent then
 
     def stale(self, now: float) -> float:
         return now - self.since
 
     def silent(self, now: float) -> float:
-        """Seconds its read in flight has gone unanswered."""
-        return now - self.sent_at if self.pending is not None else 0.0
+        """Seconds since the oldest read still without an answer was sent (0 when answered): a
+        read in flight, or one whose task failed, both count."""
+        return now - self.unanswered_since if self.unanswered_since is not None else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a rank is called hung: its seconds without progress (or without an answer), the
+    limit they passed and the config key that sets it."""
+
+    seconds: float
+    limit: float
+    key: str
+    mute: bool  # broken by silence in a slow phase (see HangWatch._verdict)
 
 
 def _waits_for_peers(stack: str) -> bool:
@@ -123,7 +138,7 @@ class HangWatch(WorkerGroupCallback):
         now = monotonic()
         for view in self.views:
             self._refresh(view, now)
-        if any(self._idle(v, now) > self._limit(v) for v in self.views):
+        if any(self._verdict(v, now) is not None for v in self.views):
             self._fail(now)
 
     # -- reading -------------------------------------------------------------------------------
@@ -140,6 +155,24 @@ class HangWatch(WorkerGroupCallback):
         """Its read has gone unanswered for two read intervals: the process cannot answer."""
         return view.silent(now) > 2 * self.read_every
 
+    def _verdict(self, view: RankView, now: float) -> Verdict | None:
+        """Whether ``view``'s rank is hung, and by which rule. Progress is bounded by its phase's
+        allowance (a slow phase is slow work). Silence is bounded by ``hang_timeout`` in every
+        phase: reads are answered on the worker actor's own thread, so a rank doing slow work —
+        writing a checkpoint, validating, waiting in ``ray.train.report``'s barrier — still
+        answers; one that answers none is stopped, swapped out or holds the GIL. (Before, a rank
+        stopped inside a slow phase was given that phase's allowance, 30 to 60 minutes.)"""
+        idle, limit = self._idle(view, now), self._limit(view)
+        if idle > limit:
+            key = allowance(view.phase, view.carry, self.settings)[1]
+            if view.phase in UNWATCHED:
+                key = "watchdog.hang_timeout"
+            return Verdict(idle, limit, key, mute=False)
+        hang = self.settings["hang_timeout"]
+        if view.silent(now) > hang:
+            return Verdict(view.silent(now), hang, "watchdog.hang_timeout", mute=True)
+        return None
+
     def _refresh(self, view: RankView, now: float) -> None:
         if view.pending is not None:
             ready, _ = ray.wait([view.pending], timeout=0)
@@ -148,17 +181,49 @@ class HangWatch(WorkerGroupCallback):
             ref, view.pending = view.pending, None
             try:
                 beat = ray.get(ref)
-            except Exception:  # noqa: BLE001 - a dead worker: Ray's own poll reports it
-                return
-            view.phase, view.carry, view.iter = beat["phase"], beat["carry"], beat["iter"]
-            view.since = now - beat["age"]
+            except Exception:  # noqa: BLE001 - the read task died: unanswered, silence counts
+                beat = None
+            if beat is not None:
+                view.phase, view.carry, view.iter = beat["phase"], beat["carry"], beat["iter"]
+                view.since = now - beat["age"]
+                view.unanswered_since = None
         if now - view.sent_at >= self.read_every:
-            view.pending, view.sent_at = view.worker.execute_async(read_heartbeat), now
+            view.sent_at = now
+            if view.unanswered_since is None:
+                view.unanswered_since = now
+            try:
+                view.pending = view.worker.execute_async(read_heartbeat)
+            except Exception:  # noqa: BLE001 - not sent: the rank stays unanswered
+                view.pending = None
 
     # -- acting --------------------------------------------------------------------------------
     def _fail(self, now: float) -> None:
-        """Stacks, the culprit, the block and the file; kill the culprit; raise."""
-        suspects = [v for v in self.views if self._idle(v, now) > 0.5 * self._limit(v)]
+        """Report the hang (:meth:`_report`), kill the culprit (and any rank that stopped
+        answering) and raise. If the report itself fails — a stack read, the file, a bug — one
+        line says so and the most overdue rank is killed all the same: a hang the watch has seen
+        always ends in a restart, never in silence."""
+        try:
+            block, culprit, suspects = self._report(now)
+        except Exception as e:  # noqa: BLE001 - whatever broke the report, the restart goes on
+            culprit = self._most_overdue(now)
+            suspects = [culprit]
+            block = (
+                f"drun hang watch: rank {culprit.rank} hung (phase '{culprit.phase}', iteration "
+                f"{culprit.iter}) and the report of it failed ({type(e).__name__}: {e}); its "
+                "worker is killed and the group restarts within launcher.max_failures"
+            )
+            print(block, file=sys.stderr)
+            sys.stderr.flush()
+        for view in suspects:  # a stopped rank would hold up Ray's process-group shutdown 30 s
+            if view is culprit or self._silent(view, now):
+                with contextlib.suppress(Exception):  # already gone: nothing to kill
+                    ray.kill(view.worker.actor)
+        raise RankHangError(block, worker_failures={})
+
+    def _report(self, now: float) -> tuple[str, RankView, list[RankView]]:
+        """Stacks, the culprit, the block on the driver's terminal and the file under
+        ``work_dir/hangs``; returns the block, the culprit and the suspects."""
+        suspects = [v for v in self.views if self._suspect(v, now)]
         stacks = self._stacks(suspects, now)
         culprit = self._culprit(suspects, stacks, now)
         suspects.sort(key=lambda v: v is not culprit)
@@ -171,15 +236,25 @@ class HangWatch(WorkerGroupCallback):
         )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{block}\n\n{body}\n")
+            path.write_text(redact_text(f"{block}\n\n{body}\n"))
         except OSError as e:  # the controller may run where work_dir is not writable
             block += f"\n  (could not write {path}: {e})"
-        print(f"{block}\nrank {culprit.rank}'s threads:\n{stacks[culprit.rank]}", file=sys.stderr)
+        text = f"{block}\nrank {culprit.rank}'s threads:\n{stacks[culprit.rank]}"
+        print(redact_text(text), file=sys.stderr)
         sys.stderr.flush()
-        for view in suspects:  # a stopped rank would hold up Ray's process-group shutdown 30 s
-            if view is culprit or self._silent(view, now):
-                ray.kill(view.worker.actor)
-        raise RankHangError(block, worker_failures={})
+        return block, culprit, suspects
+
+    def _suspect(self, view: RankView, now: float) -> bool:
+        """Half way to a verdict: its stacks go into the report."""
+        hang = self.settings["hang_timeout"]
+        return self._idle(view, now) > 0.5 * self._limit(view) or view.silent(now) > 0.5 * hang
+
+    def _most_overdue(self, now: float) -> RankView:
+        """The rank with a verdict that has been silent longest, else idle longest."""
+        return max(
+            self.views,
+            key=lambda v: (self._verdict(v, now) is not None, v.silent(now), self._idle(v, now)),
+        )
 
     def _stacks(self, suspects: list[RankView], now: float) -> dict[int, str]:
         """Every suspect's threads, gathered in parallel: a rank that answers dumps itself, one
@@ -233,18 +308,29 @@ class HangWatch(WorkerGroupCallback):
         path: Path,
         now: float,
     ) -> str:
-        silent = self._silent(culprit, now)
-        how = (
-            f"it has not answered a heartbeat read for {culprit.silent(now):.1f} s: the "
-            "process is stopped, swapped out or holds the GIL"
-            if silent
-            else "it answers heartbeat reads, so a thread of it is stuck (its stack is below)"
+        verdict = self._verdict(culprit, now) or Verdict(
+            self._idle(culprit, now),
+            self._limit(culprit),
+            allowance(culprit.phase, culprit.carry, self.settings)[1],
+            mute=False,
         )
+        if verdict.mute:
+            how = (
+                "the process is stopped, swapped out or holds the GIL (a slow phase allows slow "
+                "work, which still answers, not silence)"
+            )
+        elif self._silent(culprit, now):
+            how = (
+                f"it has not answered a heartbeat read for {culprit.silent(now):.1f} s: the "
+                "process is stopped, swapped out or holds the GIL"
+            )
+        else:
+            how = "it answers heartbeat reads, so a thread of it is stuck (its stack is below)"
+        what = "no answer to a heartbeat read" if verdict.mute else "no progress"
         lines = [
-            f"drun hang watch: rank {culprit.rank} hung: no progress for "
-            f"{self._idle(culprit, now):.1f} s (limit {self._limit(culprit):g} s, "
-            f"{allowance(culprit.phase, culprit.carry, self.settings)[1]}) in phase "
-            f"'{culprit.phase}' at iteration {culprit.iter}; {how}"
+            f"drun hang watch: rank {culprit.rank} hung: {what} for {verdict.seconds:.1f} s "
+            f"(limit {verdict.limit:g} s, {verdict.key}) in phase '{culprit.phase}' at "
+            f"iteration {culprit.iter}; {how}"
         ]
         for view in suspects:
             if view is not culprit:

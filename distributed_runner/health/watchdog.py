@@ -38,6 +38,7 @@ from typing import Any
 
 from distributed_runner.core.config import runs_in_process
 from distributed_runner.core.errors import ConfigError, check_known_keys, did_you_mean
+from distributed_runner.core.redact import redact_text
 from distributed_runner.health.heartbeat import (
     DONE,
     HEARTBEAT,
@@ -246,7 +247,9 @@ class Watchdog(threading.Thread):
             f.write(block + "\n\n")
             f.flush()
             faulthandler.dump_traceback(f, all_threads=True)
-        stacks = path.read_text().split("\n\n", 1)[-1]
+        report = redact_text(path.read_text())  # faulthandler wrote the stacks: masked after
+        path.write_text(report)
+        stacks = report.split("\n\n", 1)[-1]
         with contextlib.suppress(OSError):
             os.write(sys.stderr.fileno(), f"{block}\n{stacks}".encode())
         # the hung thread may hold the logging lock: log from a thread of its own, briefly

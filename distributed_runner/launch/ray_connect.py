@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.redact import redact_text
 
 WORK_ROOT_ENV = "DRUN_WORK_ROOT"
 FORWARDED_PREFIXES = ("MLFLOW_", "WANDB_")
@@ -119,7 +120,8 @@ def probe_address(address: str, timeout: float = 3.0) -> None:
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(
-            "launcher.address", f"{address!r} is not HOST:PORT, ray://HOST:PORT or 'auto'"
+            "launcher.address",
+            redact_text(f"{address!r} is not HOST:PORT, ray://HOST:PORT or 'auto'"),
         )
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
@@ -128,9 +130,10 @@ def probe_address(address: str, timeout: float = 3.0) -> None:
         reason = e.strerror or type(e).__name__
         raise ConfigError(
             "launcher.address",
-            f"nothing answers at {address} ({reason}): is "
-            f"the head running (ray status --address "
-            f"{hostport})? check host and port",
+            redact_text(
+                f"nothing answers at {address} ({reason}): is the head running (ray status "
+                f"--address {hostport})? check host and port"
+            ),
         ) from None
     if "://" not in address:  # a GCS address: is this shell's token the cluster's?
         check_authentication(hostport)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from distributed_runner.checkpoint.resume_choice import choose_restart, file_of_reported
 from distributed_runner.core.config import Config, to_config_dict
+from distributed_runner.core.log import redact_process_output
 from distributed_runner.engine.hook_builder import with_launcher_hooks
 from distributed_runner.health.heartbeat import HEARTBEAT
 from distributed_runner.health.watchdog import parse_watchdog
@@ -53,6 +54,7 @@ def train_worker(config: dict) -> None:
 
     from distributed_runner.engine.runner import Runner
 
+    redact_process_output()  # what this worker prints reaches the driver's terminal
     if config.get("env") is not None:  # the driver's MLFLOW_* (ray_connect.forwarded_env)
         os.environ.update(ray.get(config["env"]))
     cfg = Config(to_config_dict(config["cfg"])).with_source(config.get("source"))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from distributed_runner.checkpoint.resume_choice import file_of_reported
+from distributed_runner.core.log import redact_process_output
 from distributed_runner.validation.async_validation import KEYS, parse_val_mode
 
 TRAINING_KEYS = (
@@ -114,6 +115,7 @@ def serve(cfg: dict, jobs: Any) -> None:
 def ray_validate(checkpoint: Any, *, cfg: dict, **position: Any) -> dict:
     """Ray Train's validation function: the reported checkpoint's metrics, keyed
     ``async_val/<name>`` (Ray merges them into the checkpoint's own metrics)."""
+    redact_process_output()
     with checkpoint.as_directory() as folder:
         result = validate_checkpoint(cfg, file_of_reported(folder, checkpoint.path))
     out = {f"async_val/{k}": v for k, v in result["metrics"].items()}
@@ -141,4 +143,5 @@ def trainer_kwargs(plain: dict) -> dict:
 
 
 if __name__ == "__main__":
+    redact_process_output()
     serve(pickle.loads(Path(sys.argv[1]).read_bytes()), sys.stdin)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from distributed_runner.core.redact import redact_text
 from distributed_runner.core.registry import LOG_SINKS
 from distributed_runner.tracking.sinks.base import LogRecord, LogSink
 
@@ -41,7 +42,7 @@ def json_line(record: LogRecord) -> str:
                 *scalars.values(),
             )
     line = {"mode": record.mode, "step": record.step, "epoch": record.epoch, **scalars}
-    return json.dumps(line) + "\n"
+    return redact_text(json.dumps(line)) + "\n"  # a value that is not a number may be text
 
 
 @LOG_SINKS.register_module()

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
-from distributed_runner.core.redact import redact_url
+from distributed_runner.core.redact import redact_text, redact_url
 
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
 BATCH = 1000
@@ -68,13 +68,14 @@ class _Sender:
             if experiment
             else self.client.create_experiment(info["experiment"])
         )
-        run = self.client.create_run(experiment_id, run_name=info["run_name"], tags=info["tags"])
+        tags = {k: redact_text(str(v)) for k, v in (info["tags"] or {}).items()}
+        run = self.client.create_run(experiment_id, run_name=info["run_name"], tags=tags)
         self.run_id, self.experiment_id = run.info.run_id, experiment_id
         if info["params"] is not None:
             from mlflow.entities import Param
 
             params = [
-                Param(_KEY_CHARS.sub("_", k)[:250], str(v)[:6000])
+                Param(_KEY_CHARS.sub("_", k)[:250], redact_text(str(v))[:6000])
                 for k, v in info["params"].items()
             ]
             for i in range(0, len(params), 100):
