@@ -45,9 +45,20 @@ def reference(ray_cluster, tmp_path_factory):
     return wd
 
 
-def stop_when_asked(work_dir, out, done):
-    """The test's side of the stop hooks: SIGSTOP each pid a worker publishes in a
-    ``stop_me*`` marker, once, and note when (``out[marker name] = time``), until ``done``."""
+def stop_when_asked(work_dir, out):
+    """The test's side of StopMeOnceHook: SIGSTOP the pid the worker publishes in
+    ``work_dir/stop_me`` (once) and note when (``out["stopped_at"]``); the multi-node driver's."""
+    marker = work_dir / "stop_me"
+    while not marker.exists():
+        time.sleep(0.02)
+    time.sleep(0.05)  # the whole line is written
+    os.kill(int(marker.read_text().split()[0]), signal.SIGSTOP)
+    out["stopped_at"] = time.time()
+
+
+def stop_each_when_asked(work_dir, out, done):
+    """The test's side of StopAtHook: SIGSTOP each pid a worker publishes in a ``stop_me*``
+    marker, once, and note when (``out[marker name] = time``), until ``done``."""
     while not done.is_set():
         for marker in work_dir.glob("stop_me*"):
             if marker.name in out:
@@ -95,7 +106,7 @@ def test_every_stop_and_hang_is_named_in_time_and_the_run_resumes_exactly(
     poll = float(INTERVALS[interval])
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", INTERVALS[interval])  # to the controller
     out, done = {}, threading.Event()
-    threading.Thread(target=stop_when_asked, args=(tmp_path, out, done), daemon=True).start()
+    threading.Thread(target=stop_each_when_asked, args=(tmp_path, out, done), daemon=True).start()
     built = tmp_path / "built_once"
     hooks = [*stop_hooks(poll), dict(type="HangOnceHook", at_iter=12, rank=1)]
     if interval == "fast":
