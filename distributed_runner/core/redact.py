@@ -57,7 +57,28 @@ def redact_url(text: str) -> str:
 _PAIR = re.compile(
     r"""(?P<key>[A-Za-z_][\w.-]*)(?P<sep>['"]?\s*[:=]\s*['"]?)(?P<value>[^\s'",;&)}\]]+)"""
 )
-_MAYBE_SECRET = re.compile(r"token|passw|secret|credential|_?key\b", re.IGNORECASE)
+_SECRET_WORDS = ("token", "passw", "secret", "credential", "key")  # what _SECRET looks for
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def _may_hold_secret_pair(text: str) -> bool:
+    """Whether a word of ``text`` is a secret-looking key (:func:`is_secret_key`), found with
+    ``str.find`` rather than a regular expression: this runs on every line the process writes,
+    training lines among them (``tokens_per_s: 11000`` is found and let go in a few µs; the
+    regular expressions cost 10-20 µs a line)."""
+    low = text.lower()
+    for word in _SECRET_WORDS:
+        start = low.find(word)
+        while start != -1:
+            begin, end = start, start + len(word)
+            while begin and low[begin - 1] in _KEY_CHARS:
+                begin -= 1
+            while end < len(low) and low[end] in _KEY_CHARS:
+                end += 1
+            if low[begin:end] != "key" and is_secret_key(text[begin:end]):
+                return True
+            start = low.find(word, end)
+    return False
 
 
 def _masked_pair(match: re.Match) -> str:
@@ -80,7 +101,7 @@ def redact_text(text: str) -> str:
         text = redact_url(text)
     if "@" in text:
         text = _BARE_USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
-    if not _MAYBE_SECRET.search(text):
+    if not _may_hold_secret_pair(text):
         return text
     return _PAIR.sub(_masked_pair, text)
 
