@@ -13,23 +13,26 @@
 
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
 (``--debug`` shows its traceback); a checkpoint that cannot be written (a full disk) is one line
-and status 1; anything else is a bug and keeps its traceback. A run stopped by
-SIGTERM after writing its checkpoint exits with 143 (see :mod:`distributed_runner.core.preemption`).
+and status 1, and so is training data that stays unreadable; anything else is a bug and keeps
+its traceback. A run stopped by SIGTERM after writing its checkpoint exits with 143; Ctrl-C while
+training stops at the end of the iteration with a checkpoint and one line saying how to continue,
+and exits with 130 (see :mod:`distributed_runner.core.preemption`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from distributed_runner.core.errors import CheckpointWriteError, ConfigError
+from distributed_runner.core.errors import CheckpointWriteError, ConfigError, DataReadError
 from distributed_runner.core.log import redact_process_output
 from distributed_runner.core.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
-from distributed_runner.core.preemption import TrainingPreempted
+from distributed_runner.core.preemption import INTERRUPT_EXIT_CODE, TrainingPreempted
 from distributed_runner.launch.ray_connect import announced_path
 
 
@@ -279,13 +282,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"drun: error: {e}", file=sys.stderr)
         return 2
     except TrainingPreempted as e:
+        if e.interrupted:
+            print(f"drun: {paused_line(e, argv)}", file=sys.stderr)
+            return INTERRUPT_EXIT_CODE
         print(f"drun: {e}", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
-    except CheckpointWriteError as e:  # e.g. a full disk: what happened, what is intact
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (setup, a test, a plot)
+        print("\ndrun: interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPT_EXIT_CODE
+    except (CheckpointWriteError, DataReadError) as e:  # a full disk, lost data: what is intact
         if args.debug:
             raise
         print(f"drun: error: {e}", file=sys.stderr)
         return 1
+
+
+def paused_line(stopped: TrainingPreempted, argv: Sequence[str] | None) -> str:
+    """Where a run stopped by Ctrl-C stands, and the command that continues it: the one that
+    ran, with ``--resume`` (the newest verified checkpoint) in place of any ``--resume``."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if word == "--resume":
+            following = words[i + 1] if i + 1 < len(words) else ""
+            skip = bool(following) and not following.startswith("-")  # --resume PATH
+            continue
+        if not word.startswith("--resume="):
+            kept.append(word)
+    again = shlex.join(["drun", *kept, "--resume"])
+    return (
+        f"stopped by Ctrl-C after iteration {stopped.iteration}; checkpoint "
+        f"{stopped.checkpoint}. Continue with: {again}"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,7 @@ BUILTIN_HOOKS: dict[str, str] = {
     "PrepareTTAHook": "prepare_tta_hook",
     "ProfilerHook": "profiler_hook",
     "RayReportHook": "ray_report_hook",
+    "RayPauseHook": "ray_pause_hook",
     "RayTrialHook": "ray_trial_hook",
     "RuntimeInfoHook": "runtime_info_hook",
     "StragglerHook": "straggler_hook",

@@ -20,6 +20,9 @@ rank 1's, ...]}``; a test checks this text against the table)::
     sinks              the log sinks' state (the MLflow run id) [always]
     sampler            per rank: epoch and batches consumed in it; restoring it resumes training
                        at meta's position [always]
+    train_data         per rank: where a streamed training set stands: the data and order
+                       settings it was built on and, packed, every stream's cursor; any world
+                       size restores it [with StreamingLoader]
     rank_buffers       per rank: the model's buffers (BN statistics differ between syncs) [with
                        several ranks]
     accumulated_grads  per rank: gradients of an unfinished accumulation window [saved inside

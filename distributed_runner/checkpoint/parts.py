@@ -177,6 +177,20 @@ def _restore_position(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     s.train_loop.resume_from(position)
 
 
+def _collect_train_data(s: CheckpointSubject, o: SaveOptions) -> Any:
+    loader = getattr(s.train_loop, "dataloader", None)
+    # not state_dict(): torchdata's StatefulDataLoader has one, for one rank, with another meaning
+    collect = getattr(loader, "train_data_state", None)
+    return collect() if callable(collect) else ABSENT
+
+
+def _restore_train_data(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
+    loader = getattr(s.train_loop, "dataloader", None)
+    states = _ranks(ckpt, "train_data")
+    if states and callable(getattr(loader, "restore_train_data", None)):
+        loader.restore_train_data(states)  # type: ignore[union-attr]
+
+
 def _restore_buffers(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     buffers = _ranks(ckpt, "rank_buffers")
     if c.same_world and buffers:
@@ -290,6 +304,15 @@ PARTS: tuple[Part, ...] = (
         "always",
         _collect_sampler,
         _restore_position,
+        per_rank=True,
+    ),
+    Part(
+        "train_data",
+        "where a streamed training set stands: the data and order settings it was built on "
+        "and, packed, every stream's cursor; any world size restores it",
+        "with StreamingLoader",
+        _collect_train_data,
+        _restore_train_data,
         per_rank=True,
     ),
     Part(

@@ -97,6 +97,13 @@ def check_known_keys(block: Iterable[str], known: Iterable[str], section: str) -
             )
 
 
+class DataReadError(RuntimeError):
+    """Training data that stayed unreadable after retries (storage lost a file, a network
+    outage): one line naming it; the run's checkpoints are intact (``drun`` exits 1, as for
+    :class:`CheckpointWriteError`; on Ray the group restarts from the last one when
+    ``max_failures`` allows)."""
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (the disk is full, ...); the ones written before it are
     intact. Not a config mistake (``drun`` exits 1), and never something to ignore: a hook's

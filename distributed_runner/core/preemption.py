@@ -13,6 +13,12 @@ seconds after the signal (a stuck collective, a very long step), it exits with 1
 keep ``grace_period`` below the orchestrator's own grace (Kubernetes: 30 s by default;
 ``terminationGracePeriodSeconds``). A second signal exits at once.
 
+**Ctrl-C is a pause** (SIGINT, always handled while training runs on the main thread, whatever
+``preemption`` says): the first one asks for the same stop — the current iteration ends, a
+checkpoint is written unless this very state was just saved, sinks close (MLflow ``KILLED``) —
+and ``drun train`` prints one line with the iteration reached and the command that continues,
+exiting 130 (128 + SIGINT); a second Ctrl-C exits at once with 130.
+
 Off the main thread (Ray Train runs the training function in a worker thread) Python cannot
 install signal handlers; there Ray's own fault tolerance restarts from the last reported
 checkpoint.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -30,17 +37,27 @@ from typing import Any
 from distributed_runner.core.errors import ConfigError
 
 EXIT_CODE = 128 + signal.SIGTERM
+INTERRUPT_EXIT_CODE = 128 + signal.SIGINT
+INTERRUPT = "SIGINT"  # the request reason of a Ctrl-C
 
 
 class TrainingPreempted(Exception):
     """Training stopped on a signal after writing a checkpoint; resume to continue."""
 
-    def __init__(self, reasons: tuple[str, ...], checkpoint: Any = None) -> None:
-        self.reasons, self.checkpoint = reasons, checkpoint
+    def __init__(
+        self, reasons: tuple[str, ...], checkpoint: Any = None, iteration: int | None = None
+    ) -> None:
+        self.reasons, self.checkpoint, self.iteration = reasons, checkpoint, iteration
         super().__init__(
             f"preempted ({'; '.join(reasons)}); checkpoint {checkpoint}: run again "
             f"with resume=True (--resume) to continue"
         )
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by Ctrl-C (a pause the user asked for, not an eviction)."""
+        # ranks agreeing on a request name it with its rank: 'SIGINT (rank 0)'
+        return any(reason.split(" ")[0] == INTERRUPT for reason in self.reasons)
 
 
 def parse_preemption(cfg: Any) -> dict | None:
@@ -80,8 +97,12 @@ def parse_preemption(cfg: Any) -> dict | None:
 @contextlib.contextmanager
 def preemption_signals(settings: dict | None, requests: Any, logger: Any) -> Iterator[None]:
     """Install the handlers for the duration of training (main thread only)."""
-    if settings is None or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
+        return
+    if settings is None:  # preemption=False: Ctrl-C is still a pause
+        with _interrupt_only(requests, logger):
+            yield
         return
     watchdog: list[threading.Timer] = []
 
@@ -101,7 +122,7 @@ def preemption_signals(settings: dict | None, requests: Any, logger: Any) -> Ite
         timer.start()
         watchdog.append(timer)
 
-    previous = {}
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, _interrupt_handler(requests, logger))}
     for name in settings["signals"]:
         sig = getattr(signal, name)
         previous[sig] = signal.signal(sig, handler)
@@ -112,6 +133,33 @@ def preemption_signals(settings: dict | None, requests: Any, logger: Any) -> Ite
             signal.signal(sig, old)
         for timer in watchdog:
             timer.cancel()
+
+
+def _interrupt_handler(requests: Any, logger: Any) -> Any:
+    """Ctrl-C: the first asks for a stop at the end of this iteration, the second exits."""
+    pressed: list[bool] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if pressed:
+            print("\ndrun: Ctrl-C again: exiting now, without a checkpoint", file=sys.stderr)
+            os._exit(INTERRUPT_EXIT_CODE)
+        pressed.append(True)
+        logger.warning(
+            "Ctrl-C: finishing this iteration, then checkpoint and stop (Ctrl-C again to quit "
+            "at once)"
+        )
+        requests.request("preempt", INTERRUPT)
+
+    return handler
+
+
+@contextlib.contextmanager
+def _interrupt_only(requests: Any, logger: Any) -> Iterator[None]:
+    old = signal.signal(signal.SIGINT, _interrupt_handler(requests, logger))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _give_up(logger: Any, name: str) -> None:

@@ -8,6 +8,9 @@
   node on this machine, so ``address='auto'`` can refuse to guess between two.
 - :func:`connect_gcs` (``ray._raylet.GcsClient``): one connection attempt that fails at once on
   a token-auth cluster, instead of ``ray.init``'s twenty seconds of retries and a traceback.
+- :func:`keep_driver_sigint` (``DataParallelTrainer._register_sigint_handler``): Train V2's
+  ``fit()`` replaces the driver's SIGINT handler with one that aborts the run (and never puts
+  the old one back); ``drun`` makes Ctrl-C a pause instead (:mod:`~..launch.run_control`).
 
 Nothing else in the package imports a private Ray module (``tests/unit/test_layout.py``).
 Importing this module imports Ray Train; only Ray-side code imports it.
@@ -17,7 +20,21 @@ from __future__ import annotations
 
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
-__all__ = ["WorkerGroupCallback", "connect_gcs", "gcs_addresses_on_this_machine"]
+__all__ = [
+    "WorkerGroupCallback",
+    "connect_gcs",
+    "gcs_addresses_on_this_machine",
+    "keep_driver_sigint",
+]
+
+
+def keep_driver_sigint(trainer: object) -> bool:
+    """Stop ``trainer.fit()`` from installing Ray's SIGINT handler (abort the run), so the one
+    in place stays; False when this Ray has no such step (then Ctrl-C aborts, as Ray does)."""
+    if not callable(getattr(trainer, "_register_sigint_handler", None)):
+        return False
+    trainer._register_sigint_handler = lambda controller: None  # type: ignore[attr-defined]
+    return True
 
 
 def gcs_addresses_on_this_machine() -> list[str]:

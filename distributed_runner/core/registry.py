@@ -354,7 +354,7 @@ MODELS = Registry(
         "distributed_runner.model.classifier",
     ],
 )
-DATASETS = Registry("dataset", "DATASETS")
+DATASETS = Registry("dataset", "DATASETS", builtins=["distributed_runner.data.streaming.shards"])
 TRANSFORMS = Registry("transform", "TRANSFORMS", builtins=["distributed_runner.model.tta"])
 COLLATE_FUNCTIONS = Registry(
     "collate_fn", "COLLATE_FUNCTIONS", builtins=["distributed_runner.data.loaders"]

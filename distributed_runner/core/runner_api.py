@@ -151,6 +151,9 @@ class RunnerAPI(Protocol):
     def request_val(self, reason: str) -> None:
         """Validate after the current iteration, on every rank."""
 
+    def request_pause(self, reason: str) -> None:
+        """Checkpoint after the current iteration and end the run unfinished, on every rank."""
+
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(
         self,

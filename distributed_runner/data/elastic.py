@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches
 from distributed_runner.data.loaders import DefaultSampler, epoch_order
 
 
@@ -77,6 +77,20 @@ def check_global_batch(batch_size: int, accumulation: int, sizes: tuple[int, int
     return global_batch
 
 
+def _check_streams(num_streams: Any, sizes: tuple[int, int]) -> None:
+    """Every size of the group must divide a StreamingLoader's streams (each rank reads whole
+    streams)."""
+    if not isinstance(num_streams, int):
+        return
+    uneven = [w for w in range(sizes[0], sizes[1] + 1) if num_streams % w]
+    if uneven:
+        raise ConfigError(
+            "train_dataloader.num_streams",
+            f"{num_streams} streams cannot be split over {uneven[0]} workers: make it a "
+            f"multiple of {math.lcm(*range(sizes[0], sizes[1] + 1))} or narrow the range",
+        )
+
+
 def check_elastic_config(cfg: dict) -> None:
     """The driver's check of an elastic config, before any worker starts."""
     sizes = elastic_range(cfg.get("launcher"))
@@ -86,9 +100,14 @@ def check_elastic_config(cfg: dict) -> None:
     if loader.get("type") == "RayDataLoader":
         raise ConfigError(
             "train_dataloader.type",
-            "elastic workers (num_workers=(min, max)) need a map-style dataset with DefaultSampler",
+            "elastic workers (num_workers=(min, max)) need DefaultSampler over a map-style "
+            "dataset, or type='StreamingLoader'",
         )
-    sampler = loader.get("sampler") or {}
+    if loader.get("type") == "StreamingLoader":
+        _check_streams(loader.get("num_streams", 64), sizes)
+        sampler: Any = {}
+    else:
+        sampler = loader.get("sampler") or {}
     if isinstance(sampler, dict) and sampler.get("type", "DefaultSampler") != "DefaultSampler":
         raise ConfigError(
             "train_dataloader.sampler",
@@ -97,33 +116,6 @@ def check_elastic_config(cfg: dict) -> None:
     if isinstance(loader.get("batch_size"), int):
         check_global_batch(
             loader["batch_size"], _accumulation(cfg.get("optim_wrapper") or {}), sizes
-        )
-
-
-@dataclass(frozen=True)
-class GlobalBatchPlan:
-    """How one rank takes its share of each global batch at this world size."""
-
-    global_batch: int
-    world_size: int
-    rank: int
-    micro_batch: int  # samples per forward pass
-    micro_batches: int  # forward passes per rank per step
-
-    @classmethod
-    def build(
-        cls, global_batch: int, batch_size: int, world_size: int, rank: int
-    ) -> GlobalBatchPlan:
-        share = global_batch // world_size
-        count = -(-share // batch_size)  # the fewest passes of at most batch_size samples...
-        while share % count:  # ...that split the share evenly
-            count += 1
-        return cls(global_batch, world_size, rank, share // count, count)
-
-    def describe(self) -> str:
-        return (
-            f"global batch {self.global_batch} = {self.world_size} workers x "
-            f"{self.micro_batches} micro-batches x {self.micro_batch} samples"
         )
 
 
@@ -176,10 +168,6 @@ class GlobalBatchSampler:
 
     def resume_at(self, steps_consumed: int) -> None:
         self._start = int(steps_consumed)
-
-
-class MicroBatches(list):
-    """One rank's share of one global batch: engine/step.py's ElasticStep trains it as one step."""
 
 
 class GlobalBatchLoader:
@@ -271,4 +259,7 @@ def elastic_training(
             )
         optim_wrapper = {**optim_wrapper, "accumulative_counts": 1}
     plan = GlobalBatchPlan.build(global_batch, batch_size, world_size, rank)
+    use_global_batches = getattr(loader, "use_global_batches", None)  # StreamingLoader
+    if use_global_batches is not None:
+        return use_global_batches(plan), optim_wrapper, plan
     return regroup(loader, plan), optim_wrapper, plan

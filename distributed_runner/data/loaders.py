@@ -27,11 +27,17 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
-from distributed_runner.core.registry import COLLATE_FUNCTIONS, DATA_SAMPLERS, DATASETS
+from distributed_runner.core.registry import (
+    COLLATE_FUNCTIONS,
+    DATA_SAMPLERS,
+    DATASETS,
+    TRANSFORMS,
+)
 from distributed_runner.core.signatures import accepts, check_arguments
 
 if TYPE_CHECKING:
     from distributed_runner.data.ray_data import RayDataLoader
+    from distributed_runner.data.streaming import StreamingLoader
 
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
@@ -155,7 +161,29 @@ def _build_sampler(spec: Any, dataset: Dataset, seed: int, key: str) -> Any:
     return cls(**{data_arg: dataset}, **args)
 
 
-def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader | RayDataLoader:
+def _build_streaming(args: dict, key: str, seed: int) -> StreamingLoader:
+    from distributed_runner.core.errors import ArgumentError
+    from distributed_runner.data.streaming import StreamingLoader
+
+    check_arguments(StreamingLoader, args, key)
+    if "dataset" not in args:
+        raise ConfigError(f"{key}.dataset", "missing: add dataset=dict(type='ParquetShards', ...)")
+    args["dataset"] = DATASETS.build(args["dataset"], f"{key}.dataset")
+    args["pipeline"] = [
+        TRANSFORMS.build(t, f"{key}.pipeline[{i}]")
+        for i, t in enumerate(args.get("pipeline") or [])
+    ]
+    if args.get("seed") is None:
+        args["seed"] = seed
+    try:
+        return StreamingLoader(**args)
+    except ArgumentError as e:
+        raise e.under(key) from e
+
+
+def build_dataloader(
+    spec: Any, key: str, seed: int
+) -> DataLoader | RayDataLoader | StreamingLoader:
     """A ``DataLoader`` from a config dict (or the user's own ``DataLoader``, unchanged).
 
     Keys: ``dataset`` (config or object), ``batch_size``, ``sampler`` (default
@@ -173,6 +201,9 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader | RayDataLoad
         args.pop("type")
         check_arguments(RayDataLoader, args, key)
         return RayDataLoader(**args)
+    if args.get("type") == "StreamingLoader":
+        args.pop("type")
+        return _build_streaming(args, key, seed)
     if "dataset" not in args:
         raise ConfigError(f"{key}.dataset", "missing: add dataset=dict(type=...)")
     if "shuffle" in args:
@@ -204,7 +235,7 @@ def build_dataloader(spec: Any, key: str, seed: int) -> DataLoader | RayDataLoad
 
 def seeded_dataloader(
     dataloader: Any, seed: int | None = None, diff_rank_seed: bool = False, key: str = "dataloader"
-) -> DataLoader | RayDataLoader:
+) -> DataLoader | RayDataLoader | StreamingLoader:
     """MMEngine's ``Runner.build_dataloader(cfg, seed=..., diff_rank_seed=...)``, which
     downstream hooks call to rebuild a loader mid-run (mmyolo's YOLOXModeSwitchHook); assign the
     result to ``runner.train_dataloader`` to train on it. ``seed=None`` is 0; ``diff_rank_seed``

@@ -49,7 +49,10 @@ RESERVED_KEYS = ("priority", "name", "on_error", "before", "after")
 # Hooks a launcher adds to every worker's hooks, after the config's (shown by
 # ``drun hooks --launcher ray``): under Ray, every saved checkpoint is reported to Ray Train.
 LAUNCHER_HOOKS: dict[str, list[dict]] = {
-    "ray": [{"type": "RayReportHook", "name": "ray_report"}],
+    "ray": [
+        {"type": "RayReportHook", "name": "ray_report"},
+        {"type": "RayPauseHook", "name": "ray_pause"},
+    ],
 }
 
 

@@ -306,7 +306,7 @@ class _TrainLoopBase:
             path = runner.save_requested_checkpoint("; ".join(reasons))
             if "preempt" in agreed:
                 record(done, "preempt", agreed["preempt"], runner.logger)
-                raise TrainingPreempted(agreed["preempt"], path)
+                raise TrainingPreempted(agreed["preempt"], path, iteration=done)
         if "val" in agreed:
             if runner.val_loop is None or not allow_val:
                 runner.logger.warning(

@@ -195,6 +195,11 @@ class RunnerSurface:
         """Run validation after the current iteration, on every rank."""
         self.requests.request("val", reason)
 
+    def request_pause(self, reason: str) -> None:
+        """Save a checkpoint after the current iteration and end the run unfinished, on every
+        rank, as a preemption signal does (``train()`` raises TrainingPreempted)."""
+        self.requests.request("preempt", reason)
+
 
 class Runner(RunnerSurface):
     """Train, validate and test a model with hooks; see the module docstring."""

@@ -29,11 +29,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from distributed_runner.core.config import Config, to_plain
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.preemption import INTERRUPT, TrainingPreempted
 from distributed_runner.core.redact import redact_url
 from distributed_runner.launch.launcher_config import (  # noqa: F401  (re-exported: the launcher's public names)
     PLACEMENT_STRATEGIES,
@@ -51,6 +53,7 @@ from distributed_runner.launch.ray_connect import (
     resolve_address,
     start_local_ray,
 )
+from distributed_runner.launch.run_control import ctrl_c_pauses, start_control
 from distributed_runner.validation.async_validation import check_val_resources
 
 
@@ -144,12 +147,13 @@ class RayLauncher:
         return uses_ray_data(self.cfg)
 
     # -- the run -------------------------------------------------------------------------------
-    def build_trainer(self) -> Any:
+    def build_trainer(self, control: str | None = None) -> Any:
         import ray
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
         from distributed_runner.data.ray_data import build_ray_datasets
+        from distributed_runner.data.streaming.shards import stream_sources_absolute
         from distributed_runner.health.hang_watch import hang_watch_callbacks
         from distributed_runner.health.watchdog import parse_watchdog
         from distributed_runner.launch.ray_worker import train_worker
@@ -164,11 +168,11 @@ class RayLauncher:
         source = self.cfg.source() if isinstance(self.cfg, Config) else None
         # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
         # metadata
-        env = ray.put(forwarded_env())
+        env = ray.put(forwarded_env(reads_object_storage=stream_sources_absolute(plain)))
         watchdog = parse_watchdog(self.cfg.get("watchdog"))  # hang watch: health/hang_watch.py
         return TorchTrainer(
             train_worker,
-            train_loop_config={"cfg": plain, "source": source, "env": env},
+            train_loop_config={"cfg": plain, "source": source, "env": env, "control": control},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=self.opts["num_workers"],
                 use_gpu=self.opts["use_gpu"],
@@ -199,6 +203,8 @@ class RayLauncher:
         (raises ``ray.train.TrainingFailedError`` when the workers failed)."""
         import ray
 
+        from distributed_runner.core.ray_private import keep_driver_sigint
+
         validate_config(self.cfg)
         check_storage(self.storage_path)
         self.connect()
@@ -210,7 +216,18 @@ class RayLauncher:
             f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
             flush=True,
         )
-        return self.build_trainer().fit()
+        control_name = f"drun-control-{self.name}-{os.getpid()}-{time.time_ns()}"
+        control = start_control(control_name)
+        try:
+            trainer = self.build_trainer(control_name)
+            with ctrl_c_pauses(control, keep_driver_sigint(trainer)):
+                result = trainer.fit()
+            paused = ray.get(control.paused_at.remote())
+        finally:
+            ray.kill(control)
+        if paused is not None:  # Ctrl-C: the workers saved a checkpoint and returned
+            raise TrainingPreempted((INTERRUPT,), paused[1], iteration=paused[0])
+        return result
 
     def train(self) -> int:
         """:meth:`fit` for the command line: the process exit status."""

@@ -131,6 +131,11 @@ def validate_config(cfg: dict) -> None:
         loader = cfg.get(f"{stage}_dataloader")
         if isinstance(loader, dict) and loader.get("type") != "RayDataLoader":
             _check_spec(registry.DATASETS, loader.get("dataset"), f"{stage}_dataloader.dataset")
+        if isinstance(loader, dict) and loader.get("type") == "StreamingLoader":
+            from distributed_runner.data.streaming import StreamingLoader
+
+            args = {k: v for k, v in loader.items() if k != "type"}
+            check_arguments(StreamingLoader, args, f"{stage}_dataloader")
         evaluator = cfg.get(f"{stage}_evaluator")
         if isinstance(evaluator, list):
             for i, metric in enumerate(evaluator):

@@ -16,7 +16,8 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
 * **What the workers must see.** On a running cluster the workers were started by ``ray start``,
   not by this driver: an ``MLFLOW_TRACKING_URI`` exported in the driver's shell never reaches them.
   The driver hands its ``MLFLOW_*`` and ``WANDB_*`` variables (the tracking sinks' settings and
-  credentials) to every training worker through Ray's object store
+  credentials), and its ``AWS_*`` ones when a StreamingLoader reads from a URI, to every training
+  worker through Ray's object store
   (an object reference in the trainer's config), not through the job's ``runtime_env``: Ray shows
   a job's runtime_env to anyone who can open its dashboard, and these may hold a token or a
   password.
@@ -34,6 +35,7 @@ from distributed_runner.core.redact import redact_text
 
 WORK_ROOT_ENV = "DRUN_WORK_ROOT"
 FORWARDED_PREFIXES = ("MLFLOW_", "WANDB_")
+STORAGE_PREFIXES = ("AWS_",)  # forwarded too when the training data is read from a URI
 
 
 def running_clusters() -> list[str]:
@@ -225,7 +227,11 @@ def announced_path(path: str, key: str) -> str:
     return resolved
 
 
-def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def forwarded_env(
+    environ: Mapping[str, str] = os.environ, reads_object_storage: bool = False
+) -> dict[str, str]:
     """The driver's ``MLFLOW_*`` and ``WANDB_*`` variables, which every training worker gets
-    (see the module docstring)."""
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    (see the module docstring), and its ``AWS_*`` ones when the workers read their training data
+    from a URI (``AWS_ENDPOINT_URL`` and the keys of an S3-compatible store the user exported)."""
+    prefixes = FORWARDED_PREFIXES + (STORAGE_PREFIXES if reads_object_storage else ())
+    return {k: v for k, v in environ.items() if k.startswith(prefixes)}

@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from distributed_runner.checkpoint.resume_choice import choose_restart, file_of_reported
 from distributed_runner.core.config import Config, to_config_dict
 from distributed_runner.core.log import redact_process_output
+from distributed_runner.core.preemption import TrainingPreempted
 from distributed_runner.engine.hook_builder import with_launcher_hooks
 from distributed_runner.health.heartbeat import HEARTBEAT
 from distributed_runner.health.watchdog import parse_watchdog
@@ -58,8 +60,12 @@ def train_worker(config: dict) -> None:
     if config.get("env") is not None:  # the driver's MLFLOW_* (ray_connect.forwarded_env)
         os.environ.update(ray.get(config["env"]))
     cfg = Config(to_config_dict(config["cfg"])).with_source(config.get("source"))
-    # every saved checkpoint is reported to Ray (RayReportHook, shown by drun hooks --launcher ray)
-    cfg["custom_hooks"] = with_launcher_hooks(cfg.get("custom_hooks"), "ray")
+    # every saved checkpoint is reported to Ray (RayReportHook, shown by drun hooks --launcher ray);
+    # the driver's Ctrl-C reaches rank 0 through the run's control actor (RayPauseHook)
+    cfg["custom_hooks"] = [
+        {**hook, "control": config.get("control")} if _is_pause_hook(hook) else hook
+        for hook in with_launcher_hooks(cfg.get("custom_hooks"), "ray")
+    ]
     ctx = ray.train.get_context()
     cfg["device"] = str(ray.train.torch.get_device())
     restored, why = choose_restart_checkpoint(cfg, ctx.get_world_rank())
@@ -73,4 +79,15 @@ def train_worker(config: dict) -> None:
         runner.logger.warning(why)
     elif restored is not None:
         runner.logger.info("Ray restored checkpoint %s", restored)
-    runner.train()
+    try:
+        runner.train()
+    except TrainingPreempted as stopped:
+        if not stopped.interrupted or config.get("control") is None:
+            raise  # a preemption signal: Ray restarts the group (max_failures)
+        if ctx.get_world_rank() == 0:  # the driver reads where the run stopped
+            control = ray.get_actor(config["control"])
+            ray.get(control.paused.remote(stopped.iteration, str(stopped.checkpoint)))
+
+
+def _is_pause_hook(hook: Any) -> bool:
+    return isinstance(hook, dict) and hook.get("type") == "RayPauseHook"

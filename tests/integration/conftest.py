@@ -114,3 +114,34 @@ def mlflow_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server (``moto.server``, from PyPI) on 127.0.0.1 and a free port, one for the
+    session; yields the options of ``pyarrow.fs.S3FileSystem`` that reach it."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.toy import free_port
+
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("moto_server did not start")
+                time.sleep(0.2)
+        yield dict(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
+                   access_key="testing", secret_key="testing")
+    finally:
+        stop_process_group(proc, grace=10)

@@ -52,3 +52,59 @@ def test_impossible_gpu_request_from_the_cli_is_one_line(tmp_path):
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if line.startswith("drun: error:")]
     assert errors == [errors[0]] and "launcher.use_gpu: 2 workers x 1 GPU" in errors[0]
+
+
+def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continues_exactly(
+        tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to drun's process group; Ray's own processes block
+    it): the workers end the iteration, save and report a checkpoint and return; drun prints one
+    line with the command that continues and exits 130; that command ends with the weights of
+    the run that was never interrupted."""
+    import signal
+    import time
+
+    import torch
+
+    from distributed_runner.checkpoint.files import read_pointer
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1",
+               PYTHONPATH=str(ROOT))
+    env.pop("RAY_ADDRESS", None)
+    (tmp_path / "cfg.py").write_text(
+        f"_base_ = {str(ROOT / 'configs' / 'digits_cnn_ray.py')!r}\n"
+        "custom_imports = dict(imports=['distributed_runner.examples.digits', "
+        "'tests.hook_probes'])\n"
+        "custom_hooks = [dict(type='SyncBuffersHook'), dict(type='SleepHook', seconds=0.2), "
+        "dict(type='TouchHook')]\n"
+        "train_cfg = dict(by_epoch=True, max_epochs=1)\n"
+        "param_scheduler = None\nlog_level = 'WARNING'\n")
+    drun = [sys.executable, "-m", "distributed_runner.cli"]
+    command = ["train", str(tmp_path / "cfg.py"), "--work-dir", str(tmp_path / "wd")]
+    proc = subprocess.Popen(drun + command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and not (tmp_path / "wd" / "trained_5").exists():
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("drun: stopped by Ctrl-C")]
+    stopped_at = int(line.split("after iteration ")[1].split(";")[0])
+    checkpoint = line.split("checkpoint ")[1].split(". Continue with: ")[0]
+    assert torch.load(checkpoint, weights_only=True)["meta"]["iter"] == stopped_at
+    assert 5 <= stopped_at < 23
+    again = shlex.split(line.split("Continue with: ")[1])
+    assert again[:2] == ["drun", "train"] and again[-1] == "--resume"
+    done = subprocess.run(drun + again[1:], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    whole = subprocess.run(drun + ["train", str(tmp_path / "cfg.py"), "--work-dir",
+                                   str(tmp_path / "whole")],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    final = torch.load(read_pointer(tmp_path / "wd"), weights_only=True)
+    reference = torch.load(read_pointer(tmp_path / "whole"), weights_only=True)
+    assert final["meta"]["iter"] == reference["meta"]["iter"] == 23
+    for key, value in reference["state_dict"].items():
+        assert torch.equal(final["state_dict"][key], value), key

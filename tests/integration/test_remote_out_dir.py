@@ -2,13 +2,6 @@
 ``moto_server``, from PyPI): the committed checkpoints, their checksums, the best and the published
 files arrive under ``out_dir/<basename(work_dir)>`` byte for byte, replaced ones are deleted there
 too, and mistakes in the filesystem options are one line before training."""
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 
 from distributed_runner.core.errors import ConfigError
@@ -18,35 +11,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """moto's S3 server on a free port; yields (options for pyarrow.fs.S3FileSystem, fs)."""
+def s3(s3_server):
+    """The session's S3 server (conftest.py) with a bucket; yields (its options, fs)."""
     import pyarrow.fs as pafs
 
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=log, stderr=log, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("moto_server did not start")
-                time.sleep(0.2)
-        options = dict(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
-                       access_key="testing", secret_key="testing")
-        fs = pafs.S3FileSystem(allow_bucket_creation=True, **options)
-        fs.create_dir("checkpoints")
-        yield options, fs
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    fs = pafs.S3FileSystem(allow_bucket_creation=True, **s3_server)
+    fs.create_dir("checkpoints")
+    return s3_server, fs
 
 
 def remote_files(fs, folder):

@@ -136,3 +136,14 @@ def test_async_validation_benchmark_runs_both_modes():
     assert lines[0].startswith("async validation: digits CNN width 8, 4 epochs")
     assert lines[1].startswith("inline  step ") and lines[2].startswith("async   step ")
     assert lines[3].startswith("async/inline: training loop ")
+
+
+def test_streaming_data_benchmark_runs_its_table(tmp_path):
+    out = run_benchmark("streaming_data", "--rows", "20000", "--memory-rows", "20000",
+                        "--skip-ray-data", "--work-dir", str(tmp_path))
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("streaming_data: batch 256")
+    assert lines[1].startswith("| data | reader | samples/s |")
+    rows = [line for line in lines[3:] if line.startswith("| ")]
+    assert [r.split(" | ")[1] for r in rows] == ["streaming", "streaming"]
+    assert "error" not in out.stdout and rows[0].count(" / ") == 2

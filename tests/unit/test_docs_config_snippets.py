@@ -16,7 +16,7 @@ import pytest
 from tests.docs_blocks import ROOT, docs_block
 
 SNIPPETS = ("override-defaults", "timer-options", "sinks-config", "ray-data-loader",
-            "fsdp-strategy", "activation-checkpointing", "hf-gpt2-model", "classifier-timm",
+            "streaming-loader", "streaming-pack",            "fsdp-strategy", "activation-checkpointing", "hf-gpt2-model", "classifier-timm",
             "compile-config", "watchdog-config",
             "async-val-config")
 NEEDS = {"classifier-timm": "timm", "hf-gpt2-model": "transformers"}
@@ -62,6 +62,14 @@ def test_the_ray_data_snippet_is_the_configs_loader():
 
     cfg = Config.fromfile(ROOT / "configs" / "digits_cnn_raydata.py")
     (snippet,) = alternatives(docs_block("ray-data-loader"))
+    assert snippet["train_dataloader"] == dict(cfg["train_dataloader"])
+
+
+def test_the_streaming_snippet_is_the_configs_loader():
+    from distributed_runner import Config
+
+    cfg = Config.fromfile(ROOT / "configs" / "digits_cnn_streaming.py")
+    (snippet,) = alternatives(docs_block("streaming-loader"))
     assert snippet["train_dataloader"] == dict(cfg["train_dataloader"])
 
 

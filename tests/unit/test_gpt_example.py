@@ -132,3 +132,10 @@ def test_readme_commands_make_the_corpus_and_train(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "def __init__(self" in out.stdout
+    # the streamed variant (configs/gpt_bytes_streaming.py) trains on the same shards
+    argv = ([drun] if drun else [sys.executable, "-m", "distributed_runner.cli"]) + [
+        "train", "configs/gpt_bytes_streaming.py", "--cfg-options", *SHORT]
+    out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "work_dirs" / "gpt_bytes_streaming" / "logs" / "run.log").read_text()
+    assert re.search(r"perplexity: \d", log), log[-2000:]

@@ -1,0 +1,285 @@
+"""StreamingLoader over ParquetShards (distributed_runner/data/streaming): Parquet files written
+here with pyarrow, several files and row groups of uneven sizes, read as a training run reads them.
+
+The order is a function of (seed, epoch): every sample once per epoch at 1, 2 and 4 ranks, with
+and without loader workers, and the same global batches at every size; a run resumed by position
+(at the same size or another) continues at the first global batch not yet trained and passes no
+trained sample through its pipeline; a Runner trained on it resumes exactly; each bad input is one
+line before training."""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from distributed_runner import Runner
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.registry import TRANSFORMS
+from distributed_runner.data.elastic import GlobalBatchPlan, MicroBatches
+from distributed_runner.data.loaders import build_dataloader
+from distributed_runner.data.streaming import EpochOrder, ParquetShards, ShardReadError
+from distributed_runner.data.streaming import shards as shards_module
+from tests.toy import ToyDataset, assert_state_equal, params_of
+
+ROWS = 997  # prime: streams and batches never divide it
+
+
+def write_shards(folder, rows=ROWS, files=5, row_group=47):
+    """ToyDataset's samples as Parquet: ``inputs`` a fixed-size list of 4 floats, ``labels``,
+    ``index`` (the row's number, to follow it); files of uneven length, row groups of 47."""
+    data = ToyDataset(n=rows)
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, rows, files + 1).astype(int) + np.arange(files + 1) * 3
+    bounds[-1] = rows
+    for f, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        inputs = data.x[lo:hi].numpy().astype(np.float32).reshape(-1)
+        table = pa.table({
+            "inputs": pa.FixedSizeListArray.from_arrays(pa.array(inputs), 4),
+            "labels": pa.array(data.y[lo:hi].numpy().astype(np.int64)),
+            "index": pa.array(np.arange(lo, hi, dtype=np.int64)),
+            "note": pa.array([f"row {i}" for i in range(lo, hi)]),
+        })
+        pq.write_table(table, folder / f"part-{f:03d}.parquet", row_group_size=row_group)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards") / "train")
+
+
+def loader(folder, world=1, rank=0, batch_size=8, **extra):
+    spec = dict(type="StreamingLoader", dataset=dict(type="ParquetShards", paths=str(folder)),
+                batch_size=batch_size, num_streams=8, shuffle_window=32, rank=rank,
+                world_size=world)
+    spec.update(extra)
+    return build_dataloader(spec, "train_dataloader", seed=7)
+
+
+def global_batches(folder, world, batch_size, start=0, epoch=0, **extra):
+    """The epoch's global batches as the ranks of a ``world``-sized group take them (rank r
+    holds every world-th sample of each, from r)."""
+    per_rank = []
+    for rank in range(world):
+        ld = loader(folder, world, rank, batch_size, **extra)
+        ld.sampler.set_epoch(epoch)
+        ld.sampler.resume_at(start * batch_size)
+        per_rank.append([b["index"].tolist() for b in ld])
+    out = []
+    for g in range(len(per_rank[0])):
+        batch = [0] * (batch_size * world)
+        for rank in range(world):
+            batch[rank::world] = per_rank[rank][g]
+        out.append(batch)
+    return out
+
+
+# -- the order -----------------------------------------------------------------------------------
+def test_every_sample_once_an_epoch_and_the_same_global_batches_at_any_size(data):
+    alone = global_batches(data, 1, 8)
+    flat = [i for batch in alone for i in batch]
+    assert len(alone) == 8 * (ROWS // 8) // 8 == 124
+    assert len(set(flat)) == len(flat)  # nothing twice; 997 - 992 rows are this epoch's drop
+    assert global_batches(data, 2, 4) == alone
+    assert global_batches(data, 4, 2, num_workers=2) == alone  # and with loader workers
+    assert global_batches(data, 1, 8, num_workers=2) == alone
+    other_epoch = [i for batch in global_batches(data, 1, 8, epoch=1) for i in batch]
+    assert other_epoch != flat and len(set(other_epoch)) == len(other_epoch)
+    ordered = [i for batch in global_batches(data, 1, 8, shuffle=False) for i in batch]
+    assert ordered != sorted(ordered)  # interleaved streams, not the file order...
+    assert sorted(ordered) == sorted(set(ordered))
+
+
+def test_a_position_names_its_sample_without_reading_anything(data):
+    shards = ParquetShards(str(data))
+    order = EpochOrder([b.rows for b in shards.blocks], 8, 32, True, 7, 0)
+    first = global_batches(data, 1, 8)[0]
+    for position, index in enumerate(first):
+        block, row, _ = order.source_of(position)
+        table = shards.read_block(shards.blocks[block])
+        assert table.column("index")[row].as_py() == index
+
+
+def test_the_shuffle_mixes_the_whole_data_set_into_every_batch(data):
+    first = global_batches(data, 1, 8)[:4]
+    spread = [max(b) - min(b) for b in first]
+    assert min(spread) > ROWS // 4  # a batch draws from streams far apart
+
+
+# -- resume by position --------------------------------------------------------------------------
+@TRANSFORMS.register_module(force=True)
+class RecordIndex:
+    """A pipeline step that appends each sample's index to a file (workers are processes) and
+    adds a feature, as a real transform would."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, sample: dict) -> dict:
+        with open(self.path, "a") as f:
+            f.write(f"{int(sample['index'])}\n")
+        sample["noise"] = torch.rand(2)  # a random draw, seeded by position
+        return sample
+
+
+def recorded(path):
+    return [int(line) for line in open(path).read().split()] if os.path.exists(path) else []
+
+
+@pytest.mark.parametrize("world,workers", [(1, 0), (2, 2)])
+def test_resume_starts_at_the_first_untrained_batch_and_decodes_nothing_trained(
+        data, tmp_path, world, workers):
+    whole = global_batches(data, 1, 8)
+    log = tmp_path / "seen.txt"
+    pipeline = [dict(type="RecordIndex", path=str(log))]
+    resumed = global_batches(data, world, 8 // world, start=111, num_workers=workers,
+                             pipeline=pipeline)
+    assert resumed == whole[111:]  # 90 % into the epoch, at another size
+    trained = {i for batch in whole[:111] for i in batch}
+    assert not trained & set(recorded(log))  # no trained sample went through the pipeline
+    assert sorted(recorded(log)) == sorted(i for batch in whole[111:] for i in batch)
+
+
+def test_random_transforms_draw_the_same_numbers_at_any_size_and_after_a_resume(data, tmp_path):
+    def noise(world, start):
+        out = {}
+        for rank in range(world):
+            ld = loader(data, world, rank, 8 // world, num_workers=world,
+                        pipeline=[dict(type="RecordIndex", path=str(tmp_path / "x"))])
+            ld.sampler.resume_at(start * (8 // world))
+            for b in ld:
+                out.update(zip(b["index"].tolist(), b["noise"].tolist()))
+        return out
+
+    alone, pair = noise(1, 0), noise(2, 100)
+    assert pair and all(alone[i] == pair[i] for i in pair)
+
+
+def test_an_elastic_plan_yields_each_ranks_share_in_micro_batches(data):
+    whole = global_batches(data, 1, 8)
+    for world in (1, 2):
+        shares = []
+        for rank in range(world):
+            ld = loader(data, world, rank, batch_size=2)
+            ld.use_global_batches(GlobalBatchPlan.build(8, 2, world, rank))
+            ld.sampler.resume_at(3)  # global batches, as for any elastic loader
+            groups = list(ld)
+            assert all(isinstance(g, MicroBatches) and len(g) == 4 // world for g in groups)
+            shares.append([[i for micro in g for i in micro["index"].tolist()] for g in groups])
+        rebuilt = [[0] * 8 for _ in shares[0]]
+        for rank, share in enumerate(shares):
+            for g, part in enumerate(share):
+                rebuilt[g][rank::world] = part
+        assert rebuilt == whole[3:]
+
+
+# -- a Runner trained on it ----------------------------------------------------------------------
+def runner_cfg(work_dir, folder, **extra):
+    cfg = dict(
+        work_dir=str(work_dir), model=dict(type="ToyModel", dropout=0.0),
+        train_dataloader=dict(type="StreamingLoader", batch_size=16, num_streams=8,
+                              shuffle_window=64,
+                              dataset=dict(type="ParquetShards", paths=str(folder),
+                                           columns=["inputs", "labels", "index"])),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)),
+        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=25, by_epoch=False),
+                           logger=dict(type="LoggerHook", interval=10, sinks=["jsonl"])),
+        randomness=dict(seed=3), log_level="WARNING")
+    cfg.update(extra)
+    return cfg
+
+
+def test_a_run_resumed_mid_epoch_ends_with_the_uninterrupted_runs_weights(data, tmp_path):
+    whole = Runner.from_cfg(runner_cfg(tmp_path / "whole", data))
+    whole.train()
+    assert whole.iter == 2 * 62 and len(whole.model.seen) == 2 * 62 * 16
+    resumed = Runner.from_cfg(runner_cfg(tmp_path / "resumed", data,
+                                         resume=str(tmp_path / "whole" / "iter_75.pth")))
+    resumed.train()
+    assert resumed.model.seen == whole.model.seen[75 * 16:]
+    assert_state_equal(params_of(resumed.model), params_of(whole.model))
+
+
+# -- bad input, one line -------------------------------------------------------------------------
+def one_line(excinfo):
+    text = str(excinfo.value)
+    assert "\n" not in text
+    return text
+
+
+def test_bad_input_is_one_line_naming_the_key_or_the_file(data, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as e:
+        loader(tmp_path / "empty")
+    assert one_line(e).startswith("train_dataloader.dataset.paths: no Parquet file in ")
+    with pytest.raises(ConfigError) as e:
+        loader(data, dataset=dict(type="ParquetShards", paths=str(data), columns=["lables"]))
+    assert "train_dataloader.dataset.columns: 'lables' is not a column of" in one_line(e)
+    broken = write_shards(tmp_path / "broken", rows=200, files=2)
+    cut = broken / "part-001.parquet"
+    cut.write_bytes(cut.read_bytes()[:-100])  # truncated: its footer is gone
+    with pytest.raises(ConfigError) as e:
+        loader(broken)
+    assert f"{cut} is not a readable Parquet file" in one_line(e)
+    with pytest.raises(ConfigError) as e:
+        loader(data, world=3, rank=0)
+    assert one_line(e).startswith("train_dataloader.num_streams: 8 streams cannot be split "
+                                  "over 3 ranks: set it to a multiple of 3")
+    with pytest.raises(ConfigError) as e:
+        loader(data, batch_size=200, world=8)
+    assert "fewer than one global batch (1600)" in one_line(e)
+    with pytest.raises(ConfigError) as e:
+        loader(data, shuffle_window=0)
+    assert one_line(e).startswith("train_dataloader.shuffle_window: must be an integer >= 1")
+
+
+def test_a_shard_lost_mid_run_is_retried_then_one_line_naming_it(tmp_path, monkeypatch):
+    folder = write_shards(tmp_path / "flaky", rows=300, files=3)
+    ld = loader(folder)
+    monkeypatch.setattr(shards_module, "RETRY_PAUSE_S", 0.01)
+    victim = folder / "part-002.parquet"
+    victim.write_bytes(b"gone")  # after the footers were read: storage lost it
+    with pytest.raises(ShardReadError) as e:
+        list(ld)
+    assert one_line(e).startswith(f"{victim} row group ")
+    assert "unreadable after 3 tries" in str(e.value)
+
+
+class CorruptShardsAt:
+    """A hook that overwrites every shard after iteration ``at`` (storage losing the files
+    under a running job)."""
+
+    priority = "LOW"
+
+    def __init__(self, folder, at):
+        self.folder, self.at = folder, at
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter == self.at:
+            for path in self.folder.glob("*.parquet"):
+                path.write_bytes(b"lost")
+
+
+def test_shards_lost_under_a_running_job_stop_it_in_one_line_with_its_checkpoints_intact(
+        tmp_path, monkeypatch):
+    from distributed_runner.data.streaming import loader as loader_module
+    from hooks import Hook
+
+    folder = write_shards(tmp_path / "data", rows=400, files=4, row_group=10)
+    monkeypatch.setattr(shards_module, "RETRY_PAUSE_S", 0.01)
+    monkeypatch.setattr(loader_module, "CHUNK_ROWS", 16)  # read as it goes, not all at once
+    hook = type("Corrupt", (CorruptShardsAt, Hook), {})(folder, at=12)
+    cfg = runner_cfg(tmp_path / "wd", folder, train_cfg=dict(by_epoch=False, max_iters=40),
+                     custom_hooks=[hook])
+    cfg["train_dataloader"].update(batch_size=4, num_workers=1, shuffle_window=4)
+    cfg["default_hooks"]["checkpoint"] = dict(type="CheckpointHook", interval=10, by_epoch=False)
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(ShardReadError) as e:
+        runner.train()
+    assert one_line(e).startswith(str(folder / "part-00"))
+    assert "unreadable after 3 tries" in str(e.value)
+    saved = torch.load(tmp_path / "wd" / "iter_10.pth", weights_only=False)
+    assert saved["meta"]["iter"] == 10
