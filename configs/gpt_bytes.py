@@ -1,6 +1,6 @@
 # A GPT (Hugging Face's GPT-2 architecture, built from its config: 1.85M parameters, no
 # download) learning Python's own standard library byte by byte. On a 2-core CPU it gets from
-# perplexity 256 (guessing) to 4.83 in 600 iterations (3 min 52 s measured, see
+# perplexity 256 (guessing) to 4.83 in 600 iterations (3 min 52 s measured on an idle machine, see
 # docs/how-to/gpt-example.md).
 #   python tools/make_byte_corpus.py        # writes data/byte_corpus/{train,val}/*.parquet
 #   drun train configs/gpt_bytes.py

@@ -106,6 +106,12 @@ def _add_ray_flags(train: argparse.ArgumentParser) -> None:
     )
     ray.add_argument("--name", help="run name; rerunning with the same name resumes")
     ray.add_argument("--max-failures", type=int, help="worker-group restarts Ray may make")
+    ray.add_argument(
+        "--verbose",
+        action="store_true",
+        default=None,
+        help="show Ray Train's per-report lines (hidden by default)",
+    )
 
 
 def _add_test_parser(sub: argparse._SubParsersAction) -> None:
@@ -177,6 +183,7 @@ RAY_FLAGS = {
     "storage_path": "storage_path",
     "name": "name",
     "max_failures": "max_failures",
+    "verbose": "verbose",
 }
 
 

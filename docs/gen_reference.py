@@ -58,6 +58,69 @@ def _code(value: Any) -> str:
     return _cell(f"`{value!r}`")
 
 
+def _type(kind: str) -> str:
+    """A type as code; ``|`` escaped, so the table keeps its columns."""
+    return _cell(f"`{kind}`") if kind else ""
+
+
+# -- meanings, from docstrings ------------------------------------------------------------------
+_ARG = re.compile(r"^(\w+)(?: \(([^)]*)\))?:\s*(.*)$")
+
+
+def arg_docs(obj: Any) -> dict[str, tuple[str, str]]:
+    """``name -> (type, meaning)`` from the ``Args:`` section of ``obj``'s docstring (Google
+    style, as torch's and ours are written): the meaning is the entry's first sentence."""
+    entries: dict[str, list[str]] = {}
+    lines = (inspect.getdoc(obj) or "").splitlines()
+    indent, current = None, None
+    for line in lines[next((i + 1 for i, x in enumerate(lines) if x.strip() == "Args:"),
+                           len(lines)):]:
+        if not line.strip():
+            continue
+        lead = len(line) - len(line.lstrip())
+        match = _ARG.match(line.strip())
+        if match and (indent is None or lead == indent):
+            indent, current = lead, match.group(1)
+            entries[current] = [match.group(2) or "", match.group(3)]
+        elif indent is not None and lead > indent and current:
+            entries[current][1] += " " + line.strip()
+        else:
+            break
+    return {name: (re.sub(r", (optional|keyword-only arg)", "", kind).strip(), _first_sentence(text))
+            for name, (kind, text) in entries.items()}
+
+
+def _first_sentence(text: str) -> str:
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    text = re.split(r"(?<=[.)])\s+(?=[A-Z(])", text.strip(), maxsplit=1)[0]
+    return re.sub(r"\s*\(default: [^)]*\)\.?$", "", text).rstrip(".")
+
+
+def nested_docs() -> dict[str, dict[str, tuple[str, str]]]:
+    """Section -> its keys' (type, meaning), from the docstrings of the code that reads them
+    (torch's for what is torch's: the DataLoader, the optimizer, gradient clipping)."""
+    import torch
+
+    from distributed_runner.core.randomness import set_random_seed
+    from distributed_runner.engine.config_check import check_train_cfg
+    from distributed_runner.health.watchdog import parse_watchdog, phase_timeouts
+    from distributed_runner.launch.launcher_config import normalize_launcher
+    from distributed_runner.model.sharding import _parse_fsdp
+    from distributed_runner.optim.wrapper import OptimWrapper
+    from distributed_runner.validation.async_validation import ValMode
+
+    loader = arg_docs(torch.utils.data.DataLoader)
+    return {"randomness": arg_docs(set_random_seed), "train_cfg": arg_docs(check_train_cfg),
+            "train_dataloader": loader, "val_dataloader": loader, "test_dataloader": loader,
+            "optim_wrapper": arg_docs(OptimWrapper.__init__),
+            "optim_wrapper.optimizer": arg_docs(torch.optim.SGD),
+            "optim_wrapper.clip_grad": arg_docs(torch.nn.utils.clip_grad_norm_),
+            "launcher": arg_docs(normalize_launcher), "strategy": arg_docs(_parse_fsdp),
+            "watchdog": arg_docs(parse_watchdog),
+            "watchdog.phase_timeouts": arg_docs(phase_timeouts),
+            "val_cfg": arg_docs(ValMode)}
+
+
 # -- config keys --------------------------------------------------------------------------------
 def config_checks(cfg: dict) -> None:
     """Every check a config passes before anything is built, in the order a run meets them:
@@ -149,7 +212,12 @@ def default_sources() -> dict[str, dict[str, Any]]:
 
 def config_page() -> str:
     from distributed_runner.engine.config_check import MMCV1_KEYS, NEAR_MISS
-    from distributed_runner.engine.config_prep import OTHER_CONFIG_KEYS, REQUIRED_KEYS, RUNNER_KEYS
+    from distributed_runner.engine.config_prep import (
+        OTHER_CONFIG_DOCS,
+        OTHER_CONFIG_KEYS,
+        REQUIRED_KEYS,
+        RUNNER_KEYS,
+    )
     from distributed_runner.engine.runner import Runner
     from distributed_runner.health.watchdog import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
     from distributed_runner.launch.launcher import RAY_DEFAULTS
@@ -164,16 +232,16 @@ def config_page() -> str:
            "an empty cell means the value is checked when it is built (its registry matches "
            "`type` and the arguments against the constructor). What each key means: "
            "[Write a config](../how-to/configs.md).", "",
-           "## Top-level keys", "", "| Key | Required | Default | Type | Checked |",
-           "|---|---|---|---|---|"]
+           "## Top-level keys", "",
+           "| Key | Type | Meaning | Required | Default | Checked |", "|---|---|---|---|---|---|"]
+    meanings = {**arg_docs(Runner), **OTHER_CONFIG_DOCS}
     for key in (*RUNNER_KEYS, *OTHER_CONFIG_KEYS):
         param = params.get(key)
         default = "—" if param is None or param.default is param.empty else _code(param.default)
-        kind = "" if param is None or param.annotation is param.empty else \
-            _cell(str(param.annotation).replace("'", ""))
-        required = "yes: " + REQUIRED_KEYS[key] if key in REQUIRED_KEYS else ""
-        out.append(f"| `{key}` | {_cell(required)} | {default} | {kind} | "
-                   f"{_cell(probe(key))} |")
+        kind, meaning = meanings.get(key, ("", ""))
+        required = "yes: " + REQUIRED_KEYS[key] if key in REQUIRED_KEYS else "no"
+        out.append(f"| `{key}` | {_type(kind)} | {_cell(meaning)} | {_cell(required)} | "
+                   f"{default} | {_cell(probe(key)) or 'when built'} |")
     sections = default_sources()
     nested = [key for key, _ in nested_checked_keys()]
     nested += [f"launcher.{k}" for k in RAY_DEFAULTS if k != "type"]
@@ -189,12 +257,15 @@ def config_page() -> str:
             "[Validate without stopping training](../how-to/async-validation.md)). "
             "Dataloader keys other than `dataset` and `batch_size` are "
             "`torch.utils.data.DataLoader`'s arguments, with its defaults.", "",
-            "| Key | Default | Checked |", "|---|---|---|"]
+            "| Key | Type | Meaning | Default | Checked |", "|---|---|---|---|---|"]
+    docs = nested_docs()
     for key in nested:
         section, _, leaf = key.rpartition(".")
         defaults = sections.get(section, {})
         default = _code(defaults[leaf]) if leaf in defaults else "—"
-        out.append(f"| `{key}` | {default} | {_cell(probe(key))} |")
+        kind, meaning = docs.get(section, {}).get(leaf, ("", ""))
+        out.append(f"| `{key}` | {_type(kind)} | {_cell(meaning)} | {default} | "
+                   f"{_cell(probe(key)) or 'when built'} |")
     out += ["", "## Keys that are refused", "",
             f"A top-level name that is a near-miss of a key above (similarity >= {NEAR_MISS}, "
             "e.g. `trian_cfg`) is an error that names the key meant; other unknown names are "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from typing import TYPE_CHECKING, Any
 
 from distributed_runner.core.registry import HOOKS
@@ -14,38 +14,58 @@ if TYPE_CHECKING:
 
 @HOOKS.register_module()
 class RayPauseHook(Hook):
-    """Rank 0 watches the run's control actor (distributed_runner/launch/run_control.py) and,
-    when the driver was interrupted, requests the pause: every rank ends the iteration, saves
-    and reports a checkpoint and returns. The watch is one outstanding actor call looked at with
-    ``ray.wait(timeout=0)`` at most every ``poll_s`` seconds: nothing on the other iterations.
+    """Rank 0 waits, on a thread of its own, for the run's control actor
+    (distributed_runner/launch/run_control.py) to say the driver was interrupted; the next
+    ``after_train_iter`` then requests the pause: every rank ends the iteration, saves and
+    reports a checkpoint and returns. The loop pays one attribute read per iteration (no Ray
+    call: a ``ray.wait`` on the training thread showed in StragglerHook's per-rank figures).
 
     Added by ``--launcher ray`` to every worker's hooks, with the control actor's name; without
-    one (``control=None``) it does nothing. Not meant for a config.
+    one (``control=None``) it does nothing. A control actor that is gone (its driver died) is one
+    warning; training goes on. Not meant for a config.
     """
 
     priority = "LOWEST"
 
-    def __init__(self, control: str | None = None, poll_s: float = 0.5) -> None:
+    def __init__(self, control: str | None = None, poll_s: float = 1.0) -> None:
         self.control, self.poll_s = control, float(poll_s)
-        self._pending: Any = None
-        self._next = 0.0
+        self._reason: str | None = None  # set by the watching thread
+        self._done = threading.Event()
 
     def before_train(self, runner: RunnerAPI) -> None:
         if self.control is None or runner.rank != 0:
             return
+        # even the actor's lookup (a GCS call, tens of ms) happens off the training thread:
+        # in the first logging window it would make rank 0 look fast next to the others
+        watch = threading.Thread(
+            target=self._watch, args=(runner.logger,), name="drun-ray-pause", daemon=True
+        )
+        watch.start()
+
+    def _watch(self, logger: Any) -> None:
         import ray
 
-        self._pending = ray.get_actor(self.control).wait_stop.remote()
+        try:
+            pending: Any = ray.get_actor(str(self.control)).wait_stop.remote()
+        except ValueError:  # no such actor: its driver is gone
+            logger.warning("Ctrl-C cannot reach this run: no actor %s", self.control)
+            return
+        while not self._done.is_set():
+            try:
+                self._reason = ray.get(pending, timeout=self.poll_s)
+                return
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except ray.exceptions.RayError as e:  # the driver's node is gone
+                logger.warning("Ctrl-C cannot reach this run any more (%s)", type(e).__name__)
+                return
 
     def after_train_iter(
         self, runner: RunnerAPI, batch_idx: int, data_batch: Any = None, outputs: Any = None
     ) -> None:
-        if self._pending is None or time.monotonic() < self._next:
-            return
-        import ray
+        if self._reason is not None:
+            reason, self._reason = self._reason, None
+            runner.request_pause(reason)
 
-        self._next = time.monotonic() + self.poll_s
-        ready, _ = ray.wait([self._pending], timeout=0)
-        if ready:
-            self._pending = None
-            runner.request_pause(ray.get(ready[0]))
+    def after_train(self, runner: RunnerAPI) -> None:
+        self._done.set()

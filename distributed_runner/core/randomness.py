@@ -24,7 +24,13 @@ _KNOWN = ("seed", "deterministic", "diff_rank_seed")
 
 
 def set_random_seed(randomness: dict | None) -> int:
-    """Seed python, numpy and torch; returns the shared (pre-offset) seed."""
+    """Seed python, numpy and torch; returns the shared (pre-offset) seed.
+
+    Args:
+        seed (int | None): the run's seed; None draws one from the OS on rank 0 and shares it.
+        deterministic (bool): ask torch for deterministic algorithms (slower on GPUs).
+        diff_rank_seed (bool): add the rank to the seed, so ranks draw different numbers.
+    """
     cfg = dict(randomness or {})
     for key in cfg:
         if key not in _KNOWN:

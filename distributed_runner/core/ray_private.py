@@ -8,6 +8,10 @@
   node on this machine, so ``address='auto'`` can refuse to guess between two.
 - :func:`connect_gcs` (``ray._raylet.GcsClient``): one connection attempt that fails at once on
   a token-auth cluster, instead of ``ray.init``'s twenty seconds of retries and a traceback.
+- :func:`quiet_train_reports` (the loggers of ``ray.train.v2._internal.execution``'s
+  ``context`` and ``storage``): Ray Train logs two INFO lines per report on every worker
+  ("Reporting training result ...", "Checkpoint successfully created ..."), about 20 for a short
+  run; drun shows its own line per checkpoint and hides these unless ``launcher.verbose``.
 - :func:`keep_driver_sigint` (``DataParallelTrainer._register_sigint_handler``): Train V2's
   ``fit()`` replaces the driver's SIGINT handler with one that aborts the run (and never puts
   the old one back); ``drun`` makes Ctrl-C a pause instead (:mod:`~..launch.run_control`).
@@ -25,7 +29,19 @@ __all__ = [
     "connect_gcs",
     "gcs_addresses_on_this_machine",
     "keep_driver_sigint",
+    "quiet_train_reports",
 ]
+
+
+def quiet_train_reports() -> None:
+    """Ray Train's per-report INFO lines to WARNING on this worker (see the module docstring;
+    ``context`` names its logger by file path, not by module)."""
+    import logging
+
+    from ray.train.v2._internal.execution import context, storage
+
+    for name in (context.__file__, storage.__name__):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def keep_driver_sigint(trainer: object) -> bool:

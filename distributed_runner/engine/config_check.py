@@ -93,6 +93,15 @@ def check_train_cfg(train_cfg: dict) -> None:
 
     A function of its own so that the one rule also serves a training loop built without a config
     (a Runner constructed in Python never passes :func:`check_config`).
+
+    Args:
+        by_epoch (bool): count training in epochs (EpochBasedTrainLoop) or iterations.
+        max_epochs (int): epochs to train, with ``by_epoch=True``.
+        max_iters (int): iterations (optimizer steps) to train, with ``by_epoch=False``.
+        val_interval (int): validate every this many epochs (iterations), and at the end.
+        val_begin (int): the first epoch (iteration) after which validation may run.
+        agree_every (int | 'auto'): how often ranks agree on hooks' requests; 'auto' sizes it
+            to the step time.
     """
     boolean(train_cfg, "by_epoch", "train_cfg")
     for name in ("max_epochs", "max_iters", "val_interval", "val_begin"):

@@ -58,6 +58,14 @@ RUNNER_KEYS = (
 # top-level config keys the Runner does not take but other parts of the project read
 # (watchdog: distributed_runner.health.watchdog; tune: the sweep block of ``drun tune``)
 OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope", "watchdog", "tune")
+# their types and meanings, for the generated config reference
+OTHER_CONFIG_DOCS: dict[str, tuple[str, str]] = {
+    "custom_imports": ("dict | list", "modules imported before anything is built (your classes)"),
+    "env_cfg": ("dict", "accepted from MMEngine configs and not read (no effect here)"),
+    "default_scope": ("str", "the registry scope unprefixed type names resolve in (e.g. mmdet)"),
+    "watchdog": ("dict | bool", "the hang watch and straggler detection (see Hangs)"),
+    "tune": ("dict", "the sweep drun tune runs: param_space, search_alg, scheduler, ..."),
+}
 
 # keys without which nothing can be built -> what to set
 REQUIRED_KEYS = {

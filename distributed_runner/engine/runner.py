@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from distributed_runner.checkpoint.files import load_file, point_at, read_pointer
 from distributed_runner.checkpoint.resume_choice import (
@@ -202,35 +203,69 @@ class RunnerSurface:
 
 
 class Runner(RunnerSurface):
-    """Train, validate and test a model with hooks; see the module docstring."""
+    """Train, validate and test a model with hooks; see the module docstring. A config's
+    top-level keys are the constructor's arguments (``Runner.from_cfg``).
+
+    Args:
+        model (nn.Module | dict): the model, or ``dict(type=...)`` built from MODELS.
+        work_dir (str | Path): where checkpoints and logs go.
+        train_dataloader (dict | DataLoader | None): the training data: ``dict(dataset=...,
+            batch_size=..., sampler=...)``, a StreamingLoader or RayDataLoader, or a DataLoader.
+        val_dataloader (dict | DataLoader | None): the validation data, as train_dataloader.
+        val_evaluator (dict | list | None): the metric(s) validation computes.
+        val_cfg (dict | None): how validation runs (``mode='inline'`` or ``'async'``).
+        test_dataloader (dict | DataLoader | None): the data ``drun test`` evaluates.
+        test_evaluator (dict | list | None): the metric(s) of ``drun test``.
+        test_cfg (dict | None): how testing runs (``dict()``).
+        optim_wrapper (dict | OptimWrapper | None): the optimizer and its options
+            (accumulation, clipping, AMP).
+        param_scheduler (dict | list | None): learning-rate (and momentum) schedules.
+        train_cfg (dict | None): how long to train and when to validate.
+        default_hooks (dict | None): the built-in hooks by name, changed or removed (None).
+        custom_hooks (list | None): more hooks, ``dict(type=...)`` or objects.
+        load_from (str | None): weights to start from (not the run's position).
+        resume (bool | str): continue a run: True takes work_dir's newest verified
+            checkpoint, a path that checkpoint.
+        randomness (dict | None): the seed and determinism (``dict(seed=0)``).
+        launcher (str | dict): 'none' (this process) or Ray (``dict(type='ray', ...)``).
+        device (str | torch.device | None): where to train; None picks CUDA when present.
+        log_level (str): the run log's level (DEBUG, INFO, WARNING, ERROR).
+        experiment_name (str | None): the run's name in logs and MLflow; default
+            work_dir's name.
+        model_wrapper_cfg (dict | None): DDP's arguments when several ranks run.
+        preemption (bool | dict): SIGTERM handling (checkpoint and exit); False turns it off.
+        compile (bool | dict): ``torch.compile`` the model (True, or its arguments).
+        strategy (str | dict | None): 'ddp' or FSDP (``dict(type='fsdp', ...)``).
+        cfg (dict | None): the whole config, kept for checkpoints and sinks.
+    """
 
     def __init__(
         self,
         model: nn.Module | dict,
         work_dir: str | Path,
-        train_dataloader: Any = None,
-        val_dataloader: Any = None,
-        val_evaluator: Any = None,
+        train_dataloader: dict | DataLoader | None = None,
+        val_dataloader: dict | DataLoader | None = None,
+        val_evaluator: dict | list | None = None,
         val_cfg: dict | None = None,
-        test_dataloader: Any = None,
-        test_evaluator: Any = None,
+        test_dataloader: dict | DataLoader | None = None,
+        test_evaluator: dict | list | None = None,
         test_cfg: dict | None = None,
-        optim_wrapper: Any = None,
-        param_scheduler: Any = None,
+        optim_wrapper: dict | OptimWrapper | None = None,
+        param_scheduler: dict | list | None = None,
         train_cfg: dict | None = None,
         default_hooks: dict | None = None,
         custom_hooks: list | None = None,
         load_from: str | None = None,
         resume: bool | str = False,
         randomness: dict | None = None,
-        launcher: Any = "none",
+        launcher: str | dict = "none",
         device: str | torch.device | None = None,
         log_level: str = "INFO",
         experiment_name: str | None = None,
         model_wrapper_cfg: dict | None = None,
-        preemption: Any = True,
+        preemption: bool | dict = True,
         compile: bool | dict = False,
-        strategy: Any = None,
+        strategy: str | dict | None = None,
         cfg: dict | None = None,
     ) -> None:
         self._setup_context(cfg, launcher, work_dir, experiment_name, log_level, preemption)

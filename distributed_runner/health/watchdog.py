@@ -91,9 +91,45 @@ def _seconds(key: str, value: Any) -> float:
     return float(value)
 
 
+def phase_timeouts(phases: Any) -> dict[str, float]:
+    """``watchdog.phase_timeouts`` over PHASE_TIMEOUT_DEFAULTS, each checked.
+
+    Args:
+        first_iter (float): the first step's allowance (compilation, CUDA warm-up).
+        val (float): a whole validation's allowance.
+        checkpoint (float): a save's allowance (synchronous, or its asynchronous hand-off).
+        data_warmup (float): the first batch's allowance (workers forking, Ray Data starting).
+    """
+    if not isinstance(phases, dict):
+        raise ConfigError(
+            "watchdog.phase_timeouts", f"takes dict(val=seconds, ...), got {phases!r}"
+        )
+    for name in phases:
+        if name not in PHASE_TIMEOUT_DEFAULTS:
+            raise ConfigError(
+                f"watchdog.phase_timeouts.{name}",
+                f"unknown phase{did_you_mean(name, PHASE_TIMEOUT_DEFAULTS)};"
+                f" phases: {', '.join(PHASE_TIMEOUT_DEFAULTS)}",
+            )
+    return {
+        name: _seconds(f"watchdog.phase_timeouts.{name}", phases.get(name, default))
+        for name, default in PHASE_TIMEOUT_DEFAULTS.items()
+    }
+
+
 def parse_watchdog(spec: Any) -> dict[str, Any]:
     """The ``watchdog`` config with defaults filled in; ``None``/``True`` mean the defaults,
-    ``False`` the defaults with ``enabled=False``. Every mistake is one line naming the key."""
+    ``False`` the defaults with ``enabled=False``. Every mistake is one line naming the key.
+
+    Args:
+        enabled (bool): False turns the hang watch off (stragglers are still measured).
+        hang_timeout (float): seconds a rank may be silent before it is named hung.
+        phase_timeouts (dict): longer allowances for slow phases, in seconds (below).
+        collective_timeout (float): the process group's timeout, in seconds; longer than
+            hang_timeout, so that the watch speaks first.
+        straggler_ratio (float): a rank this many times slower than the median is a straggler.
+        straggler_patience (int): logging windows in a row before a straggler is named.
+    """
     if spec is None or spec is True:
         spec = {}
     elif spec is False:
@@ -115,22 +151,7 @@ def parse_watchdog(spec: Any) -> dict[str, Any]:
             f"{out['collective_timeout']:g} s: the watchdog names the hung rank and shows its "
             f"stacks, the collective timeout only ends the wait",
         )
-    phases = spec.get("phase_timeouts", {})
-    if not isinstance(phases, dict):
-        raise ConfigError(
-            "watchdog.phase_timeouts", f"takes dict(val=seconds, ...), got {phases!r}"
-        )
-    for name in phases:
-        if name not in PHASE_TIMEOUT_DEFAULTS:
-            raise ConfigError(
-                f"watchdog.phase_timeouts.{name}",
-                f"unknown phase{did_you_mean(name, PHASE_TIMEOUT_DEFAULTS)};"
-                f" phases: {', '.join(PHASE_TIMEOUT_DEFAULTS)}",
-            )
-    out["phase_timeouts"] = {
-        name: _seconds(f"watchdog.phase_timeouts.{name}", phases.get(name, default))
-        for name, default in PHASE_TIMEOUT_DEFAULTS.items()
-    }
+    out["phase_timeouts"] = phase_timeouts(spec.get("phase_timeouts", {}))
     ratio = out["straggler_ratio"]
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 1:
         raise ConfigError("watchdog.straggler_ratio", f"takes a number > 1, got {ratio!r}")

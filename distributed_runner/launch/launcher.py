@@ -26,6 +26,7 @@ Train ``TorchTrainer`` whose workers each build the Runner from the plain config
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -224,7 +225,8 @@ class RayLauncher:
                 result = trainer.fit()
             paused = ray.get(control.paused_at.remote())
         finally:
-            ray.kill(control)
+            with contextlib.suppress(Exception):  # a control actor lost with its node
+                ray.kill(control)
         if paused is not None:  # Ctrl-C: the workers saved a checkpoint and returned
             raise TrainingPreempted((INTERRUPT,), paused[1], iteration=paused[0])
         return result

@@ -29,12 +29,32 @@ RAY_DEFAULTS: dict[str, Any] = {
     "name": None,
     "max_failures": 0,
     "elastic_resize_monitor_interval_s": 60.0,
+    "verbose": False,
 }
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def normalize_launcher(spec: Any) -> dict | None:
-    """The launcher config with defaults filled in, or None for the single-process path."""
+    """The launcher config with defaults filled in, or None for the single-process path.
+
+    Args:
+        type (str): 'none' (one process) or 'ray' (Ray Train workers).
+        num_workers (int | tuple): training workers, or (min, max) for an elastic group.
+        use_gpu (bool): one GPU per worker.
+        resources_per_worker (dict | None): Ray resources of one worker, e.g. ``{'CPU': 2}``.
+        placement_strategy (str): how workers spread over nodes: PACK, SPREAD, STRICT_PACK or
+            STRICT_SPREAD.
+        address (str | None): the Ray cluster to join ('auto', 'ray://host:10001'); None
+            starts a local one.
+        storage_path (str | None): where Ray keeps the run's reported checkpoints (shared
+            storage or s3:// on several nodes); default ``work_dir/ray_storage``.
+        name (str | None): the Ray run's name; rerunning with the same name resumes it.
+        max_failures (int): worker-group restarts allowed after a failure (-1: no limit).
+        elastic_resize_monitor_interval_s (float): seconds between an elastic group's checks
+            for room to grow.
+        verbose (bool): show Ray Train's own per-report lines (checkpoint persisted, result
+            reported), which drun hides by default.
+    """
     if runs_in_process(spec):
         return None
     if spec == "ray":
@@ -57,6 +77,12 @@ def normalize_launcher(spec: Any) -> dict | None:
             )
     out = {**RAY_DEFAULTS, **spec}
     out["num_workers"] = _worker_count(out["num_workers"])
+    _check_ray_options(out)
+    return out
+
+
+def _check_ray_options(out: dict) -> None:
+    """The launcher's options other than ``num_workers``, each one line when wrong."""
     if (
         not isinstance(out["elastic_resize_monitor_interval_s"], (int, float))
         or out["elastic_resize_monitor_interval_s"] < 0
@@ -64,6 +90,8 @@ def normalize_launcher(spec: Any) -> dict | None:
         raise ConfigError("launcher.elastic_resize_monitor_interval_s", "must be seconds >= 0")
     if not isinstance(out["max_failures"], int) or out["max_failures"] < -1:
         raise ConfigError("launcher.max_failures", "must be an int >= 0 (or -1: no limit)")
+    if not isinstance(out["verbose"], bool):
+        raise ConfigError("launcher.verbose", f"takes True or False, got {out['verbose']!r}")
     if out["placement_strategy"] not in PLACEMENT_STRATEGIES:
         raise ConfigError(
             "launcher.placement_strategy", f"must be one of {', '.join(PLACEMENT_STRATEGIES)}"
@@ -73,7 +101,6 @@ def normalize_launcher(spec: Any) -> dict | None:
         not isinstance(res, dict) or not all(isinstance(v, (int, float)) for v in res.values())
     ):
         raise ConfigError("launcher.resources_per_worker", "must be a dict like {'CPU': 2}")
-    return out
 
 
 def worker_resources(opts: dict) -> dict[str, float]:

@@ -87,6 +87,11 @@ def start_local_ray() -> None:
     instances``, then ``GetTimeoutError``) in the middle of the run's output. So the GCS port is
     chosen here and ``RAY_ADDRESS`` naming it is in the environment the cluster's processes are
     started with; this process's environment is restored afterwards.
+
+    The same environment turns off Ray Train's preemption watcher in this cluster: it watches
+    nodes an autoscaler drains, which a local cluster has none of, and its actor's creation logs
+    an error-level line (``core_worker.cc ... PreemptionWatcher ... max_restarts > 0``) at every
+    run's start.
     """
     import socket
 
@@ -98,6 +103,7 @@ def start_local_ray() -> None:
     forced = {
         "RAY_GCS_SERVER_PORT": str(port),
         "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}",
+        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     }
     saved = {k: os.environ.get(k) for k in forced}
     os.environ.update(forced)

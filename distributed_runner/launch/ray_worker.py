@@ -57,6 +57,10 @@ def train_worker(config: dict) -> None:
     from distributed_runner.engine.runner import Runner
 
     redact_process_output()  # what this worker prints reaches the driver's terminal
+    if not (config["cfg"].get("launcher") or {}).get("verbose"):
+        from distributed_runner.core.ray_private import quiet_train_reports
+
+        quiet_train_reports()
     if config.get("env") is not None:  # the driver's MLFLOW_* (ray_connect.forwarded_env)
         os.environ.update(ray.get(config["env"]))
     cfg = Config(to_config_dict(config["cfg"])).with_source(config.get("source"))

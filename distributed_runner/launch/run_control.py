@@ -3,11 +3,11 @@ launcher creates for each run and the workers find by name.
 
 Ray Train runs the training function off the workers' main threads, where Python takes no signal,
 and the driver's SIGINT would otherwise only tear the group down. So the driver turns the first
-Ctrl-C into :meth:`RunControl.stop`; rank 0's ``RayPauseHook`` keeps one :meth:`wait_stop` call
-outstanding and looks at it with ``ray.wait(timeout=0)`` at most twice a second, then requests
-the pause — every rank agrees on it at the end of an iteration, writes (and reports) its
-checkpoint and returns; rank 0 records where it stopped (:meth:`paused`) and the driver prints the
-same one line as a run without Ray (exit 130). A second Ctrl-C leaves at once.
+Ctrl-C into :meth:`RunControl.stop`; rank 0's ``RayPauseHook`` waits on one :meth:`wait_stop`
+call in a thread of its own (the training thread makes no Ray call for it) and at the next
+iteration requests the pause — every rank agrees on it at the end of an iteration, writes (and
+reports) its checkpoint and returns; rank 0 records where it stopped (:meth:`paused`) and the
+driver prints the same one line as a run without Ray (exit 130). A second Ctrl-C leaves at once.
 """
 
 from __future__ import annotations
@@ -49,11 +49,14 @@ class RunControl:
 
 
 def start_control(name: str) -> Any:
-    """The run's control actor, named ``name`` (0 CPUs: it must never wait for a slot)."""
+    """The run's control actor, named ``name``: 0 CPUs (it must never wait for a slot), on the
+    driver's node (as Ray Train's controller), so that losing a worker's node never loses it."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(num_cpus=0)(RunControl)
-    return actor.options(name=name).remote()
+    return actor.options(name=name, scheduling_strategy=here).remote()
 
 
 @contextlib.contextmanager

@@ -114,7 +114,20 @@ def _parse_ddp(args: dict) -> dict:
 
 
 def _parse_fsdp(args: dict) -> dict:
-    """FSDP's options over FSDP_DEFAULTS, each checked: a typo must not fall back to a default."""
+    """FSDP's options over FSDP_DEFAULTS, each checked: a typo must not fall back to a default.
+
+    Args:
+        shard_modules (list[str]): module class names each sharded as one unit (e.g. a
+            transformer block); empty shards the model as one unit.
+        mixed_precision (dict | None): ``dict(param_dtype=..., reduce_dtype=...)`` for FSDP2's
+            mixed precision; None trains in the parameters' dtype.
+        reshard_after_forward (bool): free gathered weights after each unit's forward (less
+            memory, one more all-gather in backward).
+        cpu_offload (bool): keep sharded parameters and optimizer state in host memory.
+        checkpoint (str): 'sharded' (each rank writes its shards) or 'full' (one file on rank 0).
+        activation_checkpointing (list[str]): module class names whose activations are
+            recomputed in backward instead of kept.
+    """
     for key in args:
         if key not in FSDP_DEFAULTS:
             raise ConfigError(

@@ -43,6 +43,12 @@ class OptimWrapper:
         accumulative_counts: int = 1,
         clip_grad: dict | None = None,
     ) -> None:
+        """Args:
+        accumulative_counts (int): micro-batches whose gradients add up to one optimizer
+            step (gradient accumulation).
+        clip_grad (dict | None): ``dict(max_norm=...)`` (``torch.nn.utils.clip_grad_norm_``'s
+            arguments) to clip the gradients' norm before each step.
+        """
         positive_int(
             {"accumulative_counts": accumulative_counts}, "accumulative_counts", "optim_wrapper"
         )  # the config's rule, also for a wrapper built in Python

@@ -253,7 +253,14 @@ RESOURCE_NAMES = ("CPU", "GPU")
 
 @dataclass(frozen=True)
 class ValMode:
-    """Where validation runs; see the module docstring."""
+    """Where validation runs; see the module docstring.
+
+    Args:
+        mode (str): 'inline' (the training loop validates) or 'async' (Ray tasks validate
+            saved checkpoints while training goes on).
+        lag (int): due validations that may be outstanding before training waits for them.
+        resources (dict): what one asynchronous validation task takes, e.g. ``{'CPU': 1}``.
+    """
 
     mode: str = "inline"
     lag: int = 1

@@ -2,6 +2,7 @@
 ``drun train CONFIG --launcher ray --num-workers 2`` (its own local Ray, started and stopped by
 drun)."""
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -37,6 +38,11 @@ def test_drun_train_on_two_ray_workers(ray_cluster, tmp_path):
     assert "Traceback" not in text and "GetTimeoutError" not in text
     assert "Failed to query Ray Train Controller" not in text
     assert "took" not in "".join(line for line in text.splitlines() if "WARNING" in line)
+    # no error-level line of Ray's own making, none of Ray Train's per-report chatter (drun's
+    # launcher.verbose=False): the terminal shows the run
+    assert not [line for line in text.splitlines() if re.search(r"\bE \d+ \d+\]|\] E ", line)]
+    assert "Reporting training result" not in text
+    assert "Checkpoint successfully created" not in text
     reported = [p.name for p in (tmp_path / "ray_storage" / tmp_path.name).iterdir() if p.is_dir()]
     assert any(name.startswith("last-") for name in reported)
     assert (tmp_path / "last.pth").is_file()

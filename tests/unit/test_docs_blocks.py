@@ -105,3 +105,20 @@ def test_the_readme_is_the_front_door():
 def test_every_doc_file_is_scanned():
     files = {p.relative_to(ROOT).as_posix() for p in doc_files()}
     assert {"README.md", "CONTRIBUTING.md", "docs/index.md"} <= files
+
+
+def test_every_table_column_in_the_docs_and_the_readme_has_a_header():
+    """A Markdown table's header row names every column (an empty header cell reads as a
+    broken table)."""
+    import re
+
+    separator = re.compile(r"\|(\s*:?-+:?\s*\|)+")
+    missing = []
+    for page in [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]:
+        lines = page.read_text().splitlines()
+        for number, (line, following) in enumerate(zip(lines, lines[1:]), start=1):
+            if line.strip().startswith("|") and separator.fullmatch(following.strip()):
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if "" in cells:
+                    missing.append(f"{page.relative_to(ROOT)}:{number}")
+    assert missing == []

@@ -64,8 +64,48 @@ def test_the_config_page_has_every_key(gen):
     assert {"train_cfg.max_epochs", "optim_wrapper.clip_grad.max_norm",
             "train_dataloader.batch_size", "randomness.seed"} <= set(nested)
     # the ranges are the checks' own words
-    assert "| `train_cfg.val_interval` | `1` | takes an int >= 1 |" in page
-    assert "| `optim_wrapper.clip_grad.max_norm` | — | takes a finite number > 0 |" in page
+    assert "| `1` | takes an int >= 1 |" in row(page, "train_cfg.val_interval")
+    assert row(page, "optim_wrapper.clip_grad.max_norm").endswith(
+        "| — | takes a finite number > 0 |")
+
+
+def row(page: str, key: str) -> str:
+    (line,) = [x for x in page.splitlines() if x.startswith(f"| `{key}` |")]
+    return line
+
+
+def test_every_key_of_the_config_page_has_a_type_and_a_meaning_from_the_code(gen):
+    """Type and meaning of each top-level and nested key come from the docstrings ('Args:') of
+    the code that reads it, torch's for torch's arguments: none is missing."""
+    page = gen.config_page()
+    body = page.split("## Keys that are refused")[0]
+    rows = [x for x in body.splitlines() if x.startswith("| `")]
+    assert len(rows) >= 90
+    empty = []
+    for line in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if not cells[1].startswith("`") or len(cells[2]) < 8 or "Any" in cells[1]:
+            empty.append(cells[0])
+    assert empty == []
+    assert row(page, "train_dataloader.num_workers").startswith(
+        "| `train_dataloader.num_workers` | `int` | how many subprocesses to use")
+    assert "| `launcher` | `str \\| dict` | 'none' (this process) or Ray" in page
+
+
+def test_args_sections_are_read_as_torch_and_this_project_write_them(gen):
+    def documented(a, b=1):
+        """Summary.
+
+        Args:
+            a (int, optional): first sentence here. Second sentence
+                not included.
+            b: no type. (default: ``1``)
+        Returns:
+            nothing
+        """
+
+    assert gen.arg_docs(documented) == {"a": ("int", "first sentence here"),
+                                        "b": ("", "no type")}
 
 
 def test_the_cli_page_has_every_option(gen):
