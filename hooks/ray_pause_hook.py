@@ -27,29 +27,33 @@ class RayPauseHook(Hook):
 
     priority = "LOWEST"
 
-    def __init__(self, control: str | None = None, poll_s: float = 1.0) -> None:
+    def __init__(self, control: str | None = None, poll_s: float = 10.0) -> None:
         self.control, self.poll_s = control, float(poll_s)
         self._reason: str | None = None  # set by the watching thread
         self._done = threading.Event()
 
-    def before_train(self, runner: RunnerAPI) -> None:
+    def before_run(self, runner: RunnerAPI) -> None:
+        """The actor's lookup (a GCS call) and the outstanding call, here on the main thread
+        before any step is timed; the thread then only sits in ``ray.get`` (no GIL held). Done
+        in before_train, concurrently with the first steps, it made rank 0 slower in
+        StragglerHook's first window (CI of 4a4cd24)."""
         if self.control is None or runner.rank != 0:
             return
-        # even the actor's lookup (a GCS call, tens of ms) happens off the training thread:
-        # in the first logging window it would make rank 0 look fast next to the others
-        watch = threading.Thread(
-            target=self._watch, args=(runner.logger,), name="drun-ray-pause", daemon=True
-        )
-        watch.start()
-
-    def _watch(self, logger: Any) -> None:
         import ray
 
         try:
             pending: Any = ray.get_actor(str(self.control)).wait_stop.remote()
         except ValueError:  # no such actor: its driver is gone
-            logger.warning("Ctrl-C cannot reach this run: no actor %s", self.control)
+            runner.logger.warning("Ctrl-C cannot reach this run: no actor %s", self.control)
             return
+        watch = threading.Thread(
+            target=self._watch, args=(pending, runner.logger), name="drun-ray-pause", daemon=True
+        )
+        watch.start()
+
+    def _watch(self, pending: Any, logger: Any) -> None:
+        import ray
+
         while not self._done.is_set():
             try:
                 self._reason = ray.get(pending, timeout=self.poll_s)
@@ -67,5 +71,5 @@ class RayPauseHook(Hook):
             reason, self._reason = self._reason, None
             runner.request_pause(reason)
 
-    def after_train(self, runner: RunnerAPI) -> None:
+    def after_run(self, runner: RunnerAPI) -> None:
         self._done.set()
