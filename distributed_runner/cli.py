@@ -1,11 +1,11 @@
 """``drun``: train, test and inspect from a config file.
 
-    drun train CONFIG [--work-dir D] [--resume [PATH]] [--cfg-options k=v ...]
+    drun train CONFIG [--work-dir D] [--name RUN] [--resume [PATH]] [--cfg-options k=v ...]
                [--launcher ray --num-workers N|MIN-MAX [--gpu] [--address A] [--storage-path S]
-                [--name NAME] [--max-failures K]]
+                [--max-failures K] [--verbose]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...] [--launcher none|ray]
-    drun plot  WORK_DIR [WORK_DIR ...] [--out curves.png] [--smooth W]
+    drun plot  WORK_DIR|RUN_DIR [...] [--all] [--out curves.png] [--smooth W]
     drun tune  CONFIG [--work-dir D] [--cfg-options ...] [--num-samples N]
                [--max-concurrent-trials K] [--scheduler S] [--search-alg A]
                [--trial-launcher none|ray --num-workers N [--gpu]]
@@ -14,7 +14,9 @@
 A user mistake prints one line (``drun: error: <key>: <what to do>``) and exits with status 2
 (``--debug`` shows its traceback); a checkpoint that cannot be written (a full disk) is one line
 and status 1, and so is training data that stays unreadable; anything else is a bug and keeps
-its traceback. A run stopped by SIGTERM after writing its checkpoint exits with 143; Ctrl-C while
+its traceback. Each ``drun train`` writes into a folder of its own under work_dir (a timestamp,
+or ``--name``); ``--resume`` continues the newest run that has a checkpoint, in its folder. A run
+stopped by SIGTERM after writing its checkpoint exits with 143; Ctrl-C while
 training stops at the end of the iteration with a checkpoint and one line saying how to continue,
 and exits with 130 (see :mod:`distributed_runner.core.preemption`).
 """
@@ -38,7 +40,10 @@ from distributed_runner.launch.ray_connect import announced_path
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a .py or .yaml config file")
-    p.add_argument("--work-dir", help="where logs and checkpoints go (overrides work_dir)")
+    p.add_argument(
+        "--work-dir",
+        help="the folder of this config's runs, one folder each (overrides work_dir)",
+    )
     p.add_argument(
         "--cfg-options",
         nargs="+",
@@ -78,7 +83,13 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
         const=True,
         default=None,
         metavar="PATH",
-        help="resume from PATH, or from work_dir's last checkpoint if no PATH",
+        help="resume from PATH, or, with no PATH, the newest run under work_dir that has a "
+        "checkpoint, from its newest that verifies (in that run's folder)",
+    )
+    train.add_argument(
+        "--name",
+        help="the run's folder under work_dir (default: its start time, 20261128_194500); "
+        "an existing run's name needs --resume",
     )
     train.add_argument(
         "--strategy",
@@ -104,7 +115,6 @@ def _add_ray_flags(train: argparse.ArgumentParser) -> None:
     ray.add_argument(
         "--storage-path", help="where Ray persists checkpoints (shared for multi-node)"
     )
-    ray.add_argument("--name", help="run name; rerunning with the same name resumes")
     ray.add_argument("--max-failures", type=int, help="worker-group restarts Ray may make")
     ray.add_argument(
         "--verbose",
@@ -140,7 +150,15 @@ def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
         "plot", help="draw loss, lr and validation curves of one run or several overlaid"
     )
     plot.add_argument(
-        "work_dir", nargs="+", help="work_dir(s) of runs (jsonl or parquet sink) or of sweeps"
+        "work_dir",
+        nargs="+",
+        help="a work_dir (its newest run), a run's folder, or a sweep's work_dir (its trials)",
+    )
+    plot.add_argument(
+        "--all",
+        action="store_true",
+        dest="every_run",
+        help="every run of each work_dir, overlaid and labelled (oldest first)",
     )
     plot.add_argument("--out", help="image file (default FIRST_WORK_DIR/curves.png)")
     plot.add_argument(
@@ -181,7 +199,6 @@ RAY_FLAGS = {
     "gpu": "use_gpu",
     "address": "address",
     "storage_path": "storage_path",
-    "name": "name",
     "max_failures": "max_failures",
     "verbose": "verbose",
 }
@@ -223,10 +240,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     if args.resume is not None:
         cfg["resume"] = args.resume
+    if args.name is not None:
+        cfg["run_name"] = args.name
+    check_named_run(cfg)
     if args.strategy is not None:
         cfg["strategy"] = override_strategy(cfg.get("strategy"), args.strategy)
     apply_launcher_flags(cfg, args)
     return run(cfg)
+
+
+def check_named_run(cfg: dict) -> None:
+    """A run named after one that has checkpoints continues it only with ``--resume``: a fresh
+    start there would mix two runs' logs and let one delete the other's checkpoints."""
+    from distributed_runner.checkpoint.resume_choice import has_checkpoints
+    from distributed_runner.core.run_folders import FLAT, run_dir
+
+    name = cfg.get("run_name")
+    if name in (None, FLAT) or cfg.get("resume"):
+        return
+    folder = run_dir(Path(str(cfg["work_dir"])).expanduser(), str(name))
+    if folder.is_dir() and has_checkpoints(folder):
+        raise ConfigError(
+            "run_name",
+            f"{folder} already holds run {name!r} and its checkpoints: add --resume to "
+            f"continue it, or choose another --name",
+        )
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -258,7 +296,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if not 0.0 <= args.smooth < 1.0:
         raise ConfigError("--smooth", f"{args.smooth} is not in [0, 1): try 0.6")
     try:
-        path = plot(args.work_dir, args.out, smooth=args.smooth)
+        path = plot(args.work_dir, args.out, smooth=args.smooth, every_run=args.every_run)
     except FileNotFoundError as e:
         raise ConfigError("work_dir", str(e)) from None
     print(path)

@@ -51,7 +51,10 @@ _GOT = re.compile(r",? ?got (?:<probe>|_Probe);? ?")
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell: ``|`` escaped outside code spans only (Python-Markdown's tables keep a code
+    span's pipes, and show an escaped one inside a code span with its backslash)."""
+    parts = str(text).replace("\n", " ").split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def _code(value: Any) -> str:
@@ -59,7 +62,7 @@ def _code(value: Any) -> str:
 
 
 def _type(kind: str) -> str:
-    """A type as code; ``|`` escaped, so the table keeps its columns."""
+    """A type as code (its pipes stay: a code span keeps the table's columns)."""
     return _cell(f"`{kind}`") if kind else ""
 
 

@@ -270,11 +270,13 @@ class CheckpointHook(Hook, CheckpointSaver):
             self.out_dir = work_dir
             if runner.rank == 0 and self.remote is None:
                 self.remote = RemoteCopies(
-                    run_folder(self.out_dir_arg, work_dir), self.backend_args, runner.logger
+                    run_folder(self.out_dir_arg, work_dir, runner.run_name),
+                    self.backend_args,
+                    runner.logger,
                 )
         else:
             self.out_dir = (
-                Path(run_folder(self.out_dir_arg, work_dir)).expanduser().resolve()
+                Path(run_folder(self.out_dir_arg, work_dir, runner.run_name)).expanduser().resolve()
                 if self.out_dir_arg
                 else work_dir
             )

@@ -55,8 +55,8 @@ class LoggerHook(Hook, SinkProvider):
 
     MMEngine's other options: every ``interval_exp_name`` iterations the experiment name is
     logged; ``out_dir`` (local or ``s3://``..., with ``backend_args``) receives, after the run,
-    the files under ``work_dir/logs`` and in ``work_dir`` whose names end with ``out_suffix``
-    (MMEngine's list plus ``.jsonl``), under ``out_dir/<basename(work_dir)>``, and
+    the files under the run's ``logs`` and in its folder whose names end with ``out_suffix``
+    (MMEngine's list plus ``.jsonl``), under ``out_dir/<basename(work_dir)>/<run>``, and
     ``keep_local=False`` then deletes the local ones; ``file_client_args`` is accepted with a
     deprecation warning. ``log_metric_by_epoch=True`` (MMEngine's default) has metric backends
     (TensorBoard, MLflow, wandb) chart an epoch-based run's validation metrics at step = epoch;
@@ -298,6 +298,7 @@ class LoggerHook(Hook, SinkProvider):
         if self.out_dir and runner.rank == 0:
             names = copy_run_files(
                 runner.work_dir,
+                runner.run_name,
                 self.out_dir,
                 self.out_suffix,
                 self.keep_local,
@@ -307,5 +308,5 @@ class LoggerHook(Hook, SinkProvider):
             runner.logger.info(
                 "copied %d log files to %s",
                 len(names),
-                redact_url(run_folder(self.out_dir, runner.work_dir)),
+                redact_url(run_folder(self.out_dir, runner.work_dir, runner.run_name)),
             )

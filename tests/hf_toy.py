@@ -64,7 +64,7 @@ def gpt2_cfg(work_dir: Path | str, **overrides: Any) -> dict:
     """A small GPT-2 run: 32 sequences, batch 4 (8 iterations an epoch), 2 epochs, AdamW,
     a checkpoint every epoch, no validation."""
     cfg: dict[str, Any] = dict(
-        work_dir=str(work_dir), model=GPT2,
+        work_dir=str(work_dir), run_name=".", model=GPT2,  # the test's folder is the run's
         train_dataloader=dict(dataset=dict(type="HFToyTokens", n=32), batch_size=4,
                               sampler=dict(type="DefaultSampler", shuffle=True)),
         train_cfg=dict(by_epoch=True, max_epochs=2),

@@ -130,9 +130,12 @@ for _name in MOUNT_POINTS:
 
 
 def base_cfg(work_dir: Path | str, **overrides: Any) -> dict:
-    """A complete small config: 40 samples, batch 4 (10 iters/epoch), 3 epochs, validation."""
+    """A complete small config: 40 samples, batch 4 (10 iters/epoch), 3 epochs, validation.
+    ``run_name='.'``: each test's folder is its run's (the layout of run folders under work_dir
+    is tested by tests/unit/test_run_folders.py and the CLI tests, which leave it out)."""
     cfg = dict(
         work_dir=str(work_dir),
+        run_name=".",
         model=dict(type="ToyModel"),
         train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4,
                               sampler=dict(type="DefaultSampler", shuffle=True)),

@@ -13,6 +13,9 @@ NUM_CPUS="${1:-$(nproc)}"
 NUM_GPUS="${2:-0}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 export RAY_USAGE_STATS_ENABLED=0
+# Ray Train's controller empties each worker's one-slot report queue when it polls (every 2 s by
+# default), so every checkpoint report waited for it; drun's own local cluster polls every 0.2 s
+export RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="${RAY_TRAIN_HEALTH_CHECK_INTERVAL_S:-0.2}"
 ray start --head --node-ip-address 127.0.0.1 --port "${RAY_PORT:-6379}" \
     --num-cpus "$NUM_CPUS" --num-gpus "$NUM_GPUS" \
     --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT:-8265}" \

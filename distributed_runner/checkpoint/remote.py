@@ -25,6 +25,7 @@ from typing import Any
 
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.redact import redact_url
+from distributed_runner.core.run_folders import FLAT, runs_root
 
 CHUNK = 8 << 20
 
@@ -33,10 +34,13 @@ def is_remote(path: Any) -> bool:
     return "://" in str(path)
 
 
-def run_folder(out_dir: str, work_dir: Path) -> str:
+def run_folder(out_dir: str, work_dir: Path, run_name: str = FLAT) -> str:
     """MMEngine's rule for an ``out_dir``: the run's files go to ``out_dir/<basename(work_dir)>``
-    (a URI or a local path, as given)."""
-    return f"{str(out_dir).rstrip('/')}/{Path(work_dir).name}"
+    (a URI or a local path, as given) — with ``work_dir`` the config's, and the run's folder
+    under it kept (``out_dir/digits_cnn/20261128_194653``) as MMEngine keeps its timestamped log
+    folder, so that runs of one config never overwrite each other there either."""
+    base = f"{str(out_dir).rstrip('/')}/{runs_root(work_dir, run_name).name}"
+    return base if run_name == FLAT else f"{base}/{run_name}"
 
 
 def check_storage_options(
@@ -173,6 +177,7 @@ class RemoteCopies:
 
 def copy_run_files(
     work_dir: Path,
+    run_name: str,
     out_dir: str,
     suffixes: tuple[str, ...],
     keep_local: bool,
@@ -190,7 +195,7 @@ def copy_run_files(
         if f.is_file() and f.name.endswith(suffixes)
     ]
     names = [f.relative_to(work_dir).as_posix() for f in files]
-    target = run_folder(out_dir, work_dir)
+    target = run_folder(out_dir, work_dir, run_name)
     if is_remote(out_dir):
         remote = RemoteCopies(target, backend_args, logger)
         for file, name in zip(files, names, strict=True):

@@ -1,5 +1,7 @@
 """Which checkpoint a run starts from: the one module that decides it.
 
+* :func:`choose_run`: which run folder under ``work_dir`` a start writes to (``--resume``: the
+  newest run that has a checkpoint, continued in place; else a new one);
 * :func:`choose_start`: the Runner's start — ``resume=PATH``, ``resume=True``, ``load_from``;
 * :func:`newest_everywhere`: what a rollback (NonFiniteLossHook policy='rollback') restores;
 * :func:`choose_restart`: what a Ray worker group (re)started by Ray Train resumes from;
@@ -43,6 +45,11 @@ from distributed_runner.checkpoint.files import (
 from distributed_runner.checkpoint.parts import missing_for_training
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.run_folders import (
+    new_run_name,
+    run_name_of,
+    runs_newest_first,
+)
 
 
 def is_training_checkpoint(ckpt: Any) -> bool:
@@ -159,6 +166,34 @@ def file_of_reported(folder: str | Path, where: Any) -> Path:
     if len(files) != 1:
         raise RuntimeError(f"Ray checkpoint {where} holds {len(files)} .pth files, expected one")
     return files[0]
+
+
+def has_checkpoints(folder: Path) -> bool:
+    """Whether ``folder`` holds a checkpoint file or a pointer to one (verified or not: a run
+    whose checkpoints are all damaged is still the run ``--resume`` means, and says so)."""
+    return (folder / LAST_CHECKPOINT_POINTER).exists() or any(folder.glob("*.pth"))
+
+
+def choose_run(work_dir: str | Path, resume: Any, logger: logging.Logger | None = None) -> str:
+    """The run folder (its name under ``work_dir``) of a start whose config names none.
+
+    ``resume=PATH`` in a run folder of ``work_dir`` continues that run; ``resume=True`` the most
+    recently active run that has a checkpoint (:func:`choose_start` then takes its newest that
+    verifies); anything else is a new run (:func:`~distributed_runner.core.run_folders.
+    new_run_name`). Call once per run (rank 0, or the Ray driver) and hand the name on."""
+    work_dir = Path(work_dir).expanduser().resolve()
+    if isinstance(resume, (str, Path)):
+        folder = Path(resume).expanduser().resolve().parent
+        if folder == work_dir or folder.parent == work_dir:
+            return run_name_of(work_dir, folder)
+        return new_run_name(work_dir)
+    if resume:
+        for run in runs_newest_first(work_dir):
+            if has_checkpoints(run):
+                if logger is not None:
+                    logger.info("resume: continuing run %s (%s)", run_name_of(work_dir, run), run)
+                return run_name_of(work_dir, run)
+    return new_run_name(work_dir)
 
 
 class StartChoice(NamedTuple):

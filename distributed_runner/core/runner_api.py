@@ -43,8 +43,9 @@ class RunnerAPI(Protocol):
 
     # -- configuration and identity -----------------------------------------------------------
     cfg: Any  # the Config (or a plain dict on a Ray worker) the Runner was built from
-    work_dir: Path  # absolute
-    experiment_name: str
+    work_dir: Path  # absolute: this run's own folder under the config's work_dir
+    run_name: str  # that folder's name ('.' when it is the config's work_dir itself)
+    experiment_name: str  # what the runs of one config share (the config's work_dir's name)
     timestamp: str
     launcher: Any
     rank: int

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from distributed_runner.compat.imix import translate_imix_hooks
 from distributed_runner.core.config import Config, import_custom_modules, to_config_dict
+from distributed_runner.core.env_cfg import check_env_cfg
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.registry import set_default_scope
 from distributed_runner.engine.config_check import check_config
@@ -54,6 +55,7 @@ RUNNER_KEYS = (
     "preemption",
     "compile",
     "strategy",
+    "run_name",
 )
 # top-level config keys the Runner does not take but other parts of the project read
 # (watchdog: distributed_runner.health.watchdog; tune: the sweep block of ``drun tune``)
@@ -61,7 +63,11 @@ OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope", "watchdog", "
 # their types and meanings, for the generated config reference
 OTHER_CONFIG_DOCS: dict[str, tuple[str, str]] = {
     "custom_imports": ("dict | list", "modules imported before anything is built (your classes)"),
-    "env_cfg": ("dict", "accepted from MMEngine configs and not read (no effect here)"),
+    "env_cfg": (
+        "dict",
+        "num_threads: torch's threads (a sweep's best config repeats its trial's); "
+        "MMEngine's cudnn_benchmark, mp_cfg, dist_cfg have no effect",
+    ),
     "default_scope": ("str", "the registry scope unprefixed type names resolve in (e.g. mmdet)"),
     "watchdog": ("dict | bool", "the hang watch and straggler detection (see Hangs)"),
     "tune": ("dict", "the sweep drun tune runs: param_space, search_alg, scheduler, ..."),
@@ -88,6 +94,7 @@ def prepare_config(cfg: dict, check_device: bool = True) -> tuple[Config, list[s
     for key, what_to_do in REQUIRED_KEYS.items():
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing: {what_to_do}")
+    check_env_cfg(cfg.get("env_cfg"))
     notes = translate_imix_hooks(cfg)
     checked = cfg if check_device else {k: v for k, v in cfg.items() if k != "device"}
     check_config(checked, RUNNER_KEYS, OTHER_CONFIG_KEYS)

@@ -1,7 +1,9 @@
 """The Runner: builds everything from a config, owns the run's services, runs the loops.
 
 The same object runs in a plain process and in each Ray Train worker: rank and world size come
-from :mod:`distributed_runner.core.dist` only; ``work_dir`` is made absolute at construction. Each
+from :mod:`distributed_runner.core.dist` only. ``work_dir`` is the run's own folder, absolute: the
+config's ``work_dir`` holds runs, a folder each (``run_name``, a timestamp by default;
+:mod:`distributed_runner.core.run_folders`), so everything a hook writes there stays its run's. Each
 Runner has its own MessageHub, sinks, requests and hook tables; the Python logger
 (:mod:`distributed_runner.core.log`) is one per process, re-pointed at this Runner's ``work_dir``
 and rank when it is built. It owns, each in one place: the position (:class:`TrainState`,
@@ -36,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from distributed_runner.checkpoint.files import load_file, point_at, read_pointer
 from distributed_runner.checkpoint.resume_choice import (
+    choose_run,
     choose_start,
     newest_everywhere,
     require_training_checkpoint,
@@ -46,12 +49,14 @@ from distributed_runner.checkpoint.writer import CheckpointWriter
 from distributed_runner.core import dist
 from distributed_runner.core.config import Config
 from distributed_runner.core.config_values import all_or_none
+from distributed_runner.core.env_cfg import apply_env_cfg
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.log import log_brief_and_full, run_log_file, setup_logger
 from distributed_runner.core.preemption import parse_preemption, preemption_signals
 from distributed_runner.core.randomness import set_random_seed
 from distributed_runner.core.redact import redact
 from distributed_runner.core.registry import LOOPS
+from distributed_runner.core.run_folders import check_run_name, run_dir, run_name_of
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.data.elastic import GlobalBatchPlan, elastic_training
 from distributed_runner.data.loaders import build_dataloader, seeded_dataloader
@@ -82,6 +87,20 @@ from distributed_runner.version import __version__
 if TYPE_CHECKING:
     from distributed_runner.engine.dispatch import HookDispatcher
     from distributed_runner.engine.requests import ControlRequests
+
+
+def agreed_run_dir(work_dir: str | Path, run_name: str | None, resume: Any) -> Path:
+    """The run's folder under ``work_dir``, the same on every rank: ``run_name`` if the config
+    names one (a Ray driver always does), else rank 0's choice (:func:`choose_run`: a new
+    timestamp, or the run ``resume`` continues), broadcast."""
+    work_dir = Path(work_dir).expanduser().resolve()
+    if run_name is not None:
+        problem = check_run_name(str(run_name))
+        if problem:
+            raise ConfigError("run_name", problem)
+        return run_dir(work_dir, str(run_name))
+    chosen = choose_run(work_dir, resume) if dist.get_rank() == 0 else ""
+    return run_dir(work_dir, dist.broadcast_object(chosen))
 
 
 class RunnerSurface:
@@ -208,7 +227,10 @@ class Runner(RunnerSurface):
 
     Args:
         model (nn.Module | dict): the model, or ``dict(type=...)`` built from MODELS.
-        work_dir (str | Path): where checkpoints and logs go.
+        work_dir (str | Path): the folder of this config's runs; each run writes its logs
+            and checkpoints in a folder of its own under it (``run_name``).
+        run_name (str | None): the run's folder under work_dir: a new timestamp by default
+            (``--resume``: the newest run that has a checkpoint); '.' is work_dir itself.
         train_dataloader (dict | DataLoader | None): the training data: ``dict(dataset=...,
             batch_size=..., sampler=...)``, a StreamingLoader or RayDataLoader, or a DataLoader.
         val_dataloader (dict | DataLoader | None): the validation data, as train_dataloader.
@@ -224,14 +246,14 @@ class Runner(RunnerSurface):
         default_hooks (dict | None): the built-in hooks by name, changed or removed (None).
         custom_hooks (list | None): more hooks, ``dict(type=...)`` or objects.
         load_from (str | None): weights to start from (not the run's position).
-        resume (bool | str): continue a run: True takes work_dir's newest verified
-            checkpoint, a path that checkpoint.
+        resume (bool | str): continue a run: True takes the newest verified checkpoint of
+            the newest run under work_dir that has one, a path that checkpoint.
         randomness (dict | None): the seed and determinism (``dict(seed=0)``).
         launcher (str | dict): 'none' (this process) or Ray (``dict(type='ray', ...)``).
         device (str | torch.device | None): where to train; None picks CUDA when present.
         log_level (str): the run log's level (DEBUG, INFO, WARNING, ERROR).
-        experiment_name (str | None): the run's name in logs and MLflow; default
-            work_dir's name.
+        experiment_name (str | None): the name runs share in logs and MLflow (its
+            experiment); default work_dir's name.
         model_wrapper_cfg (dict | None): DDP's arguments when several ranks run.
         preemption (bool | dict): SIGTERM handling (checkpoint and exit); False turns it off.
         compile (bool | dict): ``torch.compile`` the model (True, or its arguments).
@@ -266,9 +288,13 @@ class Runner(RunnerSurface):
         preemption: bool | dict = True,
         compile: bool | dict = False,
         strategy: str | dict | None = None,
+        run_name: str | None = None,
         cfg: dict | None = None,
     ) -> None:
-        self._setup_context(cfg, launcher, work_dir, experiment_name, log_level, preemption)
+        folder = agreed_run_dir(work_dir, run_name, resume)
+        self.run_name = run_name_of(work_dir, folder)
+        experiment_name = experiment_name or Path(work_dir).expanduser().resolve().name
+        self._setup_context(cfg, launcher, folder, experiment_name, log_level, preemption)
         # hooks and checkpoint paths first: their mistakes should not wait for data to load
         self._setup_hooks_and_checkpoints(default_hooks, custom_hooks, load_from, resume)
         self._setup_model(model, randomness, device, strategy, model_wrapper_cfg, compile)
@@ -291,11 +317,12 @@ class Runner(RunnerSurface):
         cfg: dict | None,
         launcher: Any,
         work_dir: str | Path,
-        experiment_name: str | None,
+        experiment_name: str,
         log_level: str,
         preemption: Any,
     ) -> None:
-        """Config, ranks, work_dir, logger and run services: what everything after them uses."""
+        """Config, ranks, the run's folder (``self.work_dir``), logger and run services: what
+        everything after them uses."""
         self.cfg = cfg if cfg is not None else Config()
         self.launcher = launcher
         self.rank = dist.get_rank()
@@ -303,7 +330,7 @@ class Runner(RunnerSurface):
         self.work_dir = Path(work_dir).expanduser().resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.timestamp = time.strftime("%Y%m%d_%H%M%S")
-        self.experiment_name = experiment_name or self.work_dir.name
+        self.experiment_name = experiment_name
         self.logger = setup_logger(self.work_dir, self.rank, log_level)
         self.message_hub = MessageHub()
         self.requests = ControlRequests()
@@ -341,6 +368,7 @@ class Runner(RunnerSurface):
         compile_cfg: bool | dict,
     ) -> None:
         """Seed, device, strategy and the (wrapped) model: seeded before its weights are made."""
+        self.num_threads = apply_env_cfg(self.cfg.get("env_cfg"))  # before any tensor math
         self.seed = set_random_seed(randomness)
         self.device = torch.device(device) if device is not None else default_device()
 
@@ -379,14 +407,16 @@ class Runner(RunnerSurface):
     def _log_startup(self) -> None:
         """The run's one-line summary and its hook plan, once everything is built."""
         self.logger.info(
-            "distributed-runner %s | torch %s | device %s | world size %d%s | seed "
-            "%d | work_dir %s",
+            "distributed-runner %s | torch %s | device %s (%d threads) | world size %d%s | "
+            "seed %d | run %s in %s",
             __version__,
             torch.__version__,
             self.device,
+            self.num_threads,
             self.world_size,
             f" ({self.elastic_plan.describe()})" if self.elastic_plan else "",
             self.seed,
+            self.run_name,
             self.work_dir,
         )
         # the whole hook plan to the log file, a short one to the terminal (core/log.py)

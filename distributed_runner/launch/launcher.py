@@ -16,10 +16,12 @@ Train ``TorchTrainer`` whose workers each build the Runner from the plain config
   refuses when several run on the machine; the driver prints which cluster it joined, and forwards
   its ``MLFLOW_*`` and ``WANDB_*`` environment to the workers
   (:mod:`distributed_runner.launch.ray_connect`).
-* ``storage_path`` defaults to ``work_dir/ray_storage``; multi-node runs point it at shared storage
-  (an NFS path or ``s3://``). ``name`` defaults to the work_dir's folder name, so rerunning the same
-  config continues the run from its last reported checkpoint instead of starting over. Relative
-  paths inside a ``ray job submit`` package folder go under ``$DRUN_WORK_ROOT`` (``~/drun``).
+* The driver names the run once (:func:`~distributed_runner.checkpoint.resume_choice.choose_run`:
+  a new timestamped folder under ``work_dir``, or with ``--resume`` the newest run that has a
+  checkpoint) and every worker writes into that folder. ``name`` (Ray's run name) defaults to
+  the run's folder name. ``storage_path`` defaults to ``work_dir/ray_storage``; multi-node runs
+  point it at shared storage (an NFS path or ``s3://``). Relative paths inside a ``ray job
+  submit`` package folder go under ``$DRUN_WORK_ROOT`` (``~/drun``).
 * ``max_failures``: how many times Ray restarts the worker group after a worker dies; each restart
   resumes exactly from the last checkpoint Ray holds.
 """
@@ -81,7 +83,7 @@ class RayLauncher:
             if launcher["storage_path"]
             else str(self.work_dir / "ray_storage")
         )
-        self.name = launcher["name"] or self.work_dir.name
+        self.run_name: str | None = cfg.get("run_name")  # chosen in fit() when None
         self.joined = "a local Ray started by this process"
 
     # -- cluster -------------------------------------------------------------------------------
@@ -162,6 +164,7 @@ class RayLauncher:
 
         plain = to_plain(self.cfg)
         plain["work_dir"] = str(self.work_dir)
+        plain["run_name"] = self.run_name  # chosen once, here: every worker writes there
         # the resolved run name travels too: sinks tag the run with it
         plain["launcher"] = {**self.opts, "name": self.name, "storage_path": self.storage_path}
         datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
@@ -189,7 +192,7 @@ class RayLauncher:
                 name=self.name,
                 storage_path=self.storage_path,
                 failure_config=ray.train.FailureConfig(max_failures=self.opts["max_failures"]),
-                callbacks=hang_watch_callbacks(watchdog, str(self.work_dir)),
+                callbacks=hang_watch_callbacks(watchdog, str(self.run_dir)),
             ),
             torch_config=TorchConfig(
                 backend="nccl" if self.opts["use_gpu"] else "gloo",
@@ -210,11 +213,12 @@ class RayLauncher:
         check_storage(self.storage_path)
         self.connect()
         self.check_resources(ray.cluster_resources())
+        self.choose_run()
         print(f"distributed-runner on Ray: joined {self.joined}", flush=True)
         print(
             f"distributed-runner on Ray: {self.workers_text()}"
-            f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.name!r} | storage "
-            f"{self.storage_path}/{self.name} | work_dir {self.work_dir}{self._mlflow_note()}",
+            f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.run_dir} | Ray "
+            f"storage {self.storage_path}/{self.name}{self._mlflow_note()}",
             flush=True,
         )
         control_name = f"drun-control-{self.name}-{os.getpid()}-{time.time_ns()}"
@@ -231,6 +235,36 @@ class RayLauncher:
             raise TrainingPreempted((INTERRUPT,), paused[1], iteration=paused[0])
         return result
 
+    def choose_run(self) -> None:
+        """The run's folder, once for every worker (the config's ``run_name``, else a new one or,
+        resuming, the newest that has a checkpoint), and Ray's run name (default the same)."""
+        from distributed_runner.checkpoint.resume_choice import choose_run
+        from distributed_runner.core.run_folders import check_run_name
+
+        if self.run_name is None:
+            self.run_name = choose_run(self.work_dir, self.cfg.get("resume"))
+        problem = check_run_name(self.run_name)
+        if problem:
+            raise ConfigError("run_name", problem)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's folder under work_dir (:meth:`choose_run` names it)."""
+        from distributed_runner.core.run_folders import run_dir
+
+        if self.run_name is None:
+            raise RuntimeError("the run is not named yet: fit() names it")
+        return run_dir(self.work_dir, self.run_name)
+
+    @property
+    def name(self) -> str:
+        """Ray's name for the run: ``launcher.name``, else the run's folder name."""
+        from distributed_runner.core.run_folders import FLAT
+
+        if self.opts["name"]:
+            return str(self.opts["name"])
+        return self.work_dir.name if self.run_name in (None, FLAT) else str(self.run_name)
+
     def train(self) -> int:
         """:meth:`fit` for the command line: the process exit status."""
         from ray.train import TrainingFailedError
@@ -239,10 +273,11 @@ class RayLauncher:
             self.fit()
         except TrainingFailedError as e:
             print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
-            mark_mlflow_run_failed(self.work_dir, self.mlflow_uri())
+            mark_mlflow_run_failed(self.run_dir, self.mlflow_uri())
             return 1
         print(
-            f"distributed-runner on Ray: finished; checkpoints in {self.storage_path}/{self.name}",
+            f"distributed-runner on Ray: finished; run {self.run_dir} (Ray's copies in "
+            f"{self.storage_path}/{self.name})",
             flush=True,
         )
         return 0

@@ -20,6 +20,7 @@ from distributed_runner.checkpoint.resume_choice import choose_restart, file_of_
 from distributed_runner.core.config import Config, to_config_dict
 from distributed_runner.core.log import redact_process_output
 from distributed_runner.core.preemption import TrainingPreempted
+from distributed_runner.core.run_folders import run_dir
 from distributed_runner.engine.hook_builder import with_launcher_hooks
 from distributed_runner.health.heartbeat import HEARTBEAT
 from distributed_runner.health.watchdog import parse_watchdog
@@ -44,7 +45,7 @@ def choose_restart_checkpoint(cfg: dict, rank: int) -> tuple[str | None, str | N
     """The checkpoint a (re)started worker group resumes from, the same on every rank, and why
     when it is not Ray's: Ray's, copied here, or what
     :func:`~distributed_runner.checkpoint.resume_choice.choose_restart` prefers to it."""
-    restored = restore_from_ray(cfg["work_dir"], rank)
+    restored = restore_from_ray(str(run_dir(cfg["work_dir"], cfg.get("run_name"))), rank)
     return choose_restart(restored, cfg.get("launcher") or {}, rank)
 
 

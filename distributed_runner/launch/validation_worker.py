@@ -30,6 +30,7 @@ from typing import Any
 
 from distributed_runner.checkpoint.resume_choice import file_of_reported
 from distributed_runner.core.log import redact_process_output
+from distributed_runner.core.run_folders import FLAT, run_dir
 from distributed_runner.validation.async_validation import KEYS, parse_val_mode
 
 TRAINING_KEYS = (
@@ -50,7 +51,9 @@ def validation_config(cfg: dict) -> dict:
     out = {k: v for k, v in cfg.items() if k not in TRAINING_KEYS}
     out["val_cfg"] = {k: v for k, v in (cfg.get("val_cfg") or {}).items() if k not in KEYS}
     out["load_from"] = None  # each checkpoint is loaded when its validation starts
-    out["work_dir"] = str(Path(cfg["work_dir"]) / "async_val")
+    # inside the training run's folder, as a folder of its own (not a new run)
+    out["work_dir"] = str(run_dir(cfg["work_dir"], cfg.get("run_name")) / "async_val")
+    out["run_name"] = FLAT
     hooks = dict(out.get("default_hooks") or {})
     logger = hooks.get("logger")
     hooks["logger"] = {**(logger if isinstance(logger, dict) else {}), "sinks": []}
@@ -69,7 +72,7 @@ _RUNNERS: dict[str, Any] = {}
 def validation_runner(cfg: dict) -> Any:
     from distributed_runner.engine.runner import Runner
 
-    key = str(cfg["work_dir"])
+    key = str(run_dir(cfg["work_dir"], cfg.get("run_name")))
     if key not in _RUNNERS:
         _RUNNERS[key] = Runner.from_cfg(validation_config(cfg))
     return _RUNNERS[key]

@@ -1,5 +1,9 @@
-"""``drun plot WORK_DIR [WORK_DIR ...] [--out curves.png] [--smooth 0.6]``: training loss,
-learning rate and validation metrics of one run, or of several overlaid for comparison.
+"""``drun plot WORK_DIR [WORK_DIR ...] [--all] [--out curves.png] [--smooth 0.6]``: training
+loss, learning rate and validation metrics of one run, or of several overlaid for comparison.
+
+A config's work_dir holds runs, a folder each (:mod:`distributed_runner.core.run_folders`):
+``drun plot work_dirs/digits_cnn`` draws its newest run, ``--all`` overlays every run in it
+(oldest first, each labelled with its folder's name), and a run's folder draws that run.
 
 It reads what a default run writes — ``logs/scalars.jsonl`` (LoggerHook's default ``jsonl``
 sink) — or the Parquet table when the run has one (``parquet`` sink). A resumed run's file holds
@@ -15,6 +19,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+
+from distributed_runner.core.run_folders import runs_newest_first
 
 Series = dict[tuple[str, str], tuple[list[int], list[float]]]
 NOT_SCALARS = {"mode", "step", "epoch"}
@@ -149,32 +155,46 @@ def build_figure(work_dirs: Sequence[str | Path], smooth: float = 0.0):
     return fig
 
 
-def expand_sweeps(work_dirs: Sequence[str | Path]) -> list[Path]:
-    """Each work_dir as given, but a sweep's (``drun tune``: a ``trials/`` folder and no logs of
-    its own) as its trials' work_dirs, in trial order."""
+def expand_runs(work_dirs: Sequence[str | Path], every_run: bool = False) -> list[Path]:
+    """The run folders to draw: a run's folder (it has logs) as given; a config's work_dir as its
+    newest run, or every run oldest first with ``every_run``; a sweep's (``drun tune``: a
+    ``trials/`` folder and no logs of its own) as its trials, in trial order."""
     out: list[Path] = []
     for work_dir in map(Path, work_dirs):
         trials = work_dir / "trials"
-        if trials.is_dir() and not (work_dir / "logs").exists():
+        if (work_dir / "logs").is_dir():
+            out.append(work_dir)
+        elif trials.is_dir():
             found = sorted(p for p in trials.iterdir() if (p / "logs").is_dir())
             if not found:
                 raise FileNotFoundError(f"{work_dir}: a sweep whose trials logged nothing yet")
             out += found
         else:
-            out.append(work_dir)
+            runs = [run for run in runs_newest_first(work_dir) if (run / "logs").is_dir()]
+            if not runs:
+                raise FileNotFoundError(
+                    f"no run with logs in {work_dir}: is it the work_dir of a run with the jsonl "
+                    f"or parquet sink, or a run's folder?"
+                )
+            out += list(reversed(runs)) if every_run else runs[:1]
     return out
 
 
 def plot(
-    work_dirs: str | Path | Sequence[str | Path], out: str | Path | None = None, smooth: float = 0.0
+    work_dirs: str | Path | Sequence[str | Path],
+    out: str | Path | None = None,
+    smooth: float = 0.0,
+    every_run: bool = False,
 ) -> Path:
-    """Write the figure; returns its path (default ``curves.png`` in the first work_dir)."""
+    """Write the figure; returns its path (default ``curves.png`` in the first run drawn, or in
+    the first folder given when several runs are)."""
     import matplotlib.pyplot as plt
 
     if isinstance(work_dirs, (str, Path)):
         work_dirs = [work_dirs]
-    fig = build_figure(expand_sweeps(work_dirs), smooth)
-    path = Path(out) if out else Path(work_dirs[0]) / "curves.png"
+    runs = expand_runs(work_dirs, every_run)
+    fig = build_figure(runs, smooth)
+    path = Path(out) if out else (runs[0] if len(runs) == 1 else Path(work_dirs[0])) / "curves.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

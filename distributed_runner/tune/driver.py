@@ -44,6 +44,34 @@ def _trial_resources(spec: SweepSpec, cfg: dict) -> dict[str, float]:
     return dict(spec.resources_per_trial or {"CPU": 1.0})
 
 
+def trial_threads(spec: SweepSpec, cfg: dict) -> int:
+    """The torch threads a trial's training process gets on Ray: ``OMP_NUM_THREADS`` when this
+    process sets it (Ray passes it on), else the whole CPUs the process holds (a Ray Train
+    trial's workers: ``resources_per_worker``; an in-process trial: ``resources_per_trial``),
+    at least 1 — what Ray sets ``OMP_NUM_THREADS`` to."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    if spec.trial_launcher == "ray":
+        from distributed_runner.launch.launcher_config import worker_resources
+        from distributed_runner.tune.ray_trial_resources import ray_launcher_opts
+
+        cpus = worker_resources(ray_launcher_opts(cfg)).get("CPU", 1.0)
+    else:
+        cpus = _trial_resources(spec, cfg).get("CPU", 1.0)
+    return max(1, int(cpus))
+
+
+def pin_trial_threads(spec: SweepSpec, cfg: dict) -> None:
+    """``env_cfg.num_threads`` set to :func:`trial_threads` unless the config sets it: every
+    trial then runs with it, and so does ``best_config.py`` (written from this config), which
+    therefore repeats its trial's losses exactly (:mod:`distributed_runner.core.env_cfg`)."""
+    env_cfg = dict(cfg.get("env_cfg") or {})
+    if env_cfg.get("num_threads") is None:
+        env_cfg["num_threads"] = trial_threads(spec, cfg)
+        cfg["env_cfg"] = env_cfg
+
+
 def trials_that_fit(spec: SweepSpec, cfg: dict, cluster: dict[str, float]) -> int:
     """How many trials the cluster runs at once."""
     if spec.trial_launcher == "ray":
@@ -219,6 +247,7 @@ def run_sweep(cfg: dict, args: argparse.Namespace) -> int:
         import ray
 
         concurrency = choose_concurrency(spec, cfg, ray.cluster_resources())
+        pin_trial_threads(spec, cfg)
         print(f"drun tune: up to {concurrency} trial(s) at once | storage {storage}/{name}")
         base = to_plain(cfg)
         sweep = {

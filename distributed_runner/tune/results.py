@@ -99,10 +99,15 @@ def write_best_config(base: dict, values: dict[str, Any], work_dir: Path) -> Pat
     cfg.pop("tune", None)
     for dotted, value in values.items():
         set_dotted(cfg, dotted, value)
-    cfg["work_dir"] = str(work_dir / "best")
+    cfg["work_dir"] = str(work_dir / "best")  # its runs: best/<start time>/
     cfg["resume"] = False
+    cfg.pop("run_name", None)
     path = work_dir / BEST_CONFIG
-    header = "# drun tune: the base config with the best trial's values; `drun train` runs it\n"
+    header = (
+        "# drun tune: the base config with the best trial's values; `drun train` runs it.\n"
+        "# env_cfg.num_threads is the torch thread count every trial had (the CPUs Ray gave\n"
+        "# it): with it this run repeats the trial's losses exactly; remove it to use every core.\n"
+    )
     path.write_text(header + cfg.pretty_text())
     return path
 

@@ -4,7 +4,8 @@ Everything a trial is differs from an ordinary run only through its config, so a
 same in the trial's process and on Ray Train workers:
 
 * the sampled values set at their dotted keys (as ``--cfg-options``);
-* ``work_dir = <sweep work_dir>/trials/<trial_id>``: an ordinary run directory;
+* ``work_dir = <sweep work_dir>/trials/<trial_id>``: an ordinary run's folder, the trial's own
+  (``run_name='.'``: no run folder inside it);
 * a checkpoint at every validation (CheckpointHook's ``interval`` = ``val_interval``,
   synchronous), so the checkpoint Tune keeps for a result is the run's state at that result;
 * MLflow sinks log into the sweep's tracking URI and experiment, in a run named after the trial
@@ -20,6 +21,7 @@ import copy
 from typing import Any
 
 from distributed_runner.core.config import set_dotted, to_plain
+from distributed_runner.core.run_folders import FLAT
 
 MLFLOW_SINKS = ("mlflow", "MLflowSink")
 
@@ -86,6 +88,7 @@ def trial_config(
         set_dotted(cfg, dotted, value)
     cfg = to_plain(cfg)
     cfg["work_dir"] = work_dir
+    cfg["run_name"] = FLAT  # the trial's folder is its run's
     _checkpoint_every_validation(cfg)
     if mlflow is not None:
         _nest_mlflow(cfg, mlflow, trial_id, mlflow_run_id if fork else None)

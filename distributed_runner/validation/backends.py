@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from distributed_runner.core.run_folders import FLAT
+
 if TYPE_CHECKING:
     from distributed_runner.core.runner_api import RunnerAPI
 
@@ -54,7 +56,9 @@ class ProcessBackend:
 
         self.folder.mkdir(parents=True, exist_ok=True)
         cfg_file = self.folder / "config.pkl"
-        cfg_file.write_bytes(pickle.dumps(to_plain(dict(self.runner.cfg))))
+        # rooted at the run's folder: the validating Runner writes under it, in no new run
+        cfg = {**to_plain(dict(self.runner.cfg)), "work_dir": str(self.runner.work_dir)}
+        cfg_file.write_bytes(pickle.dumps({**cfg, "run_name": FLAT}))
         root = str(Path(__file__).resolve().parents[1])  # the package's checkout
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(

@@ -4,7 +4,7 @@ the session's in-process cluster may run beside it):
 
 * ``ray job submit --working-dir .`` of the page's command, which leaves work_dir relative:
   the run lands under ``DRUN_WORK_ROOT``, not in Ray's temporary package folder; submitted again
-  with the same name it resumes.
+  with the same name and ``--resume`` it resumes.
 * ``drun train --address HEAD`` with ``MLFLOW_TRACKING_URI`` exported in the driver's shell only:
   the workers (started by ``ray start``, not by the driver) log to that server — one run, named
   after the run, tagged with the git commit, FINISHED.
@@ -59,7 +59,7 @@ def submit(env, epochs):
     argv[4] = f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"
     assert argv[argv.index("--") + 1:] == [
         "drun", "train", "configs/digits_cnn.py", "--launcher", "ray", "--address", "auto",
-        "--num-workers", "2", "--name", "digits-job"]
+        "--num-workers", "2", "--name", "digits-job", "--resume"]
     deadline = time.monotonic() + 90
     while True:
         out = subprocess.run(
@@ -81,7 +81,7 @@ def test_job_submit_keeps_its_results_and_resubmit_resumes(head_node):
     assert "_ray_pkg_" not in logs.split("work_dir ")[-1].splitlines()[0]
     storage = work_dir / "ray_storage" / "digits-job"
     assert any(p.name.startswith("epoch_1-") for p in storage.iterdir())
-    assert (work_dir / "epoch_1.pth").is_file()
+    assert (work_dir / "digits-job" / "epoch_1.pth").is_file()  # the run's folder: its --name
     second = submit(head_node, epochs=2)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     logs = second.stdout + second.stderr

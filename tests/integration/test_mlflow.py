@@ -55,8 +55,9 @@ def test_digits_example_logs_params_metrics_and_checkpoints(mlflow_server, tmp_p
     assert "tok-123-do-not-log" not in str(run.data.params)
     assert run.data.tags["world_size"] == "1" and run.data.tags["launcher"] == "none"
     assert steps(client, run.info.run_id, "train/loss") == [20, 40, 65, 85, 110, 130]
-    # named after the run, not the experiment; tagged with the config's commit
-    assert run.info.run_name.startswith(f"{tmp_path.name}-") and run.info.run_name != name
+    # named after the run (the experiment and the run's folder), tagged with the config's commit
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert run.info.run_name == f"{name}-{folder.name}"
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
     assert run.data.tags["git_commit"] == head

@@ -46,6 +46,7 @@ def digits_with_index(folder: Path) -> Path:
 def config(work_dir: Path, data: Path, log: Path, **extra) -> Config:
     cfg = Config.fromfile(ROOT / "configs/digits_cnn_streaming.py")
     cfg["work_dir"] = str(work_dir)
+    cfg["run_name"] = "."  # the test's folder is the run's
     cfg["custom_imports"] = dict(imports=["distributed_runner.examples.digits",
                                           "tests.stream_probe"])
     cfg["train_dataloader"]["dataset"]["paths"] = str(data)

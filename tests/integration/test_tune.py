@@ -132,31 +132,40 @@ def test_asha_stops_trials_gracefully_and_the_best_config_trains(mlflow_server, 
     assert parent_run.data.tags[f"best.{LR}"] == str(best[LR])
 
     # drun plot of the sweep's work_dir overlays its trials' curves
-    from distributed_runner.tracking.plot import build_figure, expand_sweeps
+    from distributed_runner.tracking.plot import build_figure, expand_runs, series
 
-    assert sorted(p.name for p in expand_sweeps([work_dir])) == sorted(rows)
-    assert build_figure(expand_sweeps([work_dir]))._suptitle.get_text().count(" vs ") == 3
+    assert sorted(p.name for p in expand_runs([work_dir])) == sorted(rows)
+    assert build_figure(expand_runs([work_dir]))._suptitle.get_text().count(" vs ") == 3
     out = _drun(["plot", str(work_dir)], _env(mlflow_server), timeout=60)
     assert out.returncode == 0 and (work_dir / "curves.png").is_file(), out.stderr[-2000:]
 
-    # best_config.py is an ordinary config with the best values: drun train runs it
+    # best_config.py is an ordinary config with the best values: drun train runs it, and with
+    # the trials' thread count (env_cfg.num_threads, the CPUs Ray gave each trial) its losses
+    # are the best trial's, bit for bit (on this 2-core machine drun train alone takes 2
+    # threads, which changed them from ~1e-7 on)
     best_cfg = work_dir / "best_config.py"
     assert f"'lr': {best[LR]!r}" in best_cfg.read_text()
+    assert "env_cfg = {'num_threads': 1}" in best_cfg.read_text()
     out = _drun(
         [
             "train",
             str(best_cfg),
             "--cfg-options",
             "train_cfg.max_epochs=1",
-            "default_hooks.logger.sinks=[terminal]",
+            "default_hooks.logger.sinks=[terminal,jsonl]",
         ],
         _env(mlflow_server),
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert (work_dir / "best" / "epoch_1.pth").is_file() or (
-        work_dir / "best" / "last.pth"
-    ).is_file()
+    (run,) = (work_dir / "best").iterdir()  # its run's folder
+    assert (run / "epoch_1.pth").is_file() or (run / "last.pth").is_file()
+    steps, losses = series(run)[("train", "loss")]
+    trial_steps, trial_losses = series(Path(best["work_dir"]))[("train", "loss")]
+    assert steps == trial_steps[: len(steps)] == [20, 40]
+    assert losses == trial_losses[: len(steps)]  # exactly equal
+    assert series(run)[("val", "accuracy")][1][0] == series(Path(best["work_dir"]))[
+        ("val", "accuracy")][1][0]
 
 
 PBT = {

@@ -26,6 +26,7 @@ def digits_trial_cfg(work_dir, **extra):
         f"work_dir={work_dir}", "train_cfg.max_epochs=6", f"train_dataloader.batch_size={BATCH}",
         "default_hooks.logger.interval=50", "default_hooks.checkpoint.interval=1"])
     cfg["launcher"] = dict(type="ray", num_workers=1)
+    cfg["run_name"] = "."  # as trial_config makes every trial: its folder is the run's
     cfg.update(extra)
     return cfg
 

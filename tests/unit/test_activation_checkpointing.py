@@ -29,7 +29,7 @@ def cfg(work_dir, strategy, model="TinyBlocks", **extra):
     every 2."""
     data = MODELS.get(model if isinstance(model, str) else "", extra.pop("data", None))
     return dict(
-        work_dir=str(work_dir), model=dict(type=model) if isinstance(model, str) else model,
+        work_dir=str(work_dir), run_name=".", model=dict(type=model) if isinstance(model, str) else model,
         strategy=strategy,
         train_dataloader=dict(**data, batch_size=4,
                               sampler=dict(type="DefaultSampler", shuffle=True)),

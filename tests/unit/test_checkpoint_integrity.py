@@ -193,7 +193,7 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays_the_resume_po
         assert lines[-1].startswith("drun: error: no space left on device writing epoch_2.pth")
         assert "the checkpoints written before it are intact" in lines[-1]
         assert "Traceback" not in out.stderr and "on_error" not in out.stderr
-        work_dir = mount / "wd"
+        (work_dir,) = (mount / "wd").iterdir()  # the run's folder
         assert (work_dir / "last_checkpoint").read_text() == "epoch_1.pth"
         assert load_file(work_dir / "epoch_1.pth", "resume")["meta"]["iter"] == 2
         assert not list(work_dir.glob(".*.tmp")) and not (work_dir / "epoch_2.pth").exists()

@@ -29,7 +29,7 @@ def cfg(work_dir, launcher=ELASTIC, batch_size=4, **extra):
     """TinyBlocks (LayerNorm: no batch statistics), AdamW, a warm-up by iteration; 64 samples in
     global batches of 8: 8 iterations an epoch, 12 in all (the sampler reshuffles once)."""
     out = dict(
-        work_dir=str(work_dir), model=dict(type="TinyBlocks"), launcher=launcher,
+        work_dir=str(work_dir), run_name=".", model=dict(type="TinyBlocks"), launcher=launcher,
         train_dataloader=dict(dataset=dict(type="ToyDataset", n=64), batch_size=batch_size,
                               sampler=dict(type="DefaultSampler", shuffle=True)),
         train_cfg=dict(by_epoch=False, max_iters=12),

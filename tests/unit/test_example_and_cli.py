@@ -35,11 +35,13 @@ def test_digits_example_reaches_95_percent(tmp_path):
     assert best >= 95.0
     assert elapsed < 60, f"the example took {elapsed:.1f}s"
     assert runner.test()["accuracy"] >= 95.0
-    assert sorted(p.name for p in tmp_path.glob("epoch_*.pth")) == ["epoch_12.pth", "epoch_8.pth"]
-    # what "Reading the output" lists in work_dir is there (N: any epoch)
+    run = runner.work_dir  # the run's own folder under work_dir, named by its start time
+    assert run.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [run.name]
+    assert sorted(p.name for p in run.glob("epoch_*.pth")) == ["epoch_12.pth", "epoch_8.pth"]
+    # what "Reading the output" lists in the run's folder is there (N: any epoch)
     for line in docs_block("work-dir-layout").splitlines():
-        name = line.split()[0].removeprefix("work_dirs/digits_cnn/").replace("_N.", "_*.")
-        assert list(tmp_path.glob(name)), name
+        name = line.split()[0].removeprefix("work_dirs/digits_cnn/RUN/").replace("_N.", "_*.")
+        assert list(run.glob(name)), name
 
 
 def test_cli_hooks_prints_the_plan():
@@ -55,9 +57,10 @@ def test_cli_train_then_test_then_resume(tmp_path):
     out = drun(*command[1:], "--work-dir", str(tmp_path),
                "--cfg-options", "train_cfg.max_epochs=2", "param_scheduler=None")
     assert out.returncode == 0, out.stderr
-    assert (tmp_path / "last.pth").is_file() and (tmp_path / "config.py").is_file()
+    (run,) = tmp_path.iterdir()  # the run's folder
+    assert (run / "last.pth").is_file() and (run / "config.py").is_file()
     out = drun("test", str(CONFIG), "--work-dir", str(tmp_path / "test"),
-               "--checkpoint", str(tmp_path / "last.pth"))
+               "--checkpoint", str(run / "last.pth"))
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout.strip().splitlines()[-1])
     assert metrics["accuracy"] > 50
@@ -66,6 +69,7 @@ def test_cli_train_then_test_then_resume(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "resumed from" in out.stdout and "Epoch(train) [3]" in out.stdout
     assert "Epoch(train) [1]" not in out.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name != "test"] == [run.name]  # continued
 
 
 @pytest.mark.parametrize("args,fragment", [

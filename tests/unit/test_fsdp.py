@@ -23,7 +23,7 @@ ITERS = 6
 
 def cfg(work_dir, strategy, optim=None, async_save=False, **extra):
     return dict(
-        work_dir=str(work_dir), model=dict(type="TinyBlocks"), strategy=strategy,
+        work_dir=str(work_dir), run_name=".", model=dict(type="TinyBlocks"), strategy=strategy,
         train_dataloader=dict(dataset=dict(type="ToyDataset", n=64), batch_size=4,
                               sampler=dict(type="DefaultSampler", shuffle=True)),
         train_cfg=dict(by_epoch=False, max_iters=ITERS, val_interval=3),

@@ -310,6 +310,7 @@ def test_visualization_writes_png_and_tensorboard_images(tmp_path):
 
     cfg = Config.fromfile("configs/digits_cnn.py")
     cfg.work_dir = str(tmp_path)
+    cfg.run_name = "."  # the test's folder is the run's
     cfg.train_cfg.max_epochs = 1
     cfg.param_scheduler = None
     cfg.log_level = "WARNING"

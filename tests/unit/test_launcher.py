@@ -88,12 +88,12 @@ def test_driver_validates_without_building(tmp_path, overrides, prefix):
 
 def test_cli_flags_override_the_config_launcher():
     args = build_parser().parse_args(["train", "c.py", "--launcher", "ray", "--num-workers", "4",
-                                      "--gpu", "--address", "auto", "--name", "n",
+                                      "--gpu", "--address", "auto",
                                       "--max-failures", "2", "--storage-path", "/s"])
     cfg = {"launcher": dict(type="ray", num_workers=2, placement_strategy="SPREAD")}
     apply_launcher_flags(cfg, args)
     assert cfg["launcher"] == dict(type="ray", num_workers=4, placement_strategy="SPREAD",
-                                   use_gpu=True, address="auto", name="n", max_failures=2,
+                                   use_gpu=True, address="auto", max_failures=2,
                                    storage_path="/s")
     none = build_parser().parse_args(["train", "c.py", "--launcher", "none"])
     apply_launcher_flags(cfg, none)

@@ -178,7 +178,7 @@ def test_an_elastic_plan_yields_each_ranks_share_in_micro_batches(data):
 # -- a Runner trained on it ----------------------------------------------------------------------
 def runner_cfg(work_dir, folder, **extra):
     cfg = dict(
-        work_dir=str(work_dir), model=dict(type="ToyModel", dropout=0.0),
+        work_dir=str(work_dir), run_name=".", model=dict(type="ToyModel", dropout=0.0),
         train_dataloader=dict(type="StreamingLoader", batch_size=16, num_streams=8,
                               shuffle_window=64,
                               dataset=dict(type="ParquetShards", paths=str(folder),

@@ -117,7 +117,7 @@ def test_a_runner_checkpoint_keeps_the_cursors_and_resumes_exactly(corpus, tmp_p
 
     def cfg(work_dir, **extra):
         out = dict(
-            work_dir=str(work_dir),
+            work_dir=str(work_dir), run_name=".",
             model=dict(type="transformers.GPT2LMHeadModel",
                        config=dict(type="transformers.GPT2Config", vocab_size=256,
                                    n_positions=L, n_embd=16, n_layer=1, n_head=2,

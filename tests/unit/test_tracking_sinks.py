@@ -149,7 +149,7 @@ def test_drun_plot_draws_a_default_run_and_overlays_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     png = (tmp_path / "c.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    for args, fragment in (([str(tmp_path / "nothing")], "no logs/scalars.jsonl"),
+    for args, fragment in (([str(tmp_path / "nothing")], "no run with logs in"),
                            ([str(tmp_path / "default"), "--smooth", "1.5"], "--smooth: 1.5")):
         bad = subprocess.run([sys.executable, "-m", "distributed_runner.cli", "plot", *args],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -25,10 +25,12 @@
   world size, launcher, Ray run name and job id, git commit of the config's checkout (computed on
   the Ray driver, so workers tag it too).
 * ``tracking_uri``: the config value, else ``MLFLOW_TRACKING_URI`` (the Ray driver forwards its
-  ``MLFLOW_*`` variables to the workers), else a SQLite store in ``work_dir/mlflow.db``.
-  ``experiment``: the config value, else ``MLFLOW_EXPERIMENT_NAME``, else the run's
-  ``experiment_name``. ``run_name``: default the Ray run name (or work_dir's folder name) and the
-  run's start time, e.g. ``digits_cnn-20261122_181500``, so runs of one experiment are told apart.
+  ``MLFLOW_*`` variables to the workers), else a SQLite store in the config's
+  ``work_dir/mlflow.db`` (beside the run folders, shared by them). ``experiment``: the config
+  value, else ``MLFLOW_EXPERIMENT_NAME``, else the run's ``experiment_name``. ``run_name``:
+  default the experiment and the run's folder, e.g. ``digits_cnn-20261122_181500``
+  (:func:`~distributed_runner.core.run_folders.run_label`), so the MLflow run and the folder
+  name each other.
 * ``tags``: more tags for the run (``drun tune`` nests a trial's run under its sweep's with
   ``mlflow.parentRunId``). ``run_id``: log into this existing run whatever a checkpoint says —
   a PBT trial resumed from another trial's checkpoint keeps its own run.
@@ -54,6 +56,7 @@ from distributed_runner.core.config import to_plain
 from distributed_runner.core.log import LOGGER_NAME
 from distributed_runner.core.redact import flatten, redact, redact_url
 from distributed_runner.core.registry import LOG_SINKS
+from distributed_runner.core.run_folders import run_label, runs_root
 from distributed_runner.tracking.sinks.base import LogRecord, LogSink
 from distributed_runner.tracking.sinks.mlflow_sender import sender_main
 
@@ -140,7 +143,7 @@ class MLflowSink(LogSink):
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self, runner: RunnerAPI) -> None:
         self.work_dir = Path(runner.work_dir)
-        self.uri = tracking_uri(self.tracking_uri, self.work_dir)
+        self.uri = tracking_uri(self.tracking_uri, runs_root(self.work_dir, runner.run_name))
         self.shown_uri = redact_url(self.uri)  # what logs and files say: no password
         tags = {
             "world_size": str(runner.world_size),
@@ -161,7 +164,9 @@ class MLflowSink(LogSink):
         experiment = (
             self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or runner.experiment_name
         )
-        run_name = self.run_name or f"{ray_name or self.work_dir.name}-{runner.timestamp}"
+        run_name = self.run_name or run_label(
+            runner.experiment_name, runner.run_name, runner.timestamp
+        )
         # plain strings only: the sender is another process, and a config may hold objects
         params = {
             k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)

@@ -37,6 +37,7 @@ from distributed_runner.core.config import to_plain
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.redact import redact
 from distributed_runner.core.registry import LOG_SINKS
+from distributed_runner.core.run_folders import run_label
 from distributed_runner.tracking.sinks.base import LogRecord, LogSink
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class WandbSink(LogSink):
         self.work_dir = Path(runner.work_dir)
         self._outcome, self._modes = "FINISHED", set()
         self._start_error: str | None = None
-        self._runner_name = f"{self.work_dir.name}-{runner.timestamp}"
+        self._runner_name = run_label(runner.experiment_name, runner.run_name, runner.timestamp)
         self._config = redact(to_plain(runner.cfg))
         self._experiment = runner.experiment_name
 
