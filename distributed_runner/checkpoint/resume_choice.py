@@ -46,6 +46,7 @@ from distributed_runner.checkpoint.parts import missing_for_training
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.run_folders import (
+    check_run_name,
     new_run_name,
     run_name_of,
     runs_newest_first,
@@ -174,13 +175,20 @@ def has_checkpoints(folder: Path) -> bool:
     return (folder / LAST_CHECKPOINT_POINTER).exists() or any(folder.glob("*.pth"))
 
 
-def choose_run(work_dir: str | Path, resume: Any, logger: logging.Logger | None = None) -> str:
-    """The run folder (its name under ``work_dir``) of a start whose config names none.
+def choose_run(work_dir: str | Path, run_name: str | None, resume: Any) -> str:
+    """The run folder (its name under ``work_dir``) a start writes to.
 
-    ``resume=PATH`` in a run folder of ``work_dir`` continues that run; ``resume=True`` the most
-    recently active run that has a checkpoint (:func:`choose_start` then takes its newest that
-    verifies); anything else is a new run (:func:`~distributed_runner.core.run_folders.
-    new_run_name`). Call once per run (rank 0, or the Ray driver) and hand the name on."""
+    A ``run_name`` the config gives is that run (a one-line ConfigError when it cannot name a
+    folder). Else: ``resume=PATH`` in a run folder of ``work_dir`` continues that run;
+    ``resume=True`` the most recently active run that has a checkpoint (:func:`choose_start` then
+    takes its newest that verifies); anything else is a new run
+    (:func:`~distributed_runner.core.run_folders.new_run_name`, which creates its folder). A
+    choice is made once per run (rank 0, or the Ray driver) and handed on."""
+    if run_name is not None:
+        problem = check_run_name(str(run_name))
+        if problem:
+            raise ConfigError("run_name", problem)
+        return str(run_name)
     work_dir = Path(work_dir).expanduser().resolve()
     if isinstance(resume, (str, Path)):
         folder = Path(resume).expanduser().resolve().parent
@@ -190,8 +198,6 @@ def choose_run(work_dir: str | Path, resume: Any, logger: logging.Logger | None 
     if resume:
         for run in runs_newest_first(work_dir):
             if has_checkpoints(run):
-                if logger is not None:
-                    logger.info("resume: continuing run %s (%s)", run_name_of(work_dir, run), run)
                 return run_name_of(work_dir, run)
     return new_run_name(work_dir)
 

@@ -56,7 +56,7 @@ from distributed_runner.core.preemption import parse_preemption, preemption_sign
 from distributed_runner.core.randomness import set_random_seed
 from distributed_runner.core.redact import redact
 from distributed_runner.core.registry import LOOPS
-from distributed_runner.core.run_folders import check_run_name, run_dir, run_name_of
+from distributed_runner.core.run_folders import run_dir, run_name_of
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.data.elastic import GlobalBatchPlan, elastic_training
 from distributed_runner.data.loaders import build_dataloader, seeded_dataloader
@@ -94,12 +94,9 @@ def agreed_run_dir(work_dir: str | Path, run_name: str | None, resume: Any) -> P
     names one (a Ray driver always does), else rank 0's choice (:func:`choose_run`: a new
     timestamp, or the run ``resume`` continues), broadcast."""
     work_dir = Path(work_dir).expanduser().resolve()
-    if run_name is not None:
-        problem = check_run_name(str(run_name))
-        if problem:
-            raise ConfigError("run_name", problem)
-        return run_dir(work_dir, str(run_name))
-    chosen = choose_run(work_dir, resume) if dist.get_rank() == 0 else ""
+    if run_name is not None:  # checked on every rank, no choice to agree on
+        return run_dir(work_dir, choose_run(work_dir, run_name, resume))
+    chosen = choose_run(work_dir, None, resume) if dist.get_rank() == 0 else ""
     return run_dir(work_dir, dist.broadcast_object(chosen))
 
 

@@ -239,13 +239,8 @@ class RayLauncher:
         """The run's folder, once for every worker (the config's ``run_name``, else a new one or,
         resuming, the newest that has a checkpoint), and Ray's run name (default the same)."""
         from distributed_runner.checkpoint.resume_choice import choose_run
-        from distributed_runner.core.run_folders import check_run_name
 
-        if self.run_name is None:
-            self.run_name = choose_run(self.work_dir, self.cfg.get("resume"))
-        problem = check_run_name(self.run_name)
-        if problem:
-            raise ConfigError("run_name", problem)
+        self.run_name = choose_run(self.work_dir, self.run_name, self.cfg.get("resume"))
 
     @property
     def run_dir(self) -> Path:
