@@ -29,6 +29,8 @@ def wandb_records(path: Path) -> list:
             pos += BLOCK - pos % BLOCK
             continue
         length, kind = int.from_bytes(raw[pos + 4:pos + 6], "little"), raw[pos + 6]
+        if pos + HEADER + length > len(raw):  # the writer is still writing this record
+            break
         data, pos = raw[pos + HEADER:pos + HEADER + length], pos + HEADER + length
         chunks = data if kind in (1, 2) else chunks + data
         if kind in (1, 4) and chunks:
@@ -41,11 +43,18 @@ def wandb_records(path: Path) -> list:
 def run_records(run_dir: Path, seconds: float = 30.0) -> list:
     """The records of the run in ``run_dir`` once its exit record is there: ``run.finish()``
     can return before W&B's service process has written the file (read at once, a resumed run's
-    file held no records yet, 1 time in ~10 here)."""
+    file held no records yet, 1 time in ~10 here; a CI run read a record half written)."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + seconds
     while True:
         (path,) = run_dir.glob("run-*.wandb")
-        records = wandb_records(path)
+        try:
+            records = wandb_records(path)
+        except DecodeError:  # a record's bytes still arriving; an error once the time is up
+            if time.monotonic() > deadline:
+                raise
+            records = []
         if any(r.WhichOneof("record_type") == "exit" for r in records) \
                 or time.monotonic() > deadline:
             return records
