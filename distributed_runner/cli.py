@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_test_parser(sub)
     _add_hooks_parser(sub)
     _add_plot_parser(sub)
+    _add_export_parser(sub)
     from distributed_runner.tune.cli_args import add_tune_parser
 
     add_tune_parser(sub, _add_common)
@@ -168,6 +169,33 @@ def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
         metavar="W",
         help="EMA weight in [0, 1) for the training curves, e.g. 0.6 (default 0)",
     )
+
+
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """``drun export``: a checkpoint to a model directory other tools read."""
+    export = sub.add_parser(
+        "export", help="write a checkpoint as a Hugging Face model directory (from_pretrained)"
+    )
+    export.add_argument(
+        "checkpoint", help="a .pth checkpoint (one file or a sharded manifest), or a run's folder"
+    )
+    export.add_argument("out_dir", help="the directory to write")
+    export.add_argument("--format", choices=["hf"], default="hf", help="hf: safetensors shards")
+    export.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights"
+    )
+    export.add_argument(
+        "--merge-adapters",
+        action="store_true",
+        help="fold LoRA adapters into the base weights (default: PEFT's adapter files)",
+    )
+    export.add_argument(
+        "--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)"
+    )
+    export.add_argument(
+        "--config", help="build the model from this config (default: the checkpoint's own)"
+    )
+    export.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
 
 
 def load_config(args: argparse.Namespace):
@@ -303,6 +331,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from distributed_runner.checkpoint.hf.export import export_hf, parse_size
+    from distributed_runner.core.config import Config
+
+    cfg = Config.fromfile(args.config, cfg_options=args.cfg_options) if args.config else None
+    out = export_hf(
+        args.checkpoint,
+        args.out_dir,
+        dtype=args.dtype,
+        merge_adapters=args.merge_adapters,
+        max_shard_bytes=parse_size(args.max_shard_size),
+        cfg=dict(cfg) if cfg is not None else None,
+    )
+    print(out)
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from distributed_runner.tune.driver import run_sweep
 
@@ -318,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hooks": cmd_hooks,
         "plot": cmd_plot,
         "tune": cmd_tune,
+        "export": cmd_export,
     }
     try:
         return commands[args.command](args)

@@ -14,6 +14,7 @@ from distributed_runner.checkpoint.files import (
     remove_checkpoint,
     remove_stale_temporaries,
 )
+from distributed_runner.checkpoint.hf.directory import is_pretrained_dir
 from distributed_runner.checkpoint.parts import PUBLISHABLE_KEYS
 from distributed_runner.checkpoint.publish import publish_checkpoint
 from distributed_runner.checkpoint.remote import (
@@ -22,7 +23,8 @@ from distributed_runner.checkpoint.remote import (
     is_remote,
     run_folder,
 )
-from distributed_runner.checkpoint.sharded import remove_orphan_shards, shard_folders
+from distributed_runner.checkpoint.resume_choice import parse_load_from
+from distributed_runner.checkpoint.sharded import TRAINABLE, remove_orphan_shards, shard_folders
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.interval import Interval
 from distributed_runner.core.redact import redact_url
@@ -150,6 +152,9 @@ class CheckpointHook(Hook, CheckpointSaver):
       ``create_symlink`` are accepted with a warning.
     * ``filename_tmpl`` (default ``epoch_{}.pth`` / ``iter_{}.pth``), ``save_optimizer``,
       ``save_param_scheduler``.
+    * ``save_frozen_weights=False``: leave out the weights that do not train (a frozen base
+      under LoRA), when ``load_from`` names the model directory that gives them back; resume
+      takes them from there (checked before training starts). Default: every weight.
     * ``async_save``: write in the background; training waits only while the tensors are
       copied to host memory. The checkpoint commits (``last_checkpoint`` moves, old files go,
       Ray hears of it) once every rank's write is done — checked after every iteration — and a
@@ -183,8 +188,14 @@ class CheckpointHook(Hook, CheckpointSaver):
         backend_args: dict | None = None,
         file_client_args: dict | None = None,
         create_symlink: bool | None = None,
+        save_frozen_weights: bool = True,
     ) -> None:
         check_numbers(interval, max_keep_ckpts, save_begin, save_topk, by_epoch, async_save)
+        if not isinstance(save_frozen_weights, bool):
+            raise ArgumentError(
+                "save_frozen_weights", f"got {save_frozen_weights!r}; takes True or False"
+            )
+        self.save_frozen_weights = save_frozen_weights
         self.async_save = async_save
         # what a save's commit does (rank 0), by file name: move the pointer, remove old files
         self._on_commit: dict[str, tuple[bool, list[str]]] = {}
@@ -261,6 +272,14 @@ class CheckpointHook(Hook, CheckpointSaver):
         )
 
     def before_train(self, runner: RunnerAPI) -> None:
+        if not self.save_frozen_weights:
+            path, _ = parse_load_from(runner.cfg.get("load_from"))
+            if not (path and is_pretrained_dir(path)):
+                raise ArgumentError(
+                    "save_frozen_weights",
+                    "False needs load_from=<a model directory> to give the frozen weights "
+                    "back on resume; set it, or save every weight",
+                )
         names = runner.val_metric_names()  # checked now, not after the first epoch
         for key in self.save_best:
             if key != "auto":
@@ -344,6 +363,8 @@ class CheckpointHook(Hook, CheckpointSaver):
         """Save ``filename``; when it commits, point ``last_checkpoint`` at it (``point``) and
         remove the files it replaces (``remove``): never before it is safely written."""
         self._on_commit[filename] = (point, list(remove))
+        if not self.save_frozen_weights:  # the checkpoint records it (checkpoint/sharded.py)
+            meta = {**(meta or {}), "weights": TRAINABLE}
         return runner.save_checkpoint(
             self.out_dir,
             filename,

@@ -182,10 +182,13 @@ def _file_crc32(path: Path, out: dict) -> None:
     out["crc32"] = f"{crc:08x}"
 
 
-def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> dict:
+def load_file(
+    path: str | os.PathLike, key: str, map_location: Any = "cpu", mmap: bool = False
+) -> dict:
     """Load a checkpoint with ``weights_only=True``, verified against its checksum when it has
     one. A missing file is a ConfigError, a damaged one :class:`CheckpointDamaged`; both one
-    line naming ``key`` and the file."""
+    line naming ``key`` and the file. ``mmap``: tensors stay in the file until read (an export
+    reads a model larger than memory a tensor at a time)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(key, f"checkpoint {str(p)!r} does not exist: check the path")
@@ -208,7 +211,7 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
     try:
         with warnings.catch_warnings():  # torch's pickle-protocol warning asks to file an issue
             warnings.simplefilter("ignore", UserWarning)
-            ckpt = torch.load(p, map_location=map_location, weights_only=True)
+            ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
     # any exception: torch.load raises many types for a damaged file (pickle errors, EOFError,
     # zip errors, RuntimeError for foreign formats); each becomes one CheckpointDamaged
     except Exception as e:  # noqa: BLE001
@@ -235,6 +238,19 @@ def load_file(path: str | os.PathLike, key: str, map_location: Any = "cpu") -> d
         if reason:
             raise CheckpointDamaged(key, f"{str(p)!r} is damaged: {reason}; it was not loaded")
     return ckpt
+
+
+def peek_meta(path: str | os.PathLike) -> dict:
+    """A checkpoint's ``meta`` without reading its tensors (the file is memory-mapped); ``{}``
+    for a file that is missing or unreadable, which loading it later reports in full."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - any damage: the real load names it
+        return {}
+    meta = ckpt.get("meta") if isinstance(ckpt, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def _recorded_checksum(path: Path) -> dict | None:

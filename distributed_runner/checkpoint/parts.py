@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distributed_runner.checkpoint.files import load_weights, model_state_from
-from distributed_runner.checkpoint.sharded import SHARDED, load_shards
+from distributed_runner.checkpoint.sharded import SHARDED, TRAINABLE, load_shards
 from distributed_runner.checkpoint.types import (
     ABSENT,
     CheckpointSubject,
@@ -38,6 +38,7 @@ from distributed_runner.checkpoint.types import (
     SaveOptions,
 )
 from distributed_runner.core.config import dumps_json
+from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.randomness import capture_rng, restore_rng
 from distributed_runner.core.redact import redact
 from distributed_runner.model.sharding import (
@@ -79,7 +80,18 @@ def _collect_weights(s: CheckpointSubject, o: SaveOptions) -> Any:
     if not o.with_weights:  # sharded: in the shards
         return ABSENT
     # FSDP with checkpoint='full': gathered on rank 0, an unsharded model's keys
-    return full_model_state(s.model) if is_sharded(s.model) else s.model.state_dict()
+    state = full_model_state(s.model) if is_sharded(s.model) else s.model.state_dict()
+    if (o.meta or {}).get("weights") == TRAINABLE:  # the frozen rest: load_from's directory
+        frozen = frozen_names(s.model)
+        state = {k: v for k, v in state.items() if k not in frozen}
+    return state
+
+
+def frozen_names(model: Any) -> set[str]:
+    """The state_dict names of parameters that do not train (every name of a tied one)."""
+    return {
+        name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad
+    }
 
 
 def _collect_optimizer(s: CheckpointSubject, o: SaveOptions) -> Any:
@@ -110,8 +122,20 @@ def _collect_sampler(s: CheckpointSubject, o: SaveOptions) -> dict:
 
 # -- restore ------------------------------------------------------------------------------------
 def _restore_weights(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
-    if SHARDED not in ckpt:
-        load_weights(s.model, model_state_from(ckpt), "resume", c.path)
+    if SHARDED in ckpt:
+        return
+    state = model_state_from(ckpt)
+    if ckpt["meta"].get("weights") != TRAINABLE:
+        load_weights(s.model, state, "resume", c.path)
+        return
+    lacking = [k for k in s.model.state_dict() if k not in state and k not in frozen_names(s.model)]
+    if lacking:
+        raise ConfigError(
+            "resume",
+            f"{c.path} holds the trainable weights only, and not {lacking[0]}, which "
+            f"trains in this model: is it a checkpoint of this config?",
+        )
+    load_weights(s.model, state, "resume", c.path, strict=False)  # the rest: load_from's
 
 
 def _restore_shards(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:

@@ -40,6 +40,7 @@ from distributed_runner.checkpoint.files import (
     LAST_CHECKPOINT_POINTER,
     CheckpointDamaged,
     load_file,
+    peek_meta,
     read_pointer,
 )
 from distributed_runner.checkpoint.parts import missing_for_training
@@ -200,6 +201,43 @@ def choose_run(work_dir: str | Path, run_name: str | None, resume: Any) -> str:
             if has_checkpoints(run):
                 return run_name_of(work_dir, run)
     return new_run_name(work_dir)
+
+
+def seed_to_resume(resume: Any, run_dir: Path) -> int | None:
+    """The seed of the checkpoint a ``resume`` will continue (None: a fresh start, or a
+    checkpoint that records none), read by rank 0 from its metadata alone and broadcast.
+
+    Why before anything is built: the samplers order every epoch by ``seed + epoch``, so a run
+    whose config draws a new seed (no ``randomness.seed``) must take the one it was started
+    with, or the resumed epoch visits other samples (MMEngine's resume adopts it as well)."""
+    seed: int | None = None
+    if dist.get_rank() == 0:
+        path = (
+            Path(resume).expanduser()
+            if isinstance(resume, (str, Path))
+            else (read_pointer(run_dir) if resume else None)
+        )
+        found = peek_meta(path).get("seed") if path is not None else None
+        seed = int(found) if found is not None else None
+    return dist.broadcast_object(seed)
+
+
+def parse_load_from(spec: Any) -> tuple[str | None, bool]:
+    """``load_from`` as (path, strict): a path (a checkpoint file, or a Hugging Face model
+    directory, local or a URI), or ``dict(path=..., strict=False)`` where the files may lack
+    some of the model's tensors (a new head: initialised) or hold more (left out)."""
+    if spec is None or spec == "":
+        return None, True
+    if isinstance(spec, (str, Path)):
+        return str(spec), True
+    if isinstance(spec, dict) and set(spec) <= {"path", "strict"} and "path" in spec:
+        if not isinstance(spec.get("strict", True), bool):
+            raise ConfigError("load_from.strict", f"got {spec['strict']!r}; takes True or False")
+        return str(spec["path"]), bool(spec.get("strict", True))
+    raise ConfigError(
+        "load_from",
+        f"got {spec!r:.80}; takes a path or dict(path=..., strict=False)",
+    )
 
 
 class StartChoice(NamedTuple):

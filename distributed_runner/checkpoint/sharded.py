@@ -33,6 +33,15 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
 SHARDED = "sharded"
+# a checkpoint whose weights are the trainable parameters only (CheckpointHook's
+# save_frozen_weights=False): the frozen rest comes back from load_from's model directory
+TRAINABLE = "trainable"
+
+
+def _options(trainable: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=trainable, strict=not trainable)
 
 
 def writes_shards(strategy: Any, model: nn.Module) -> bool:
@@ -53,12 +62,14 @@ def start_shards(
     asynchronous: bool = False,
     group: Any = None,
     stager: Any = None,
+    trainable: bool = False,
 ) -> tuple[dict, Any]:
     """Every rank writes its shards of the model (and of ``optimizer``, unless None) next to
     ``path``, now or (with
     ``asynchronous``) in DCP's background thread after copying them to host memory. Returns the
     manifest's ``sharded`` entry (its file list is filled by :func:`finish_shards`) and DCP's
-    future (None when written already)."""
+    future (None when written already). ``trainable``: the frozen parameters are left out
+    (:data:`TRAINABLE`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import (
@@ -68,10 +79,12 @@ def start_shards(
 
     token = dist.broadcast_object(f"{time.time_ns():x}" if rank == 0 else None)
     folder = path.parent / f"{path.stem}.{token}.dcp"
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    state: dict[str, Any] = {"model": get_model_state_dict(model, options=_options(trainable))}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     entry = {"dir": folder.name, "keys": list(state), "files": {}}
+    if trainable:
+        entry["weights"] = TRAINABLE
     if asynchronous:  # the same shards every time: the global plan is kept, not re-agreed
         planner = DefaultSavePlanner(enable_plan_caching=True)
         return entry, dcp.async_save(
@@ -154,14 +167,15 @@ def load_shards(model: nn.Module, optimizer: Optimizer | None, ckpt: dict, path:
     )
 
     entry = ckpt[SHARDED]
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    trainable = entry.get("weights") == TRAINABLE
+    state: dict[str, Any] = {"model": get_model_state_dict(model, options=_options(trainable))}
     loaded_optimizer = optimizer if "optimizer" in entry["keys"] else None
     if loaded_optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, loaded_optimizer)
     with warnings.catch_warnings():  # one process: DCP says it assumes so
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(Path(path).parent / entry["dir"]))
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(model, state["model"], options=_options(trainable))
     if loaded_optimizer is not None:
         set_optimizer_state_dict(model, loaded_optimizer, state["optimizer"])
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from distributed_runner.checkpoint.files import load_weights, model_state_from
 from distributed_runner.checkpoint.parts import PARTS
-from distributed_runner.checkpoint.sharded import SHARDED, load_shards
+from distributed_runner.checkpoint.sharded import SHARDED, TRAINABLE, load_shards
 from distributed_runner.checkpoint.types import ABSENT, CheckpointSubject, LoadContext, SaveOptions
 from distributed_runner.core import dist
+from distributed_runner.core.errors import ConfigError
 
 
 def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> dict:
@@ -48,6 +49,12 @@ def load_model_weights(
 ) -> None:
     """Only the checkpoint's weights into ``subject.model`` (``load_from``): from its shards or
     its ``state_dict``."""
+    if ckpt.get("meta", {}).get("weights") == TRAINABLE:
+        raise ConfigError(
+            key,
+            f"{path} holds the trainable weights only (save_frozen_weights=False): resume "
+            f"it, or export it (drun export) and load_from the directory written",
+        )
     if SHARDED in ckpt:
         load_shards(subject.model, None, ckpt, Path(path))
     else:

@@ -39,6 +39,7 @@ import torch
 from distributed_runner.checkpoint.files import atomic_save
 from distributed_runner.checkpoint.sharded import (
     SHARDED,
+    TRAINABLE,
     after_manifest_written,
     finish_shards,
     start_shards,
@@ -144,6 +145,7 @@ class CheckpointWriter:
                 path,
                 asynchronous,
                 *self._async_tools(asynchronous),
+                trainable=meta.get("weights") == TRAINABLE,
             )
         runner.call_hook("before_save_checkpoint", checkpoint=ckpt)
         if not asynchronous:

@@ -10,6 +10,7 @@ draws the same numbers the uninterrupted one would (:func:`restore_rng`).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
@@ -51,6 +52,27 @@ def set_random_seed(randomness: dict | None) -> int:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     return seed
+
+
+def with_resumed_seed(
+    randomness: dict | None, resumed: int | None, logger: logging.Logger
+) -> dict | None:
+    """``randomness`` with the seed of the checkpoint being resumed, when there is one: the
+    epochs' order follows the seed, so a resumed run must keep its own (a config without a
+    seed would draw another; one with a different seed is told which wins)."""
+    if resumed is None:
+        return randomness
+    cfg = dict(randomness or {})
+    if cfg.get("seed") is not None and int(cfg["seed"]) != resumed:
+        logger.warning(
+            "randomness.seed is %s but the checkpoint being resumed was seeded %s: "
+            "resuming with %s, so its epochs keep their order",
+            cfg["seed"],
+            resumed,
+            resumed,
+        )
+    cfg["seed"] = resumed
+    return cfg
 
 
 def capture_rng() -> dict:

@@ -37,11 +37,15 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from distributed_runner.checkpoint.files import load_file, point_at, read_pointer
+from distributed_runner.checkpoint.hf.directory import is_pretrained_dir
+from distributed_runner.checkpoint.hf.load import PretrainedWeights
 from distributed_runner.checkpoint.resume_choice import (
     choose_run,
     choose_start,
     newest_everywhere,
+    parse_load_from,
     require_training_checkpoint,
+    seed_to_resume,
 )
 from distributed_runner.checkpoint.state import load_model_weights, restore_training_state
 from distributed_runner.checkpoint.types import CheckpointSubject
@@ -53,7 +57,7 @@ from distributed_runner.core.env_cfg import apply_env_cfg
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.log import log_brief_and_full, run_log_file, setup_logger
 from distributed_runner.core.preemption import parse_preemption, preemption_signals
-from distributed_runner.core.randomness import set_random_seed
+from distributed_runner.core.randomness import set_random_seed, with_resumed_seed
 from distributed_runner.core.redact import redact
 from distributed_runner.core.registry import LOOPS
 from distributed_runner.core.run_folders import run_dir, run_name_of
@@ -242,7 +246,9 @@ class Runner(RunnerSurface):
         train_cfg (dict | None): how long to train and when to validate.
         default_hooks (dict | None): the built-in hooks by name, changed or removed (None).
         custom_hooks (list | None): more hooks, ``dict(type=...)`` or objects.
-        load_from (str | None): weights to start from (not the run's position).
+        load_from (str | dict | None): weights to start from (not the run's position): a
+            checkpoint, or a Hugging Face model directory (checkpoint/hf/load.py);
+            ``dict(path=..., strict=False)`` when the files and the model differ on purpose.
         resume (bool | str): continue a run: True takes the newest verified checkpoint of
             the newest run under work_dir that has one, a path that checkpoint.
         randomness (dict | None): the seed and determinism (``dict(seed=0)``).
@@ -274,7 +280,7 @@ class Runner(RunnerSurface):
         train_cfg: dict | None = None,
         default_hooks: dict | None = None,
         custom_hooks: list | None = None,
-        load_from: str | None = None,
+        load_from: str | dict | None = None,
         resume: bool | str = False,
         randomness: dict | None = None,
         launcher: str | dict = "none",
@@ -337,23 +343,34 @@ class Runner(RunnerSurface):
         self,
         default_hooks: dict | None,
         custom_hooks: list | None,
-        load_from: str | None,
+        load_from: str | dict | None,
         resume: bool | str,
     ) -> None:
         """Hooks, sinks and checkpoint paths: built and checked before the model and data."""
         self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
         # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
-        self._load_from, self._resume = load_from, resume
+        self._load_from, self._load_strict = parse_load_from(load_from)
+        self._resume = resume
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
         self._has_loaded = False
         self.loading_for: str | None = None  # see _after_load
         for key, path in (
-            ("load_from", load_from),
+            ("load_from", self._load_from),
             ("resume", resume if isinstance(resume, (str, Path)) else None),
         ):
-            if path and not Path(path).expanduser().is_file():
-                raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
+            if not path or Path(path).expanduser().is_file():
+                continue
+            if key == "load_from" and is_pretrained_dir(path):
+                continue
+            if Path(path).expanduser().is_dir():
+                raise ConfigError(
+                    key,
+                    f"{path} is a folder but neither a checkpoint nor a model directory "
+                    f"(config.json with model.safetensors or its index, as save_pretrained "
+                    f"writes)",
+                )
+            raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
 
     def _setup_model(
         self,
@@ -366,12 +383,18 @@ class Runner(RunnerSurface):
     ) -> None:
         """Seed, device, strategy and the (wrapped) model: seeded before its weights are made."""
         self.num_threads = apply_env_cfg(self.cfg.get("env_cfg"))  # before any tensor math
-        self.seed = set_random_seed(randomness)
+        resumed = seed_to_resume(self._resume, self.work_dir)  # a resume keeps its seed
+        self.seed = set_random_seed(with_resumed_seed(randomness, resumed, self.logger))
         self.device = torch.device(device) if device is not None else default_device()
 
         self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
+        weights = (
+            PretrainedWeights(self._load_from, self._load_strict, self.seed, self.logger)
+            if self._load_from and is_pretrained_dir(self._load_from)
+            else None
+        )  # a Hugging Face directory fills the model as it is built (checkpoint/hf/load.py)
         self._model, self.wrapped_model = setup_model(
-            model, model_wrapper_cfg, compile_cfg, self.device, self.strategy
+            model, model_wrapper_cfg, compile_cfg, self.device, self.strategy, weights
         )
 
     def _setup_data_and_evaluation(
@@ -593,13 +616,19 @@ class Runner(RunnerSurface):
                 return
             if how == "resume":
                 self.resume(path, ckpt)
-            elif how == "load_from":
-                self.load_checkpoint(path)
+            elif how == "load_from" and not is_pretrained_dir(path):  # a directory: loaded
+                self.load_checkpoint(path, strict=self._load_strict)  # when the model was built
 
     def load_checkpoint(
         self, path: str | Path, strict: bool = True, map_location: Any = "cpu"
     ) -> dict:
         """Load model weights only (``load_from``); returns the checkpoint dict."""
+        if is_pretrained_dir(path):
+            raise ConfigError(
+                "load_from",
+                f"{path} is a model directory, which fills the model as it is built: "
+                f"set load_from={str(path)!r} in the config instead",
+            )
         ckpt = load_file(path, "load_from", map_location)
         self._after_load(ckpt, "load_from")
         load_model_weights(CheckpointSubject.of(self), ckpt, path, "load_from", strict=strict)

@@ -155,6 +155,7 @@ class RayLauncher:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        from distributed_runner.checkpoint.hf.directory import weight_sources_absolute
         from distributed_runner.data.ray_data import build_ray_datasets
         from distributed_runner.data.streaming.shards import stream_sources_absolute
         from distributed_runner.health.hang_watch import hang_watch_callbacks
@@ -172,7 +173,9 @@ class RayLauncher:
         source = self.cfg.source() if isinstance(self.cfg, Config) else None
         # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
         # metadata
-        env = ray.put(forwarded_env(reads_object_storage=stream_sources_absolute(plain)))
+        remote_data = stream_sources_absolute(plain)
+        remote_weights = weight_sources_absolute(plain)  # load_from, HFModel's path
+        env = ray.put(forwarded_env(reads_object_storage=remote_data or remote_weights))
         watchdog = parse_watchdog(self.cfg.get("watchdog"))  # hang watch: health/hang_watch.py
         return TorchTrainer(
             train_worker,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -80,6 +81,8 @@ def resolve_address(
 
 # Ray Train's controller polls a local cluster's workers this often (start_local_ray)
 LOCAL_POLL_INTERVAL_S = 0.2
+# how long a GCS address may take to answer as Ray's (a real one: well under a second)
+GCS_TIMEOUT_S = 15.0
 
 
 def start_local_ray() -> None:
@@ -131,7 +134,7 @@ def start_local_ray() -> None:
                 os.environ[key] = value
 
 
-def probe_address(address: str, timeout: float = 3.0) -> None:
+def probe_address(address: str, timeout: float = 3.0, gcs_timeout: float = GCS_TIMEOUT_S) -> None:
     """One-line error within ``timeout`` seconds when nothing listens at ``address`` (a GCS
     ``host:port`` or a ``ray://host:port`` client address): ``ray.init`` would wait minutes."""
     import socket
@@ -156,21 +159,42 @@ def probe_address(address: str, timeout: float = 3.0) -> None:
             ),
         ) from None
     if "://" not in address:  # a GCS address: is this shell's token the cluster's?
-        check_authentication(hostport)
+        check_authentication(hostport, gcs_timeout)
 
 
-def check_authentication(hostport: str) -> None:
+def check_authentication(hostport: str, timeout: float = GCS_TIMEOUT_S) -> None:
     """One-line error when the cluster at ``hostport`` refuses this process's authentication
     (Ray >= 2.59 turns token auth on for local clusters): ``ray.init`` would retry for ~20 s,
-    printing a warning a second, then end in a traceback that does not say what to set."""
+    printing a warning a second, then end in a traceback that does not say what to set. And
+    one when nothing there answers as Ray's GCS within ``timeout`` seconds (another service on
+    that port): Ray's client would wait 40 s, then ``ray.init`` longer."""
     try:
         from ray.exceptions import AuthenticationError
     except ImportError:  # pragma: no cover - a Ray without it: let ray.init decide
         return
     from distributed_runner.core.ray_private import connect_gcs
 
+    outcome: dict = {}
+
+    def connect() -> None:
+        try:
+            outcome["ok"] = connect_gcs(hostport)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=connect, name="drun-gcs-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():  # the client keeps trying in its daemon thread; we stop waiting
+        raise ConfigError(
+            "launcher.address",
+            f"{hostport} accepts connections but does not answer as a Ray cluster's GCS "
+            f"within {timeout:g} s: check the port (the head's, 6379 unless ray start "
+            f"--port said otherwise)",
+        )
     try:
-        connect_gcs(hostport)
+        if "error" in outcome:
+            raise outcome["error"]
     except AuthenticationError:
         mode = os.environ.get("RAY_AUTH_MODE", "unset")
         raise ConfigError(

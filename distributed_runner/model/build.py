@@ -5,7 +5,7 @@ compiled."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -15,6 +15,7 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.registry import MODELS
 from distributed_runner.core.signatures import accepts, check_arguments
 from distributed_runner.model.activation_checkpointing import apply_activation_checkpointing
+from distributed_runner.model.empty_init import materialize, parameters_on_meta
 from distributed_runner.model.sharding import check_shard_modules, shard_model
 
 
@@ -25,11 +26,29 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+class WeightSource(Protocol):
+    """Weights that come from files rather than from the model's own initialisation
+    (``load_from`` a Hugging Face directory: checkpoint/hf/load.py). The model is then built
+    with its parameters on the meta device; see :func:`setup_model` for when each is called."""
+
+    def prepare(self, model: nn.Module) -> None:
+        """Check the built (meta) model against the files; initialise what they lack."""
+
+    def load(self, model: nn.Module) -> None:
+        """Fill the model, sharded or not, once its storage exists (every rank calls it)."""
+
+
 def build_model(spec: Any, device: torch.device) -> nn.Module:
     """``model=dict(type=...)`` (or a module) on ``device``. ``type`` is a registered name, an
     import path (``'transformers.GPT2LMHeadModel'``, ``'timm.create_model'``) or the class
     itself (core/registry.py); how the loops then call the model is engine/step_choice.py's
     business."""
+    return build_unmoved(spec).to(device)
+
+
+def build_unmoved(spec: Any) -> nn.Module:
+    """The model as its config builds it, on whatever device that puts it (build_model moves
+    it; an empty model keeps its parameters on the meta device)."""
     built = MODELS.build(spec, "model")
     if not isinstance(built, nn.Module):
         raise ConfigError(
@@ -39,7 +58,16 @@ def build_model(spec: Any, device: torch.device) -> nn.Module:
             f"(a config object goes in its arguments, e.g. config=dict("
             f"type=...))",
         )
-    return built.to(device)
+    return built
+
+
+def build_empty_model(spec: Any, weights: WeightSource) -> nn.Module:
+    """The model with its parameters on the meta device (no memory, no initialisation) and
+    whatever the files will not fill prepared by ``weights``."""
+    with parameters_on_meta():
+        model = build_unmoved(spec)  # buffers where they were made: materialize() moves them
+    weights.prepare(model)
+    return model
 
 
 def wrap_model(model: nn.Module, wrapper_cfg: dict, device: torch.device) -> nn.Module:
@@ -102,15 +130,23 @@ def _compiled_inner(model: Any) -> Any:
 
 
 def setup_model(
-    spec: Any, wrapper_cfg: dict | None, compile_spec: Any, device: torch.device, strategy: dict
+    spec: Any,
+    wrapper_cfg: dict | None,
+    compile_spec: Any,
+    device: torch.device,
+    strategy: dict,
+    weights: WeightSource | None = None,
 ) -> tuple[nn.Module, nn.Module]:
     """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
     then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result.
 
     Activation checkpointing is set up first, on the user's own modules (before DDP or
     ``fully_shard`` sees them and before compile traces them): it replaces only their
-    ``forward``, so the keys of ``state_dict()`` and the class names FSDP matches stay."""
-    model = build_model(spec, device)
+    ``forward``, so the keys of ``state_dict()`` and the class names FSDP matches stay.
+
+    With ``weights`` the model is built empty, sharded while empty, and only then given storage
+    (this rank's shards) and filled: no rank ever holds the whole model under FSDP."""
+    model = build_model(spec, device) if weights is None else build_empty_model(spec, weights)
     if strategy["type"] == "fsdp" and wrapper_cfg:
         raise ConfigError(
             "model_wrapper_cfg",
@@ -118,10 +154,15 @@ def setup_model(
         )
     check_shard_modules(model, strategy)
     apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
-    if strategy["type"] == "fsdp":
-        wrapped = shard_model(model, strategy, device) if dist.is_distributed() else model
-    else:
-        wrapped = wrap_model(model, dict(wrapper_cfg or {}), device)
+    sharded = strategy["type"] == "fsdp" and dist.is_distributed()
+    if sharded:
+        shard_model(model, strategy, device)
+    if weights is not None:
+        materialize(model, device)
+        weights.load(model)
+    wrapped = (
+        model if strategy["type"] == "fsdp" else wrap_model(model, dict(wrapper_cfg or {}), device)
+    )
     return model, compile_model(wrapped, compile_spec)
 
 

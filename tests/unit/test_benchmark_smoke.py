@@ -147,3 +147,14 @@ def test_streaming_data_benchmark_runs_its_table(tmp_path):
     rows = [line for line in lines[3:] if line.startswith("| ")]
     assert [r.split(" | ")[1] for r in rows] == ["streaming", "streaming"]
     assert "error" not in out.stdout and rows[0].count(" / ") == 2
+
+
+def test_load_pretrained_benchmark_runs_both_paths():
+    pytest.importorskip("transformers")
+    out = run_benchmark("load_pretrained", "--smoke")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("load pretrained: Llama hidden 64, 2 layers")
+    assert [line.split(" ")[0] for line in lines[2:6]] == (
+        ["load_from"] * 2 + ["from_pretrained"] * 2)
+    assert lines[6].startswith("worst ratio to size/world: ")
+    assert lines[6].endswith("the same local shards on every rank")

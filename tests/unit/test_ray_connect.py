@@ -144,8 +144,16 @@ def test_an_address_nobody_listens_at_is_one_line_in_seconds():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        probe_address(f"127.0.0.1:{server.getsockname()[1]}")  # answers: no error
-        probe_address(f"ray://127.0.0.1:{server.getsockname()[1]}")
+        port = server.getsockname()[1]
+        probe_address(f"ray://127.0.0.1:{port}")  # answers: a client address is not probed
+        start = time.monotonic()  # a GCS address must answer as Ray's: this port never does
+        with pytest.raises(ConfigError) as err:
+            probe_address(f"127.0.0.1:{port}", gcs_timeout=1.0)
+        assert time.monotonic() - start < 3
+        assert str(err.value) == (
+            f"launcher.address: 127.0.0.1:{port} accepts connections but does not answer as "
+            f"a Ray cluster's GCS within 1 s: check the port (the head's, 6379 unless ray "
+            f"start --port said otherwise)")
 
 
 def test_an_unwritable_storage_path_is_one_line(tmp_path):

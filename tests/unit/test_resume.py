@@ -123,3 +123,21 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path):
     assert str(err.value).startswith("load_from: ") and "not a loadable checkpoint" in str(err.value)
     with pytest.raises(ConfigError, match="^load_from: .*does not exist"):  # at construction
         make_runner(tmp_path / "wd2", load_from=str(tmp_path / "missing.pth"))
+
+
+def test_a_run_without_a_seed_resumes_with_the_seed_it_drew(tmp_path, caplog):
+    """No ``randomness.seed``: each start draws one, and the epochs' order follows it — a resume
+    takes the checkpoint's (as MMEngine's does), or its epoch would visit other samples; a
+    config seed that differs from the checkpoint's is named in a warning and loses."""
+    straight = run(tmp_path / "straight", randomness=None)
+    resumed = run(tmp_path / "resumed", randomness=None,
+                  resume=str(tmp_path / "straight" / "iter_14.pth"))
+    assert resumed.seed == straight.seed
+    assert_state_equal(params_of(straight.model), params_of(resumed.model))
+    with caplog.at_level("WARNING"):
+        other = run(tmp_path / "other", randomness=dict(seed=straight.seed + 1),
+                    resume=str(tmp_path / "straight" / "iter_14.pth"))
+    assert other.seed == straight.seed
+    assert f"randomness.seed is {straight.seed + 1} but the checkpoint being resumed was " \
+           f"seeded {straight.seed}" in caplog.text
+    assert_state_equal(params_of(straight.model), params_of(other.model))
