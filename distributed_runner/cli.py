@@ -196,6 +196,7 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
         "--config", help="build the model from this config (default: the checkpoint's own)"
     )
     export.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
 
 
 def load_config(args: argparse.Namespace):
@@ -335,7 +336,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from distributed_runner.checkpoint.hf.export import export_hf, parse_size
     from distributed_runner.core.config import Config
 
-    cfg = Config.fromfile(args.config, cfg_options=args.cfg_options) if args.config else None
+    if args.config:
+        cfg = Config.fromfile(args.config, cfg_options=args.cfg_options)
+    elif args.cfg_options:
+        raise ConfigError("--cfg-options", "change --config's values: pass the config too")
+    else:
+        cfg = None
     out = export_hf(
         args.checkpoint,
         args.out_dir,
@@ -343,6 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         merge_adapters=args.merge_adapters,
         max_shard_bytes=parse_size(args.max_shard_size),
         cfg=dict(cfg) if cfg is not None else None,
+        overwrite=args.overwrite,
     )
     print(out)
     return 0

@@ -14,7 +14,6 @@ from distributed_runner.checkpoint.files import (
     remove_checkpoint,
     remove_stale_temporaries,
 )
-from distributed_runner.checkpoint.hf.directory import is_pretrained_dir
 from distributed_runner.checkpoint.parts import PUBLISHABLE_KEYS
 from distributed_runner.checkpoint.publish import publish_checkpoint
 from distributed_runner.checkpoint.remote import (
@@ -23,7 +22,6 @@ from distributed_runner.checkpoint.remote import (
     is_remote,
     run_folder,
 )
-from distributed_runner.checkpoint.resume_choice import parse_load_from
 from distributed_runner.checkpoint.sharded import TRAINABLE, remove_orphan_shards, shard_folders
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.interval import Interval
@@ -272,14 +270,12 @@ class CheckpointHook(Hook, CheckpointSaver):
         )
 
     def before_train(self, runner: RunnerAPI) -> None:
-        if not self.save_frozen_weights:
-            path, _ = parse_load_from(runner.cfg.get("load_from"))
-            if not (path and is_pretrained_dir(path)):
-                raise ArgumentError(
-                    "save_frozen_weights",
-                    "False needs load_from=<a model directory> to give the frozen weights "
-                    "back on resume; set it, or save every weight",
-                )
+        if not self.save_frozen_weights and not runner.pretrained_from:
+            raise ArgumentError(
+                "save_frozen_weights",
+                "False needs load_from=<a model directory> to give the frozen weights "
+                "back on resume; set it, or save every weight",
+            )
         names = runner.val_metric_names()  # checked now, not after the first epoch
         for key in self.save_best:
             if key != "auto":

@@ -72,6 +72,8 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
             "python": platform.python_version(),
         },
     }
+    if s.pretrained_from:  # export's tokenizer files and a trainable-only resume's base
+        info["pretrained_from"] = s.pretrained_from
     info.update(o.meta or {})
     return info
 
@@ -128,6 +130,7 @@ def _restore_weights(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     if ckpt["meta"].get("weights") != TRAINABLE:
         load_weights(s.model, state, "resume", c.path)
         return
+    require_base(s, ckpt, c)
     lacking = [k for k in s.model.state_dict() if k not in state and k not in frozen_names(s.model)]
     if lacking:
         raise ConfigError(
@@ -138,7 +141,28 @@ def _restore_weights(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     load_weights(s.model, state, "resume", c.path, strict=False)  # the rest: load_from's
 
 
+def require_base(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
+    """A checkpoint without its frozen weights resumes only onto the model directory that gave
+    them (else the base would be the model's random initialisation)."""
+    recorded = ckpt["meta"].get("pretrained_from")
+    if not s.pretrained_from:
+        raise ConfigError(
+            "resume",
+            f"{c.path} holds the trainable weights only; the rest came from "
+            f"load_from={recorded!r}: set load_from to that model directory",
+        )
+    if recorded and recorded != s.pretrained_from:
+        s.logger.warning(
+            "resume: %s was trained on %s, and load_from now names %s",
+            c.path,
+            recorded,
+            s.pretrained_from,
+        )
+
+
 def _restore_shards(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
+    if SHARDED in ckpt and ckpt[SHARDED].get("weights") == TRAINABLE:
+        require_base(s, ckpt, c)
     if SHARDED in ckpt:  # model and optimizer, resharded to this run's ranks
         load_shards(s.model, s.optimizer(), ckpt, Path(c.path))
 

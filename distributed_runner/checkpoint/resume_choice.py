@@ -215,11 +215,25 @@ def seed_to_resume(resume: Any, run_dir: Path) -> int | None:
         path = (
             Path(resume).expanduser()
             if isinstance(resume, (str, Path))
-            else (read_pointer(run_dir) if resume else None)
+            else (_newest_checkpoint(run_dir) if resume else None)
         )
         found = peek_meta(path).get("seed") if path is not None else None
         seed = int(found) if found is not None else None
     return dist.broadcast_object(seed)
+
+
+def _newest_checkpoint(run_dir: Path) -> Path | None:
+    """``last_checkpoint``'s file, else the newest ``.pth`` (the seed is the run's, whichever
+    checkpoint of it resume then verifies and picks)."""
+    pointed = read_pointer(run_dir)
+    if pointed is not None:
+        return pointed
+    files = (
+        sorted(Path(run_dir).glob("*.pth"), key=lambda f: f.stat().st_mtime)
+        if Path(run_dir).is_dir()
+        else []
+    )
+    return files[-1] if files else None
 
 
 def parse_load_from(spec: Any) -> tuple[str | None, bool]:

@@ -52,6 +52,7 @@ class CheckpointSubject:
     experiment_name: str
     cfg: Any
     strategy: Any  # checkpoint.sharded.writes_shards reads its 'checkpoint'
+    pretrained_from: str | None  # the model directory load_from filled the model from
 
     def optimizer(self) -> Any:
         """The torch optimizer inside the wrapper, or None when nothing trains."""
@@ -76,6 +77,7 @@ class CheckpointSubject:
             experiment_name=runner.experiment_name,
             cfg=runner.cfg,
             strategy=runner.strategy,
+            pretrained_from=runner.pretrained_from,
         )
 
     def position(self) -> dict:

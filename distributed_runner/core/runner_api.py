@@ -54,6 +54,7 @@ class RunnerAPI(Protocol):
     seed: int
     strategy: Any  # 'ddp' or FSDP's options (distributed_runner.model.sharding)
     elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run, else None
+    pretrained_from: str | None  # the model directory load_from filled the model from (absolute)
 
     # -- services -----------------------------------------------------------------------------
     logger: logging.Logger

@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from distributed_runner.checkpoint.files import load_file, point_at, read_pointer
-from distributed_runner.checkpoint.hf.directory import is_pretrained_dir
+from distributed_runner.checkpoint.hf.directory import is_pretrained_dir, pretrained_source
 from distributed_runner.checkpoint.hf.load import PretrainedWeights
 from distributed_runner.checkpoint.resume_choice import (
     choose_run,
@@ -388,9 +388,10 @@ class Runner(RunnerSurface):
         self.device = torch.device(device) if device is not None else default_device()
 
         self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
+        self.pretrained_from = pretrained_source(self._load_from)
         weights = (
-            PretrainedWeights(self._load_from, self._load_strict, self.seed, self.logger)
-            if self._load_from and is_pretrained_dir(self._load_from)
+            PretrainedWeights(self.pretrained_from, self._load_strict, self.seed, self.logger)
+            if self.pretrained_from
             else None
         )  # a Hugging Face directory fills the model as it is built (checkpoint/hf/load.py)
         self._model, self.wrapped_model = setup_model(

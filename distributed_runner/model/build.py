@@ -66,6 +66,13 @@ def build_empty_model(spec: Any, weights: WeightSource) -> nn.Module:
     whatever the files will not fill prepared by ``weights``."""
     with parameters_on_meta():
         model = build_unmoved(spec)  # buffers where they were made: materialize() moves them
+    made_from_weights = [n for n, b in model.named_buffers() if b.device.type == "meta"]
+    if made_from_weights:
+        raise ConfigError(
+            "load_from",
+            f"the model computes its buffer {made_from_weights[0]} from its weights while it "
+            f"is built, so it cannot be built without them: load_from a checkpoint instead",
+        )
     weights.prepare(model)
     return model
 

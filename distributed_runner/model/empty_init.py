@@ -26,16 +26,20 @@ def parameters_on_meta() -> Iterator[None]:
     """Inside: every parameter a module registers lives on the meta device (shape and dtype,
     no storage); buffers and plain tensors are built as usual."""
     original = nn.Module.register_parameter
+    copies: dict[int, nn.Parameter] = {}  # one meta copy per parameter: ties stay ties
+    kept: list[nn.Parameter] = []  # the originals, so that their ids are not reused
 
     def register_on_meta(module: nn.Module, name: str, param: Any) -> None:
+        # plain parameters only: a subclass (nn.UninitializedParameter, a library's own) keeps
+        # its type and its storage, and materialize() keeps its values
+        if type(param) is nn.Parameter and param.device.type != "meta":
+            if id(param) not in copies:
+                meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+                meta.__dict__.update(param.__dict__)
+                copies[id(param)] = meta
+                kept.append(param)
+            param = copies[id(param)]
         original(module, name, param)
-        if param is not None and param.device.type != "meta":
-            held = module._parameters[name]
-            assert held is not None
-            module._parameters[name] = nn.Parameter(
-                held.to("meta"), requires_grad=held.requires_grad
-            )
-            module._parameters[name].__dict__.update(held.__dict__)
 
     nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign,assignment]
     try:
@@ -67,7 +71,7 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     kept = {
         name: _local(t).detach().clone()
         for name, t in [*model.named_parameters(), *model.named_buffers()]
-        if _local(t).device.type != "meta"
+        if _local(t).device.type != "meta" and not is_lazy(t)
     }
     tied = _tied_groups(model)
     model.to_empty(device=device)
@@ -91,6 +95,11 @@ def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
             if param is not None:
                 holders.setdefault(id(param), []).append((module, leaf))
     return [group for group in holders.values() if len(group) > 1]
+
+
+def is_lazy(t: torch.Tensor) -> bool:
+    """An ``nn.LazyLinear``'s parameter before its first forward: no shape, nothing to keep."""
+    return isinstance(t, nn.parameter.UninitializedTensorMixin)  # type: ignore[attr-defined]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -109,14 +109,17 @@ def _fsdp_rank(rank: int, port: int, folder: str, out: str) -> None:
         lora_before = full_model_state(adapted.model)
         adapted.train()
         lora_after = full_model_state(adapted.model)
+        ddp = Runner.from_cfg(cfg(f"{out}/ddp", folder, strategy="ddp"))  # replicas, each whole
+        ddp_state = {k: v.clone() for k, v in ddp.model.state_dict().items()}
         if rank == 0:
             changed = sorted(k for k in lora_before
                              if not torch.equal(lora_before[k], lora_after[k]))
             torch.save({"local": local, "full": full, "lora_changed": changed,
-                        "lora_keys": sorted(lora_before)}, f"{out}/rank0.pt")
+                        "lora_keys": sorted(lora_before), "ddp": ddp_state,
+                        "ddp_wrapped": type(ddp.wrapped_model).__name__}, f"{out}/rank0.pt")
 
 
-def test_fsdp_ranks_read_their_slices_and_a_sharded_checkpoint_exports_whole(llama, tmp_path):
+def test_fsdp_and_ddp_ranks_load_and_a_sharded_checkpoint_exports_whole(llama, tmp_path):
     mp.spawn(_fsdp_rank, args=(free_port(), str(llama), str(tmp_path)), nprocs=2, join=True)
     seen = torch.load(tmp_path / "rank0.pt", weights_only=True)
     source = tensors(llama)
@@ -125,6 +128,8 @@ def test_fsdp_ranks_read_their_slices_and_a_sharded_checkpoint_exports_whole(lla
     # each rank holds half of every weight (FSDP2 shards dim 0; all dims here are even)
     assert all(seen["local"][k] * 2 == source[k].numel() for k in source)
     assert seen["lora_changed"] == [k for k in seen["lora_keys"] if "lora_" in k]
+    assert seen["ddp_wrapped"] == "DistributedDataParallel"
+    assert all(torch.equal(seen["ddp"][k], source[k]) for k in source)
     manifest = tmp_path / "iter_4.pth"
     assert "sharded" in torch.load(manifest, weights_only=False)
     exported = tensors(export(manifest, tmp_path / "out"))
@@ -297,3 +302,59 @@ def test_the_ray_driver_makes_weight_paths_absolute_and_knows_a_remote_one(tmp_p
     assert plain["load_from"] == plain["model"]["path"] == str(tmp_path / "models" / "llama")
     remote = dict(load_from=dict(path="s3://b/llama", strict=False))
     assert weight_sources_absolute(remote) is True and remote["load_from"]["path"] == "s3://b/llama"
+
+
+def test_lora_with_modules_to_save_and_biases_loads_both_copies_and_merges_as_peft(tmp_path):
+    """Review findings: PEFT's ``modules_to_save`` keeps the original module and its trained
+    copy, both from one file tensor; a LoRA layer with a bias (GPT-2's Conv1D ``c_attn``,
+    fan_in_fan_out) merges into its weight only."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    source = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                    ).save_pretrained(source)
+    files = tensors(source)
+    model = dict(type="peft.get_peft_model", model=dict(type="HFModel", path=str(source)),
+                 peft_config=dict(type="peft.LoraConfig", r=4, lora_alpha=8,
+                                  target_modules=["c_attn"], fan_in_fan_out=True,
+                                  modules_to_save=["ln_f"]))
+    runner = Runner.from_cfg(cfg(tmp_path / "run", source, model=model,
+                                 optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.01))))
+    state = runner.model.state_dict()
+    for copy in ("original_module", "modules_to_save.default"):
+        assert torch.equal(state[f"base_model.model.transformer.ln_f.{copy}.weight"],
+                           files["transformer.ln_f.weight"])
+    runner.train()
+    merged = export(tmp_path / "run" / "iter_4.pth", tmp_path / "merged", "--merge-adapters")
+    adapters = export(tmp_path / "run" / "iter_4.pth", tmp_path / "adapters")
+    ours, info = AutoModelForCausalLM.from_pretrained(merged, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(source),
+                                       adapters).merge_and_unload()
+    ids = torch.arange(32).view(2, 16)
+    with torch.no_grad():
+        assert torch.allclose(ours(input_ids=ids).logits, theirs(input_ids=ids).logits,
+                              atol=1e-5)
+    assert torch.equal(ours.transformer.h[0].attn.c_attn.bias, files["transformer.h.0.attn.c_attn.bias"])
+
+
+def test_export_never_mixes_with_an_older_one_and_a_slim_checkpoint_needs_its_base(llama,
+                                                                                   tmp_path):
+    Runner.from_cfg(cfg(tmp_path / "run", llama, lr=0.0)).train()
+    ckpt = tmp_path / "run" / "iter_4.pth"
+    export(ckpt, tmp_path / "out")  # one file
+    assert main(["export", str(ckpt), str(tmp_path / "out"), "--max-shard-size", "60KB"]) == 2
+    export(ckpt, tmp_path / "out", "--max-shard-size", "60KB", "--overwrite")
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # the shards alone
+    assert tensors(tmp_path / "out").keys() == tensors(llama).keys()
+    assert main(["export", str(ckpt), str(tmp_path / "x"), "--cfg-options", "a=1"]) == 2
+    slim = cfg(tmp_path / "slim", llama, model=lora(llama_model(llama)))
+    slim["default_hooks"]["checkpoint"]["save_frozen_weights"] = False
+    Runner.from_cfg(slim).train()
+    with pytest.raises(ConfigError, match=r"^resume: .*iter_4.pth holds the trainable weights "
+                                          r"only; the rest came from load_from='.*tiny_llama': "
+                                          r"set load_from to that model directory$"):
+        Runner.from_cfg(dict(slim, work_dir=str(tmp_path / "again"), load_from=None,
+                             resume=str(tmp_path / "slim" / "iter_4.pth"))).train()

@@ -46,16 +46,29 @@ def is_pretrained_dir(path: Any) -> bool:
     if path is None or isinstance(path, bool):
         return False
     if is_remote(path):
-        return not str(path).endswith(".pth")
+        return not str(path).rstrip("/").lower().endswith(".pth")
     folder = Path(path).expanduser()
     return folder.is_dir() and (folder / CONFIG).is_file() and weight_files(folder) != []
+
+
+def pretrained_source(load_from: Any) -> str | None:
+    """``load_from`` when it names a model directory — absolute, or the URI — else None."""
+    if not load_from or not is_pretrained_dir(load_from):
+        return None
+    return str(load_from) if is_remote(load_from) else str(Path(load_from).expanduser().resolve())
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files the index names (or the single ``model.safetensors``)."""
     index = folder / INDEX
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigError(
+                "load_from",
+                f"{index} is not a safetensors index (JSON with a weight_map): is the copy whole?",
+            ) from None
         return [folder / n for n in names]
     return [folder / SINGLE] if (folder / SINGLE).is_file() else []
 
@@ -119,7 +132,12 @@ def _download(uri: str, target: Path, backend_args: dict | None, key: str) -> No
         raise ConfigError(key, f"{uri} does not exist: check the path") from None
     except OSError as e:
         raise ConfigError(key, f"cannot list {uri}: {str(e).splitlines()[0]}") from None
-    names = {Path(i.path).name for i in infos if i.type == pafs.FileType.File}
+    names = {
+        Path(i.path).name
+        for i in infos
+        if i.type == pafs.FileType.File
+        and (i.path.endswith(".safetensors") or Path(i.path).name in (CONFIG, INDEX, *SIDE_FILES))
+    }  # not *.bin duplicates of the weights, nor anything else a bucket may hold
     if CONFIG not in names or not (SINGLE in names or INDEX in names):
         raise ConfigError(
             key, f"{uri} holds no config.json with safetensors weights: is it a model directory?"

@@ -16,6 +16,8 @@ out); without it the adapters are written as PEFT's ``save_pretrained`` writes t
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -34,6 +36,7 @@ from distributed_runner.checkpoint.hf.directory import (
     SINGLE,
     is_pretrained_dir,
     local_directory,
+    pretrained_source,
     tensor_index,
 )
 from distributed_runner.checkpoint.hf.names import base_name, hf_model_of, is_peft_model, map_names
@@ -51,13 +54,23 @@ KEY = "CHECKPOINT"
 
 
 def parse_size(text: str) -> int:
-    """``--max-shard-size``: bytes from ``5GB``, ``500MB``, ``200KB`` or a plain number."""
-    units = {"GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10, "B": 1}
+    """``--max-shard-size`` in bytes, as transformers reads it: ``5GB`` is 5 * 10**9, ``5GiB``
+    5 * 2**30; ``500MB``, ``200KB`` or a plain number of bytes."""
+    units = {
+        "GIB": 1 << 30,
+        "MIB": 1 << 20,
+        "KIB": 1 << 10,
+        "GB": 10**9,
+        "MB": 10**6,
+        "KB": 10**3,
+        "B": 1,
+    }
     word = text.strip().upper()
     for unit, factor in units.items():
-        if word.endswith(unit) and word[: -len(unit)].strip().replace(".", "", 1).isdigit():
-            return int(float(word[: -len(unit)]) * factor)
-    if word.isdigit():
+        number = word[: -len(unit)].strip()
+        if word.endswith(unit) and number.replace(".", "", 1).isdigit() and float(number) > 0:
+            return int(float(number) * factor)
+    if word.isdigit() and int(word) > 0:
         return int(word)
     raise ConfigError("--max-shard-size", f"got {text!r}; takes e.g. 5GB, 500MB or 200KB")
 
@@ -78,21 +91,22 @@ def export_hf(
     out_dir: str | Path,
     dtype: str | None = None,
     merge_adapters: bool = False,
-    max_shard_bytes: int = 5 << 30,
+    max_shard_bytes: int = 5 * 10**9,
     cfg: dict | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``checkpoint`` (a file, or a run's folder: its last checkpoint) to ``out_dir`` as
-    a Hugging Face model directory; returns it."""
+    a Hugging Face model directory; returns it. ``cfg``: the config to build the model from
+    (default: the checkpoint's own). Written beside ``out_dir`` first and moved into place,
+    so a failed export leaves no half directory and never mixes with an older export."""
     path, out = checkpoint_file(Path(checkpoint).expanduser()), Path(out_dir).expanduser()
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(
+            "OUT_DIR", f"{out} is not empty: choose another, or pass --overwrite to replace it"
+        )
     ckpt = load_file(path, KEY, mmap=True)
     cfg = cfg if cfg is not None else json.loads(ckpt.get("meta", {}).get("config", "{}"))
-    if not cfg.get("model"):
-        raise ConfigError(KEY, f"{path} holds no config to build its model from: pass --config")
-    import_custom_modules(cfg.get("custom_imports"))
-    with parameters_on_meta(), warnings.catch_warnings():
-        # transformers' deprecation that PEFT's wrapping triggers; nothing a user can change
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
-        model = build_unmoved(cfg["model"])
+    model = _empty_model(cfg, path)
     hf = hf_model_of(model)
     if hf is None:
         raise ConfigError(
@@ -101,18 +115,44 @@ def export_hf(
             "(a PreTrainedModel, or one under PEFT)",
         )
     cast = DTYPES[dtype] if dtype else None
+    source = _pretrained_of(ckpt, cfg)
     read = _reader(path, ckpt)
     if ckpt.get("meta", {}).get("weights") == TRAINABLE:  # the frozen base: load_from's files
-        read = _with_base(read, model, cfg)
-    out.mkdir(parents=True, exist_ok=True)
+        read = _with_base(read, model, source)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     if is_peft_model(model) and not merge_adapters:
-        _write_adapters(model, read, out, cast, cfg)
+        _write_adapters(model, read, partial, cast, source)
     else:
-        check_supported(model, "--merge-adapters")
-        _write_shards(_plan(model, cast), read, out, max_shard_bytes, cast)
-        _write_config(hf, out, cast)
-    _copy_side_files(cfg, out)
+        check_supported(model, "--merge-adapters", merging=True)
+        _write_shards(_plan(model, cast), read, partial, max_shard_bytes, cast)
+        _write_config(hf, partial, cast)
+    _copy_side_files(source, partial)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(partial, out)
     return out
+
+
+def _empty_model(cfg: dict, path: Path) -> nn.Module:
+    """The config's model, its parameters on the meta device (names, shapes, ties; no data)."""
+    if not cfg.get("model"):
+        raise ConfigError(KEY, f"{path} holds no config to build its model from: pass --config")
+    import_custom_modules(cfg.get("custom_imports"))
+    with parameters_on_meta(), warnings.catch_warnings():
+        # transformers' deprecation that PEFT's wrapping triggers; nothing a user can change
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+        return build_unmoved(cfg["model"])
+
+
+def _pretrained_of(ckpt: dict, cfg: dict) -> str | None:
+    """The model directory the run started from: recorded in the checkpoint (absolute), else
+    its config's ``load_from`` when that is one from here."""
+    recorded = ckpt.get("meta", {}).get("pretrained_from")
+    if recorded:
+        return str(recorded)
+    given, _ = parse_load_from(cfg.get("load_from"))
+    return pretrained_source(given)
 
 
 def checkpoint_file(path: Path) -> Path:
@@ -142,7 +182,8 @@ def _plan(model: nn.Module, cast: torch.dtype | None) -> list[Planned]:
         seen.add(id(tensor))
         if name in chosen and "modules_to_save" not in key:
             continue  # PEFT's original_module: its trained copy (modules_to_save) wins
-        layer_name = key.rsplit(".base_layer.", 1)[0] if ".base_layer." in key else None
+        # the adapters change a layer's weight only (PEFT merges no bias; lora_bias is refused)
+        layer_name = key.rsplit(".", 2)[0] if key.endswith(".base_layer.weight") else None
         merges = _merges(layers.get(layer_name), layer_name) if layer_name else []
         out_dtype = cast if cast is not None and tensor.is_floating_point() else tensor.dtype
         chosen[name] = Planned(name, key, tuple(tensor.shape), out_dtype, merges)
@@ -258,17 +299,17 @@ def _reader(path: Path, ckpt: dict) -> Callable[[list[str]], dict[str, torch.Ten
     return _shard_reader(path, ckpt)
 
 
-def _with_base(read: Callable, model: nn.Module, cfg: dict) -> Callable:
+def _with_base(read: Callable, model: nn.Module, source: str | None) -> Callable:
     """``read``, falling back for the weights a trainable-only checkpoint left out to the model
     directory the run loaded them from."""
     from safetensors import safe_open
 
-    source, _ = parse_load_from(cfg.get("load_from"))
     if not source or not is_pretrained_dir(source):
         raise ConfigError(
             KEY,
-            "holds the trainable weights only, and its config's load_from "
-            "names no model directory to take the rest from",
+            f"holds the trainable weights only, and the model directory "
+            f"they were trained on ({source}) is not there to take the rest "
+            f"from: pass --config with load_from naming it",
         )
     folder = local_directory(source)
     index = tensor_index(folder)
@@ -327,7 +368,7 @@ def _write_config(hf: Any, out: Path, cast: torch.dtype | None) -> None:
 
 
 def _write_adapters(
-    model: nn.Module, read: Callable, out: Path, cast: torch.dtype | None, cfg: dict
+    model: nn.Module, read: Callable, out: Path, cast: torch.dtype | None, source: str | None
 ) -> None:
     """PEFT's own layout: the trained adapter tensors under PEFT's saved names, and the
     adapters' config naming the base (``load_from``)."""
@@ -338,7 +379,6 @@ def _write_adapters(
         k for k in model.state_dict() if base_name(k, True) is None or "modules_to_save" in k
     ]
     values = read(peft_names)
-    base, _ = parse_load_from(cfg.get("load_from"))
     configs: dict[str, Any] = getattr(model, "peft_config", {})
     for adapter, config in configs.items():
         state = get_peft_model_state_dict(model, state_dict=values, adapter_name=adapter)
@@ -349,15 +389,21 @@ def _write_adapters(
         folder = out if adapter == "default" else out / adapter
         folder.mkdir(parents=True, exist_ok=True)
         save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-        if base:
-            config.base_model_name_or_path = base
+        if source:
+            config.base_model_name_or_path = source
         config.save_pretrained(str(folder))
 
 
-def _copy_side_files(cfg: dict, out: Path) -> None:
+def _copy_side_files(source: str | None, out: Path) -> None:
     """The tokenizer (and generation) files beside the weights the run started from."""
-    source, _ = parse_load_from(cfg.get("load_from"))
-    if not source or not is_pretrained_dir(source):
+    if not source:
+        return
+    if not is_pretrained_dir(source):
+        logging.getLogger(__name__).warning(
+            "drun export: %s, where the run's weights came from, is not there: no tokenizer "
+            "files copied",
+            source,
+        )
         return
     folder = local_directory(source)
     for name in SIDE_FILES:

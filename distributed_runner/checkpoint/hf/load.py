@@ -71,16 +71,11 @@ class PretrainedWeights:
 
         assert self.names is not None and self.folder is not None, "prepare() first"
         state = _state_of(model)
-        targets = {
-            file: _pick(state, names) for names, file in self.names.groups if file is not None
-        }
-        with warnings.catch_warnings():  # one process: DCP says it assumes so
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            dcp.load(
-                targets,
-                storage_reader=HuggingFaceStorageReader(str(self.folder)),
-            )
-        self.logger.info("loaded %d tensors from %s", len(targets), self.path)
+        for targets in _passes(state, self.names.groups):  # a file name once per pass
+            with warnings.catch_warnings():  # one process: DCP says it assumes so
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp.load(targets, storage_reader=HuggingFaceStorageReader(str(self.folder)))
+        self.logger.info("loaded %d tensors from %s", len(self.names.loaded()), self.path)
 
     def _check(self, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> None:
         assert self.names is not None
@@ -136,6 +131,24 @@ def _state_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
         return dict(get_model_state_dict(model))  # type: ignore[arg-type]
     return model.state_dict()
+
+
+def _passes(
+    state: dict[str, torch.Tensor], groups: list[tuple[list[str], str | None]]
+) -> list[dict[str, torch.Tensor]]:
+    """The tensors to fill, by file name, in as few loads as names repeat: two tensors can take
+    one file tensor (PEFT's ``modules_to_save`` keeps the original module and its trained copy,
+    both starting from the base weight)."""
+    passes: list[dict[str, torch.Tensor]] = []
+    for names, file in groups:
+        if file is None:
+            continue
+        free = next((p for p in passes if file not in p), None)
+        if free is None:
+            free = {}
+            passes.append(free)
+        free[file] = _pick(state, names)
+    return passes
 
 
 def _pick(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:

@@ -13,6 +13,7 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.model.empty_init import materialize_module
 
 ADAPTER_DICTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
+MERGEABLE = ("Linear", "Conv1D", "Embedding")
 
 
 def lora_layers(model: nn.Module) -> dict[str, Any]:
@@ -24,11 +25,12 @@ def lora_layers(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def check_supported(model: nn.Module, key: str) -> None:
-    """LoRA on linear and embedding layers is what loading and merging know; DoRA (its
-    magnitude is computed from the base weight) and other PEFT methods are one line."""
-    configs = getattr(model, "peft_config", {})
-    for adapter, config in configs.items():
+def check_supported(model: nn.Module, key: str, merging: bool = False) -> None:
+    """What loading from a model directory (and merging) knows: LoRA on linear layers
+    (transformers' ``Conv1D`` too) and embeddings, initialised from no base weight. DoRA and
+    PiSSA-like initialisations (computed from the base weight), other PEFT methods and, for a
+    merge, LoRA's own biases or a convolution are one line each."""
+    for adapter, config in getattr(model, "peft_config", {}).items():
         kind = str(getattr(config, "peft_type", ""))
         if not kind.endswith("LORA") or kind.endswith("ADALORA"):
             raise ConfigError(
@@ -42,6 +44,30 @@ def check_supported(model: nn.Module, key: str) -> None:
                 f"adapter {adapter!r} uses DoRA (use_dora=True), which "
                 f"loading from a model directory does not support",
             )
+        init = getattr(config, "init_lora_weights", True)
+        if init not in (True, False, "gaussian"):
+            raise ConfigError(
+                key,
+                f"adapter {adapter!r}: init_lora_weights={init!r} is "
+                f"computed from the base weights; with a model directory "
+                f"use True, False or 'gaussian'",
+            )
+        if merging and getattr(config, "lora_bias", False):
+            raise ConfigError(
+                key,
+                f"adapter {adapter!r} has lora_bias=True, which cannot be "
+                f"merged (as in PEFT): export without --merge-adapters",
+            )
+    if merging:
+        for name, layer in lora_layers(model).items():
+            base = type(layer.get_base_layer()).__name__
+            if base not in MERGEABLE:
+                raise ConfigError(
+                    key,
+                    f"{name}: LoRA on a {base} cannot be merged here "
+                    f"(Linear, Conv1D and Embedding can): export without "
+                    f"--merge-adapters",
+                )
 
 
 def init_adapters(model: nn.Module) -> None:
