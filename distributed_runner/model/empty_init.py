@@ -13,6 +13,7 @@ saved (the rotary ``inv_freq`` of Llama, non-persistent), so a file could not re
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,19 +27,20 @@ def parameters_on_meta() -> Iterator[None]:
     """Inside: every parameter a module registers lives on the meta device (shape and dtype,
     no storage); buffers and plain tensors are built as usual."""
     original = nn.Module.register_parameter
-    copies: dict[int, nn.Parameter] = {}  # one meta copy per parameter: ties stay ties
-    kept: list[nn.Parameter] = []  # the originals, so that their ids are not reused
+    # one meta copy per parameter, so ties stay ties; the original is only weakly held (it is
+    # the memory this avoids), and an id counts only while its original is alive
+    copies: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
     def register_on_meta(module: nn.Module, name: str, param: Any) -> None:
         # plain parameters only: a subclass (nn.UninitializedParameter, a library's own) keeps
         # its type and its storage, and materialize() keeps its values
         if type(param) is nn.Parameter and param.device.type != "meta":
-            if id(param) not in copies:
+            known = copies.get(id(param))
+            if known is None or known[0]() is not param:
                 meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
                 meta.__dict__.update(param.__dict__)
-                copies[id(param)] = meta
-                kept.append(param)
-            param = copies[id(param)]
+                known = copies[id(param)] = (weakref.ref(param), meta)
+            param = known[1]
         original(module, name, param)
 
     nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign,assignment]
@@ -46,15 +48,6 @@ def parameters_on_meta() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
-
-
-def meta_parameter_names(model: nn.Module) -> list[str]:
-    """The state_dict names of parameters still on the meta device (aliases included)."""
-    return [
-        name
-        for name, p in model.named_parameters(remove_duplicate=False)
-        if p.device.type == "meta"
-    ]
 
 
 def materialize_module(module: nn.Module, device: torch.device | str = "cpu") -> None:

@@ -358,3 +358,44 @@ def test_export_never_mixes_with_an_older_one_and_a_slim_checkpoint_needs_its_ba
                                           r"set load_from to that model directory$"):
         Runner.from_cfg(dict(slim, work_dir=str(tmp_path / "again"), load_from=None,
                              resume=str(tmp_path / "slim" / "iter_4.pth"))).train()
+
+
+def test_a_model_built_without_weights_keeps_its_ties_and_refuses_buffers_made_from_them():
+    from torch import nn
+
+    from distributed_runner.model.build import WeightSource, build_empty_model
+    from distributed_runner.model.empty_init import materialize, parameters_on_meta
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            shared = nn.Parameter(torch.randn(3, 3))  # tied through a local variable
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+            self.a.weight = shared
+            self.b.weight = shared
+            self.register_buffer("steps", torch.arange(3.0))
+
+    with parameters_on_meta():
+        model = Tied()
+    assert model.a.weight is model.b.weight and model.a.weight.is_meta
+    assert not model.steps.is_meta
+    materialize(model, torch.device("cpu"))
+    assert model.a.weight is model.b.weight and not model.a.weight.is_meta
+    assert torch.equal(model.steps, torch.arange(3.0))
+
+    class FromWeights(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.register_buffer("norm", self.proj.weight.detach().norm(dim=1))
+
+    class Nothing(WeightSource):
+        def prepare(self, model):
+            pass
+
+        def load(self, model):
+            pass
+
+    with pytest.raises(ConfigError, match=r"^load_from: the model computes its buffer norm "
+                                          r"from its weights while it is built"):
+        build_empty_model(dict(type=FromWeights), Nothing())
