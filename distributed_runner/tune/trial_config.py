@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from distributed_runner.checkpoint.hf.directory import pretrained_source
+from distributed_runner.checkpoint.resume_choice import parse_load_from
 from distributed_runner.core.config import set_dotted, to_plain
 from distributed_runner.core.run_folders import FLAT
 
@@ -94,7 +96,9 @@ def trial_config(
         _nest_mlflow(cfg, mlflow, trial_id, mlflow_run_id if fork else None)
     if resume is not None:
         cfg["resume"] = resume
-        cfg.pop("load_from", None)
+        given, _ = parse_load_from(cfg.get("load_from"))
+        if not pretrained_source(given):  # a model directory stays: it builds the model, and
+            cfg.pop("load_from", None)  # a checkpoint without its frozen base needs it
     else:
         cfg["resume"] = False  # a fresh trial never picks up a stale work_dir
     if fork:

@@ -103,3 +103,19 @@ def test_a_fork_with_half_the_lr_equals_the_donor_continued_with_its_lr_halved(t
     assert saved["best"] and all(p.parent == fork_dir for p in saved["best"] + saved["last"])
     assert json.loads(json.dumps(saved, default=str))  # plain paths
     assert not list(fork_dir.glob(f"epoch_{K}.pth"))  # the donor's files are not recreated
+
+
+def test_a_resumed_trial_keeps_a_model_directory_as_load_from_and_drops_a_checkpoint(tmp_path):
+    """A model directory builds the model (and gives back a frozen base a slim checkpoint left
+    out), so a trial resumed or forked keeps it; a checkpoint file as load_from is superseded."""
+    pretrained = tmp_path / "llama"
+    pretrained.mkdir()
+    (pretrained / "config.json").write_text("{}")
+    (pretrained / "model.safetensors").write_bytes(b"")
+    ckpt = str(tmp_path / "donor" / "iter_4.pth")
+    kept = trial_config(dict(load_from=str(pretrained)), {}, "t1", str(tmp_path / "t1"),
+                        resume=ckpt)
+    assert kept["load_from"] == str(pretrained) and kept["resume"] == ckpt
+    dropped = trial_config(dict(load_from=str(tmp_path / "x.pth")), {}, "t2",
+                           str(tmp_path / "t2"), resume=ckpt)
+    assert "load_from" not in dropped
