@@ -131,7 +131,8 @@ def _restore_weights(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
         load_weights(s.model, state, "resume", c.path)
         return
     require_base(s, ckpt, c)
-    lacking = [k for k in s.model.state_dict() if k not in state and k not in frozen_names(s.model)]
+    frozen = frozen_names(s.model)
+    lacking = [k for k in s.model.state_dict() if k not in state and k not in frozen]
     if lacking:
         raise ConfigError(
             "resume",

@@ -223,17 +223,12 @@ def seed_to_resume(resume: Any, run_dir: Path) -> int | None:
 
 
 def _newest_checkpoint(run_dir: Path) -> Path | None:
-    """``last_checkpoint``'s file, else the newest ``.pth`` (the seed is the run's, whichever
-    checkpoint of it resume then verifies and picks)."""
+    """``last_checkpoint``'s file, else the newest training checkpoint (:func:`checkpoint_files`'
+    ranking): the seed is the run's, whichever of its checkpoints resume then verifies."""
     pointed = read_pointer(run_dir)
-    if pointed is not None:
+    if pointed is not None or not Path(run_dir).is_dir():
         return pointed
-    files = (
-        sorted(Path(run_dir).glob("*.pth"), key=lambda f: f.stat().st_mtime)
-        if Path(run_dir).is_dir()
-        else []
-    )
-    return files[-1] if files else None
+    return next(iter(checkpoint_files(Path(run_dir))), None)
 
 
 def parse_load_from(spec: Any) -> tuple[str | None, bool]:

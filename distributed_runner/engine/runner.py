@@ -351,6 +351,8 @@ class Runner(RunnerSurface):
         # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
         self._load_from, self._load_strict = parse_load_from(load_from)
+        # a Hugging Face directory (absolute, or its URI) fills the model as it is built
+        self.pretrained_from = pretrained_source(self._load_from)
         self._resume = resume
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
         self._has_loaded = False
@@ -361,7 +363,7 @@ class Runner(RunnerSurface):
         ):
             if not path or Path(path).expanduser().is_file():
                 continue
-            if key == "load_from" and is_pretrained_dir(path):
+            if key == "load_from" and self.pretrained_from:
                 continue
             if Path(path).expanduser().is_dir():
                 raise ConfigError(
@@ -388,7 +390,6 @@ class Runner(RunnerSurface):
         self.device = torch.device(device) if device is not None else default_device()
 
         self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
-        self.pretrained_from = pretrained_source(self._load_from)
         weights = (
             PretrainedWeights(self.pretrained_from, self._load_strict, self.seed, self.logger)
             if self.pretrained_from
@@ -617,8 +618,8 @@ class Runner(RunnerSurface):
                 return
             if how == "resume":
                 self.resume(path, ckpt)
-            elif how == "load_from" and not is_pretrained_dir(path):  # a directory: loaded
-                self.load_checkpoint(path, strict=self._load_strict)  # when the model was built
+            elif how == "load_from" and not self.pretrained_from:  # a directory was loaded
+                self.load_checkpoint(path, strict=self._load_strict)  # as the model was built
 
     def load_checkpoint(
         self, path: str | Path, strict: bool = True, map_location: Any = "cpu"

@@ -174,11 +174,11 @@ def check_authentication(hostport: str, timeout: float = GCS_TIMEOUT_S) -> None:
         return
     from distributed_runner.core.ray_private import connect_gcs
 
-    outcome: dict = {}
+    outcome: dict = {}  # the client's exception, if it raised one
 
     def connect() -> None:
         try:
-            outcome["ok"] = connect_gcs(hostport)
+            connect_gcs(hostport)
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
             outcome["error"] = e
 

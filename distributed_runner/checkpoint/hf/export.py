@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import warnings
@@ -126,7 +127,7 @@ def export_hf(
         _write_adapters(model, read, partial, cast, source)
     else:
         check_supported(model, "--merge-adapters", merging=True)
-        _write_shards(_plan(model, cast), read, partial, max_shard_bytes, cast)
+        _write_shards(_plan(model, cast), read, partial, max_shard_bytes)
         _write_config(hf, partial, cast)
     _copy_side_files(source, partial)
     shutil.rmtree(out, ignore_errors=True)
@@ -172,12 +173,11 @@ def _plan(model: nn.Module, cast: torch.dtype | None) -> list[Planned]:
     model's names; a layer's LoRA adapters to be merged into its base weight."""
     peft = is_peft_model(model)
     layers = lora_layers(model)
-    tied = _tied_names(hf_model_of(model))
     chosen: dict[str, Planned] = {}
-    seen: set[int] = set()
+    seen: set[int] = set()  # a tied weight is one tensor: written once, under its first name
     for key, tensor in model.state_dict(keep_vars=True).items():
         name = base_name(key, peft)
-        if name is None or id(tensor) in seen or (name in tied and name in chosen):
+        if name is None or id(tensor) in seen:
             continue
         seen.add(id(tensor))
         if name in chosen and "modules_to_save" not in key:
@@ -215,19 +215,11 @@ def _merges(layer: Any, layer_name: str) -> list[tuple[Any, str, str, str]]:
     return merges
 
 
-def _tied_names(hf: Any) -> set[str]:
-    """Names transformers drops on save because they alias another (``lm_head.weight``)."""
-    keys = getattr(hf, "_tied_weights_keys", None) or []
-    if not getattr(getattr(hf, "config", None), "tie_word_embeddings", False):
-        return set()
-    return set(keys.keys() if isinstance(keys, dict) else keys)
-
-
 def _shards(plan: list[Planned], limit: int) -> list[list[Planned]]:
     shards: list[list[Planned]] = [[]]
     size = 0
     for item in plan:
-        nbytes = _numel(item.shape) * torch.empty((), dtype=item.dtype).element_size()
+        nbytes = math.prod(item.shape) * torch.empty((), dtype=item.dtype).element_size()
         if shards[-1] and size + nbytes > limit:
             shards.append([])
             size = 0
@@ -236,16 +228,7 @@ def _shards(plan: list[Planned], limit: int) -> list[list[Planned]]:
     return shards
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _write_shards(
-    plan: list[Planned], read: Callable, out: Path, limit: int, cast: torch.dtype | None
-) -> None:
+def _write_shards(plan: list[Planned], read: Callable, out: Path, limit: int) -> None:
     """The safetensors files (one output shard in memory at a time) and, with several,
     their index."""
     from safetensors.torch import save_file
@@ -319,13 +302,16 @@ def _with_base(read: Callable, model: nn.Module, source: str | None) -> Callable
 
     def with_base(wanted: list[str]) -> dict[str, torch.Tensor]:
         values = read([n for n in wanted if n not in frozen])
+        by_file: dict[Path, list[str]] = {}  # each safetensors file opened once per call
         for name in (n for n in wanted if n in frozen):
             if name not in file_of:
                 raise ConfigError(
                     KEY, f"{name} is frozen, so not in the checkpoint, and not in {folder} either"
                 )
-            with safe_open(str(index[file_of[name]].file), framework="pt") as f:
-                values[name] = f.get_tensor(file_of[name])
+            by_file.setdefault(index[file_of[name]].file, []).append(name)
+        for file, names in by_file.items():
+            with safe_open(str(file), framework="pt") as f:
+                values.update({name: f.get_tensor(file_of[name]) for name in names})
         return values
 
     return with_base

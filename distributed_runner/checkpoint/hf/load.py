@@ -19,6 +19,7 @@ Tensors are matched by name as ``from_pretrained`` matches them (checkpoint/hf/n
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from pathlib import Path
 
@@ -88,11 +89,7 @@ class PretrainedWeights:
                     f"files, {list(self.names.shapes[names[0]])} in the model "
                     f"({names[0]}): is it this model's directory?",
                 )
-        missing = [
-            n
-            for n in self.names.missing()
-            if not ignored(getattr(hf, "_keys_to_ignore_on_load_missing", None), n)
-        ]
+        missing = _reported(self.names.missing(), hf, "_keys_to_ignore_on_load_missing")
         if missing and self.strict:
             raise ConfigError(
                 KEY,
@@ -102,12 +99,9 @@ class PretrainedWeights:
                 f"new head)",
             )
         used = set(self.names.loaded().values())
-        unexpected = [
-            n
-            for n in shapes
-            if n not in used
-            and not ignored(getattr(hf, "_keys_to_ignore_on_load_unexpected", None), n)
-        ]
+        unexpected = _reported(
+            [n for n in shapes if n not in used], hf, "_keys_to_ignore_on_load_unexpected"
+        )
         if unexpected and self.strict:
             raise ConfigError(
                 KEY,
@@ -117,6 +111,12 @@ class PretrainedWeights:
             )
         if missing:
             self.logger.warning("load_from: initialised, not loaded: %s", _first(missing))
+
+
+def _reported(names: list[str], hf: object, patterns: str) -> list[str]:
+    """``names`` less those the model's ``patterns`` attribute (transformers'
+    ``_keys_to_ignore_on_load_*``) says to pass over silently."""
+    return [n for n in names if not ignored(getattr(hf, patterns, None), n)]
 
 
 def _first(names: list[str], n: int = 3) -> str:
@@ -183,10 +183,7 @@ def _init_missing(model: nn.Module, names: list[str]) -> None:
 
 def checkpoint_bytes(folder: Path) -> int:
     """The weights' size in bytes (headers only), for reports and benchmarks."""
-    total = 0
-    for info in tensor_index(folder).values():
-        numel = 1
-        for d in info.shape:
-            numel *= d
-        total += numel * SAFETENSORS_DTYPES.get(info.dtype, 4)
-    return total
+    return sum(
+        math.prod(info.shape) * SAFETENSORS_DTYPES.get(info.dtype, 4)
+        for info in tensor_index(folder).values()
+    )

@@ -64,7 +64,6 @@ class NameMap:
     file name it loads from (None: in no file)."""
 
     groups: list[tuple[list[str], str | None]] = field(default_factory=list)
-    adapters: list[str] = field(default_factory=list)  # adapter tensors: in no base file
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def loaded(self) -> dict[str, str]:
@@ -89,8 +88,7 @@ def map_names(model: nn.Module, file_names: set[str]) -> NameMap:
     shift = _prefix_shift(prefix, by_tensor, file_names, peft)
     for names in by_tensor.values():
         bases = [base_name(k, peft) for k in names]
-        if all(b is None for b in bases):
-            result.adapters.extend(names)
+        if all(b is None for b in bases):  # an adapter's own tensor: in no base file
             continue
         candidates = [shift(b) for b in bases if b is not None]
         found = next((c for c in candidates if c in file_names), None)
