@@ -7,6 +7,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from distributed_runner.core import dist
 from distributed_runner.core.registry import HOOKS
 from distributed_runner.engine.hook import DataBatch, Hook
 from distributed_runner.engine.message_hub import MISSING
@@ -63,7 +64,12 @@ class IterTimerHook(Hook):
         self._start_iter = runner.iter
         self._max_iters = runner.max_iters
         if self._meter is not None:
-            self._meter.start(get_ori_model(runner.model), runner.device, runner.world_size)
+            self._meter.start(
+                get_ori_model(runner.model),
+                runner.device,
+                runner.world_size,
+                dist.get_tensor_parallel_size(),  # a tensor-parallel group shares its batches
+            )
         self._eta_inputs = None
         hub = runner.message_hub
         hub.derive_info("eta", _EtaProvider(self))

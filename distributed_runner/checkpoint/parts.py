@@ -37,6 +37,7 @@ from distributed_runner.checkpoint.types import (
     Part,
     SaveOptions,
 )
+from distributed_runner.core import dist
 from distributed_runner.core.config import dumps_json
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.randomness import capture_rng, restore_rng
@@ -63,6 +64,7 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
         **s.position(),
         "seed": s.seed,
         "world_size": s.world_size,
+        "tensor_parallel": dist.get_tensor_parallel_size(),  # per-rank parts fit this split
         "experiment_name": s.experiment_name,
         "time": time.time(),
         "config": dumps_json(redact(s.cfg)),
@@ -258,7 +260,7 @@ def _restore_window_grads(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> N
     else:
         s.logger.warning(
             "%s was saved inside a gradient-accumulation window with another "
-            "world size: the window's gradients are dropped",
+            "world size or tensor-parallel split: the window's gradients are dropped",
             c.path,
         )
 
@@ -268,12 +270,15 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     if c.same_world and states:
         restore_rng(states[s.rank])
     elif states:
+        meta = ckpt["meta"]
         s.logger.warning(
-            "%s was saved with %s ranks, this run has %d: random states are not "
-            "restored (the run continues, not bit-exactly)",
+            "%s was saved with %s ranks (tensor_parallel %s), this run has %d (tensor_parallel "
+            "%d): random states are not restored (the run continues, not bit-exactly)",
             c.path,
-            ckpt["meta"].get("world_size"),
+            meta.get("world_size"),
+            meta.get("tensor_parallel", 1),
             s.world_size,
+            dist.get_tensor_parallel_size(),
         )
 
 
@@ -281,7 +286,8 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
 PARTS: tuple[Part, ...] = (
     Part(
         "meta",
-        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, experiment_name, "
+        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, tensor_parallel, "
+        "experiment_name, "
         "time, config (JSON text), versions; the saver's additions: best, async_save, "
         "ema_in_state_dict",
         "always",

@@ -36,8 +36,13 @@ def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> 
 
 def restore_training_state(subject: CheckpointSubject, ckpt: dict, path: str | Path) -> None:
     """Give ``subject`` back the state in ``ckpt``, part by part in the table's order; each rank
-    takes its own per-rank parts when the world size is the one the checkpoint was saved with."""
-    same_world = int(ckpt["meta"].get("world_size", 1)) == subject.world_size
+    takes its own per-rank parts when the world size and its tensor-parallel split are the ones
+    the checkpoint was saved with (the same ranks holding the same slices)."""
+    meta = ckpt["meta"]
+    same_world = (
+        int(meta.get("world_size", 1)) == subject.world_size
+        and int(meta.get("tensor_parallel", 1)) == dist.get_tensor_parallel_size()
+    )
     context = LoadContext(path, same_world)
     for part in PARTS:
         if part.restore is not None:

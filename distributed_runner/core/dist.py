@@ -3,6 +3,14 @@
 Every question about rank or world size in the project goes through here (one place), so the same
 Runner runs in a plain process, under ``torchrun`` or inside a Ray Train worker. Without an
 initialised process group every collective is the identity (world size 1).
+
+Ranks and data: under tensor parallelism (``strategy=dict(type='fsdp', tp=T)``,
+:mod:`distributed_runner.parallel`) the ``T`` ranks of one tensor-parallel group compute one
+model replica together and must see the same batch. The mesh puts ``tp`` innermost, so ranks
+``d*T .. d*T+T-1`` form group ``d``: :func:`get_data_parallel_rank` is ``rank // T`` and
+:func:`get_data_parallel_world_size` is ``world // T``. Everything that splits data (samplers,
+streamed shards, evaluation results, throughput) asks those; ``T`` is set once per Runner by
+:func:`set_tensor_parallel_size` (1 without tensor parallelism, so both equal rank and world).
 """
 
 from __future__ import annotations
@@ -37,6 +45,39 @@ def get_world_size() -> int:
     if torch_dist.is_available() and torch_dist.is_initialized():
         return torch_dist.get_world_size()
     return 1
+
+
+class _Layout:
+    """The process's rank layout beyond the process group: ranks per tensor-parallel group
+    (the mesh's innermost dimension)."""
+
+    tensor_parallel = 1
+
+
+def set_tensor_parallel_size(size: int) -> None:
+    """Declare how many consecutive ranks share one batch (the Runner's strategy does, before
+    any data is built). It is process-wide like the process group it describes."""
+    if size < 1 or get_world_size() % size:
+        raise ValueError(
+            f"tensor-parallel size {size} does not divide the world {get_world_size()}"
+        )
+    _Layout.tensor_parallel = int(size)
+
+
+def get_tensor_parallel_size() -> int:
+    """Ranks per tensor-parallel group (1 without a process group)."""
+    return _Layout.tensor_parallel if is_distributed() else 1
+
+
+def get_data_parallel_rank() -> int:
+    """Which share of the data this rank's tensor-parallel group reads (its rank without TP)."""
+    return get_rank() // get_tensor_parallel_size()
+
+
+def get_data_parallel_world_size() -> int:
+    """How many shares the data is split into: the number of model replicas (the world
+    without TP)."""
+    return get_world_size() // get_tensor_parallel_size()
 
 
 def get_local_rank() -> int:

@@ -42,7 +42,8 @@ def set_random_seed(randomness: dict | None) -> int:
     if seed is None:
         seed = dist.broadcast_object(secrets.randbits(31))  # the OS entropy
     seed = int(seed)
-    rank_seed = seed + dist.get_rank() if cfg.get("diff_rank_seed") else seed
+    # by data-parallel rank: a tensor-parallel group's ranks must draw alike (same dropout)
+    rank_seed = seed + dist.get_data_parallel_rank() if cfg.get("diff_rank_seed") else seed
     random.seed(rank_seed)
     np.random.seed(rank_seed % 2**32)
     torch.manual_seed(rank_seed)

@@ -74,8 +74,9 @@ class DefaultSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = 0 if seed is None else int(seed)
         self.round_up = round_up
-        self.rank = dist.get_rank() if rank is None else rank
-        self.world_size = dist.get_world_size() if world_size is None else world_size
+        # a tensor-parallel group's ranks read one share (core/dist.py): its data-parallel rank
+        self.rank = dist.get_data_parallel_rank() if rank is None else rank
+        self.world_size = dist.get_data_parallel_world_size() if world_size is None else world_size
         self.epoch = 0
         self._start = 0
         n = len(dataset)
@@ -228,7 +229,7 @@ def build_dataloader(
     generator.manual_seed(seed)
     if args.get("num_workers", 0) > 0 and "worker_init_fn" not in args:
         args["worker_init_fn"] = functools.partial(
-            _seed_worker, base_seed=seed, rank=dist.get_rank()
+            _seed_worker, base_seed=seed, rank=dist.get_data_parallel_rank()
         )
     return DataLoader(dataset, sampler=sampler, collate_fn=collate, generator=generator, **args)
 
@@ -241,7 +242,9 @@ def seeded_dataloader(
     result to ``runner.train_dataloader`` to train on it. ``seed=None`` is 0; ``diff_rank_seed``
     adds the rank."""
     seed = 0 if seed is None else int(seed)
-    return build_dataloader(dataloader, key, seed + (dist.get_rank() if diff_rank_seed else 0))
+    return build_dataloader(
+        dataloader, key, seed + (dist.get_data_parallel_rank() if diff_rank_seed else 0)
+    )
 
 
 def resume_sampler(loader: DataLoader, epoch: int, batches_consumed: int) -> bool:

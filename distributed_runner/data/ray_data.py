@@ -76,6 +76,13 @@ class RayDataLoader:
                 "train_dataloader",
                 "RayDataLoader runs under the Ray launcher (launcher=dict(type='ray', ...)) only",
             )
+        if dist.get_tensor_parallel_size() > 1:
+            raise ConfigError(
+                "train_dataloader",
+                "RayDataLoader gives each worker its own rows, but the ranks of a "
+                "tensor-parallel group (strategy.tp) need the same batches: use a dataset "
+                "config or a StreamingLoader",
+            )
         self.dataset_spec = dataset
         self.batch_size = int(batch_size)
         self.split = split

@@ -17,6 +17,7 @@ swaps it), ``optim_wrapper``, ``param_schedulers``, the dataloaders, the positio
 ``val_mode`` (val_cfg's mode, lag and resources:
 :mod:`distributed_runner.validation.async_validation`), ``cfg``, ``message_hub``, ``logger``,
 ``sinks``, ``rank``, ``world_size``, ``train_loop``, ``strategy`` (DDP or FSDP's options),
+``mesh_shape`` (FSDP's ``(dp_replicate, dp_shard, tp)`` on several ranks, else None),
 ``elastic_plan`` (an elastic run's split of the global batch,
 :mod:`distributed_runner.data.elastic`), ``save_checkpoint()``, ``checkpoints`` (its writer:
 ``wait()`` for a background save), ``load_checkpoint()``, ``loading_for`` (while
@@ -74,7 +75,7 @@ from distributed_runner.engine.train_state import TrainState
 from distributed_runner.evaluation.evaluator import Evaluator
 from distributed_runner.health.watchdog import watched
 from distributed_runner.model.build import default_device, setup_model
-from distributed_runner.model.sharding import parse_strategy
+from distributed_runner.model.sharding import mesh_shape, parse_strategy
 from distributed_runner.optim.schedulers import build_param_schedulers
 from distributed_runner.optim.wrapper import OptimWrapper, build_optim_wrapper
 from distributed_runner.tracking.sinks import SinkSet
@@ -385,11 +386,13 @@ class Runner(RunnerSurface):
     ) -> None:
         """Seed, device, strategy and the (wrapped) model: seeded before its weights are made."""
         self.num_threads = apply_env_cfg(self.cfg.get("env_cfg"))  # before any tensor math
+        self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
+        self.mesh_shape = mesh_shape(self.strategy)  # None: the model is not split
+        # ranks of one tensor-parallel group read the same data (core/dist.py)
+        dist.set_tensor_parallel_size(self.mesh_shape.tp if self.mesh_shape else 1)
         resumed = seed_to_resume(self._resume, self.work_dir)  # a resume keeps its seed
         self.seed = set_random_seed(with_resumed_seed(randomness, resumed, self.logger))
         self.device = torch.device(device) if device is not None else default_device()
-
-        self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
         weights = (
             PretrainedWeights(self.pretrained_from, self._load_strict, self.seed, self.logger)
             if self.pretrained_from
@@ -429,7 +432,7 @@ class Runner(RunnerSurface):
     def _log_startup(self) -> None:
         """The run's one-line summary and its hook plan, once everything is built."""
         self.logger.info(
-            "distributed-runner %s | torch %s | device %s (%d threads) | world size %d%s | "
+            "distributed-runner %s | torch %s | device %s (%d threads) | world size %d%s%s | "
             "seed %d | run %s in %s",
             __version__,
             torch.__version__,
@@ -437,6 +440,7 @@ class Runner(RunnerSurface):
             self.num_threads,
             self.world_size,
             f" ({self.elastic_plan.describe()})" if self.elastic_plan else "",
+            self._mesh_words(),
             self.seed,
             self.run_name,
             self.work_dir,
@@ -446,6 +450,23 @@ class Runner(RunnerSurface):
             self._hooks.entries, self._hooks.sink_specs(), run_log_file(self.logger)
         )
         log_brief_and_full(self.logger, plan, self._hooks.plan_text())
+
+    def _mesh_words(self) -> str:
+        """`` (mesh dp_replicate=1 x dp_shard=2 x tp=2)`` when the mesh has more than FSDP's
+        one dimension, for the startup line. With one process a tp/dp_replicate request is
+        noted instead: the model trains whole."""
+        asked = self.strategy.get("tp", 1) > 1 or self.strategy.get("dp_replicate", 1) > 1
+        if not asked:
+            return ""
+        if self.mesh_shape is None:
+            self.logger.info(
+                "strategy: tp=%s, dp_replicate=%s apply across ranks; with one process the "
+                "model trains whole",
+                self.strategy["tp"],
+                self.strategy["dp_replicate"],
+            )
+            return ""
+        return f" (mesh {self.mesh_shape.describe()})"
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -483,8 +504,8 @@ class Runner(RunnerSurface):
             build_dataloader(dataloader, "train_dataloader", self.seed),
             optim_wrapper,
             self.launcher,
-            self.world_size,
-            self.rank,
+            dist.get_data_parallel_world_size(),  # tp stays; the replicas vary
+            dist.get_data_parallel_rank(),
         )
         self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)
         self._state = self.train_loop.state

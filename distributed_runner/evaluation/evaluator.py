@@ -42,7 +42,8 @@ class BaseMetric:
 
     def evaluate(self, size: int) -> dict[str, float]:
         """Gather results from all ranks, keep the first ``size`` in dataset order, compute."""
-        gathered = dist.all_gather_object(self.results)
+        # a tensor-parallel group's ranks hold the same results: the first rank's of each
+        gathered = dist.all_gather_object(self.results)[:: dist.get_tensor_parallel_size()]
         self.results = []
         ordered = interleave(gathered)[:size] if len(gathered) > 1 else gathered[0][:size]
         metrics = self.compute(ordered)

@@ -17,6 +17,8 @@ from distributed_runner.core.errors import ConfigError, did_you_mean
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.data.elastic import check_elastic_config
 from distributed_runner.engine.config_prep import prepare_config
+from distributed_runner.model.sharding import parse_strategy
+from distributed_runner.parallel.mesh import MeshShape
 
 RAY_DEFAULTS: dict[str, Any] = {
     "type": "ray",
@@ -152,6 +154,7 @@ def validate_config(cfg: dict) -> None:
 
     cfg, _ = prepare_config(dict(cfg), check_device=False)
     plan_hooks(cfg)
+    _check_mesh(cfg)  # tp and dp_replicate divide the workers
     check_elastic_config(cfg)  # every size of an elastic group splits the global batch evenly
     _check_spec(registry.MODELS, cfg["model"], "model")
     for stage in ("train", "val", "test"):
@@ -170,6 +173,24 @@ def validate_config(cfg: dict) -> None:
         else:
             _check_spec(registry.METRICS, evaluator, f"{stage}_evaluator")
     _check_optim_parts(cfg)
+
+
+def _check_mesh(cfg: dict) -> None:
+    """A tensor-parallel or HSDP strategy fits the worker count (model/sharding.py's mesh), one
+    line on the driver rather than on every worker. An elastic group is refused with them: Ray
+    may start it at a size that ``tp`` does not divide."""
+    strategy = parse_strategy(cfg.get("strategy"))
+    if strategy["type"] != "fsdp" or (strategy["tp"] == 1 and strategy["dp_replicate"] == 1):
+        return
+    workers = _worker_count((cfg.get("launcher") or {}).get("num_workers", 1))
+    if isinstance(workers, tuple):
+        raise ConfigError(
+            "launcher.num_workers",
+            "an elastic group (min, max) cannot keep strategy.tp/dp_replicate: Ray may start "
+            "it at a size they do not divide; give a fixed number of workers",
+        )
+    if workers > 1:
+        MeshShape.for_world(workers, strategy["tp"], strategy["dp_replicate"])
 
 
 def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:

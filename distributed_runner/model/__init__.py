@@ -4,7 +4,7 @@ and the example classifier.
 
 The package forwards the names of the 0.1 module ``distributed_runner.model`` (now :mod:`.base`:
 ``BaseModel``, ``BaseDataPreprocessor``).
-May import: core.
+May import: parallel, core.
 """
 
 from distributed_runner.core.moved import forward_names

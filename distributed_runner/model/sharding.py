@@ -8,7 +8,14 @@ parameter, gradient and optimizer state, and gathers a module's parameters only 
                     reshard_after_forward=True,         # free gathered parameters after forward
                     cpu_offload=False,                  # keep shards in host memory
                     checkpoint='sharded',               # or 'full' (one file, gathered)
-                    activation_checkpointing=['Block'])  # recomputed in backward
+                    activation_checkpointing=['Block'],  # recomputed in backward
+                    tp=1,                               # tensor-parallel ranks per replica
+                    tp_plan=None,                       # the model's own plan, or a dict
+                    dp_replicate=1)                     # HSDP: replicas of the sharded model
+
+``tp=T`` splits the layers of the model's tensor-parallel plan over ``T`` consecutive ranks
+before FSDP shards over the rest, and ``dp_replicate=R`` replicates the shards ``R`` times
+(HSDP): the mesh is ``(R, W/(R*T), T)`` (:mod:`distributed_runner.parallel`).
 
 DDP takes one option here, ``strategy=dict(type='ddp', activation_checkpointing=[...])`` (its
 own arguments are ``model_wrapper_cfg``); activation checkpointing is
@@ -35,8 +42,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError, did_you_mean
 from distributed_runner.model.activation_checkpointing import check_module_classes
+from distributed_runner.parallel.mesh import MeshShape, build_mesh, data_parallel_mesh
+from distributed_runner.parallel.tensor_parallel import (
+    apply_tensor_parallel,
+    check_divisible,
+    match_plan,
+    resolve_plan,
+)
 
 STRATEGIES = ("ddp", "fsdp")
 FSDP_DEFAULTS: dict[str, Any] = {
@@ -46,8 +61,12 @@ FSDP_DEFAULTS: dict[str, Any] = {
     "cpu_offload": False,
     "checkpoint": "sharded",
     "activation_checkpointing": [],
+    "tp": 1,
+    "tp_plan": None,
+    "dp_replicate": 1,
 }
 DDP_OPTIONS = ("activation_checkpointing",)
+MESH_OPTIONS = ("tp", "tp_plan", "dp_replicate")
 DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
@@ -96,6 +115,12 @@ def _strategy_kind(spec: dict) -> str:
 def _parse_ddp(args: dict) -> dict:
     """DDP's one option here; its own arguments live in model_wrapper_cfg, so others are errors."""
     for key in args:
+        if key in MESH_OPTIONS:
+            raise ConfigError(
+                f"strategy.{key}",
+                f"{key} needs FSDP: use strategy=dict(type='fsdp', {key}=...) (DDP keeps "
+                f"a whole model on every rank)",
+            )
         if key not in DDP_OPTIONS:
             raise ConfigError(
                 f"strategy.{key}",
@@ -127,6 +152,9 @@ def _parse_fsdp(args: dict) -> dict:
         checkpoint (str): 'sharded' (each rank writes its shards) or 'full' (one file on rank 0).
         activation_checkpointing (list[str]): module class names whose activations are
             recomputed in backward instead of kept.
+        tp (int): ranks that split each layer of the tensor-parallel plan (1: none).
+        tp_plan (dict | None): module-name patterns to styles; None takes the model's own.
+        dp_replicate (int): replicas of the sharded model (HSDP); FSDP shards within each.
     """
     for key in args:
         if key not in FSDP_DEFAULTS:
@@ -150,6 +178,9 @@ def _parse_fsdp(args: dict) -> dict:
         if not isinstance(out[flag], bool):
             raise ConfigError(f"strategy.{flag}", f"got {out[flag]!r:.60}; takes True or False")
     _check_mixed_precision(out["mixed_precision"])
+    for key in ("tp", "dp_replicate"):
+        if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < 1:
+            raise ConfigError(f"strategy.{key}", f"got {out[key]!r:.40}; takes an integer >= 1")
     return out
 
 
@@ -187,15 +218,31 @@ def _class_names(names: Any, key: str) -> list[str]:
 
 
 def check_shard_modules(model: nn.Module, strategy: dict) -> None:
-    """Every ``shard_modules`` (and ``activation_checkpointing``) name is a class in the model
-    (checked with one process too: a misspelled name must not quietly leave the model unsharded,
-    or its activations all kept, on the cluster)."""
+    """Every ``shard_modules`` (and ``activation_checkpointing``) name is a class in the model,
+    and a tensor-parallel plan fits it (checked with one process too: a misspelled name must not
+    quietly leave the model unsharded, or its activations all kept, on the cluster)."""
     for key in ("shard_modules", "activation_checkpointing"):
         check_module_classes(model, strategy.get(key, []), f"strategy.{key}")
+    tp = strategy.get("tp", 1)
+    if strategy.get("tp_plan") is not None and tp == 1:
+        raise ConfigError(
+            "strategy.tp_plan", "is set but tp=1: add tp=N (the ranks that split each layer)"
+        )
+    if tp > 1:
+        check_divisible(model, match_plan(model, resolve_plan(model, strategy["tp_plan"])), tp)
+
+
+def mesh_shape(strategy: dict) -> MeshShape | None:
+    """The mesh FSDP (and TP) will use for this world; None with one process or DDP, where the
+    model is not split. One line when ``tp``/``dp_replicate`` do not divide the world."""
+    if strategy["type"] != "fsdp" or not dist.is_distributed():
+        return None
+    return MeshShape.for_world(dist.get_world_size(), strategy["tp"], strategy["dp_replicate"])
 
 
 def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Module:
-    """``fully_shard`` each module of a ``shard_modules`` class (innermost first), then the root.
+    """Split the plan's layers over ``tp`` (when asked), then ``fully_shard`` each module of a
+    ``shard_modules`` class (innermost first) and the root over the data-parallel mesh.
 
     The model is sharded in place: the object stays the user's module (its class becomes an
     ``FSDP<Name>`` subclass), so ``runner.model`` is still what hooks see.
@@ -203,9 +250,18 @@ def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Mo
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    shape = mesh_shape(strategy)
+    assert shape is not None, "shard_model runs with several ranks"
+    if shape.tp == 1 and shape.dp_replicate == 1:  # plain FSDP: one dimension
+        data_mesh = init_device_mesh(device.type, (shape.world,))
+    else:
+        mesh = build_mesh(shape, device.type)
+        data_mesh = data_parallel_mesh(mesh, shape)
+        if shape.tp > 1:
+            matched = match_plan(model, resolve_plan(model, strategy["tp_plan"]))
+            apply_tensor_parallel(model, matched, mesh["tp"])
     options: dict[str, Any] = {
-        "mesh": mesh,
+        "mesh": data_mesh,
         "reshard_after_forward": strategy["reshard_after_forward"],
     }
     if strategy["mixed_precision"]:
@@ -321,6 +377,9 @@ class ShardedCopy:
     def __init__(self, model: nn.Module) -> None:
         self._params = {n: p.detach().clone() for n, p in model.named_parameters()}
         self._buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        # what the model itself saves: not its non-persistent buffers (a Llama's rotary
+        # inv_freq), which a whole model's averaged copy would not expect back
+        self._saved = set(model.state_dict())
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self._params.items())
@@ -332,11 +391,12 @@ class ShardedCopy:
         return self  # detached copies: never part of a graph
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {n: full_tensor(t) for n, t in {**self._params, **self._buffers}.items()}
+        own = {**self._params, **self._buffers}
+        return {n: full_tensor(t) for n, t in own.items() if n in self._saved}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict, strict: bool = True) -> LoadResult:
-        own = {**self._params, **self._buffers}
+        own = {n: t for n, t in {**self._params, **self._buffers}.items() if n in self._saved}
         result = LoadResult([k for k in own if k not in state], [k for k in state if k not in own])
         if strict and (result.missing_keys or result.unexpected_keys):
             raise RuntimeError(

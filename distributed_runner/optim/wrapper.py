@@ -29,6 +29,7 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.model.sharding import like_param, local_tensor
+from distributed_runner.parallel.grad_norm import clip_grad_norm
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
@@ -170,9 +171,8 @@ class OptimWrapper:
     def _clip(self, clip_grad: dict) -> None:
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if params:
-            norm = nn.utils.clip_grad_norm_(params, **clip_grad)
-            # sharded gradients (FSDP) give a DTensor norm: the full value, for the logs
-            self.last_grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            # sharded gradients (FSDP; under TP on two meshes) give the whole norm, for the logs
+            self.last_grad_norm = clip_grad_norm(params, **clip_grad)
 
     def step(self) -> None:
         if self._averaging:

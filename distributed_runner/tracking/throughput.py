@@ -232,14 +232,22 @@ class ThroughputMeter:
         self._write_tokens: Callable[[Any], None] | None = None
         self._write_mfu: Callable[[Any], None] | None = None
 
-    def start(self, model: nn.Module, device: torch.device, world_size: int) -> None:
-        """Before training: the world size, FLOPs per token and the device's peak."""
+    def start(
+        self, model: nn.Module, device: torch.device, world_size: int, tensor_parallel: int = 1
+    ) -> None:
+        """Before training: the world size, FLOPs per token and the device's peak.
+
+        Under tensor parallelism the ``tensor_parallel`` ranks of a group share each batch: the
+        run's rates count a group once, and each rank does ``1/tensor_parallel`` of the FLOPs."""
         self._chosen = False
-        self._rate_scale = 1e6 * max(int(world_size), 1)  # rates per microsecond -> per second
+        replicas = max(int(world_size) // max(int(tensor_parallel), 1), 1)
+        self._rate_scale = 1e6 * replicas  # rates per microsecond -> per second, the whole run
         self.flops = self._flops_per_token(model)
         self.peak = self._device_peak(device)
         self._mfu_scale = (
-            (self.flops * 1e6 / (self.peak * 1e12)) if self.flops and self.peak else 0.0
+            (self.flops * 1e6 / (self.peak * 1e12 * max(int(tensor_parallel), 1)))
+            if self.flops and self.peak
+            else 0.0
         )
 
     def _flops_per_token(self, model: nn.Module) -> float | None:

@@ -250,3 +250,15 @@ def test_a_batch_that_cannot_be_counted_records_nothing_and_ends_the_counting(ca
     samples, tokens = hub.get_scalar("train/samples_per_s"), hub.get_scalar("train/tokens_per_s")
     assert len(samples) == len(tokens) == 1
     assert "cannot count this batch" in caplog.text
+
+
+def test_a_tensor_parallel_group_counts_its_batches_once_and_each_rank_its_share_of_flops():
+    """tp=2 on 4 ranks: 2 groups read data, each rank of a group does half of every matmul."""
+    from distributed_runner.engine.message_hub import MessageHub
+    meter = ThroughputMeter(flops_per_token=10.0, peak_tflops=1e-9)
+    meter.start(nn.Linear(1, 1), torch.device("cpu"), world_size=4, tensor_parallel=2)
+    hub = MessageHub()
+    meter.record(hub, {"input_ids": torch.zeros(2, 5, dtype=torch.long)}, 0.5)
+    assert hub.get_scalar("train/samples_per_s").mean() == pytest.approx(2 * 2 / 0.5)
+    assert hub.get_scalar("train/tokens_per_s").mean() == pytest.approx(10 * 2 / 0.5)
+    assert hub.get_scalar("train/mfu").mean() == pytest.approx(10 / 0.5 * 10 / 1e3 / 2)

@@ -271,8 +271,10 @@ class StreamingLoader:
         self.num_streams = _positive(num_streams, "num_streams")
         self.shuffle_window = _positive(shuffle_window, "shuffle_window")
         self.prefetch_factor = _positive(prefetch_factor, "prefetch_factor")
-        self.rank = dist.get_rank() if rank is None else int(rank)
-        self.world_size = dist.get_world_size() if world_size is None else int(world_size)
+        self.rank = dist.get_data_parallel_rank() if rank is None else int(rank)
+        self.world_size = (
+            dist.get_data_parallel_world_size() if world_size is None else int(world_size)
+        )
         self.transforms = [
             TRANSFORMS.build(t, f"pipeline[{i}]") for i, t in enumerate(pipeline or [])
         ]

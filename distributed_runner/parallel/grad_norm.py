@@ -1,0 +1,53 @@
+"""Gradient clipping when parameters live on different meshes.
+
+Under FSDP x TP a split layer's weight is a DTensor on the 2-D ``(dp_shard, tp)`` mesh while a
+norm's weight (not in the plan) is sharded on ``dp_shard`` only. ``torch.nn.utils.
+clip_grad_norm_`` stacks every parameter's norm into one tensor, which DTensor refuses across
+meshes. Here each mesh's norm is computed by torch as usual, made whole (one reduction per
+mesh), and the per-mesh norms combine into the total that scales every gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+def meshes_of(params: Iterable[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
+    """The parameters grouped by their gradient's device mesh (None: plain tensors)."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is not None:
+            groups.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)
+    return groups
+
+
+def clip_grad_norm(
+    params: list[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """``clip_grad_norm_`` over parameters on any number of meshes; returns the total norm as a
+    plain tensor (the same on every rank). One mesh (or none) is torch's own call."""
+    groups = meshes_of(params)
+    if len(groups) <= 1:
+        norm = nn.utils.clip_grad_norm_(
+            params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
+        )
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    norms = []
+    for group in groups.values():
+        grads = [grad for p in group if (grad := p.grad) is not None]  # all, by meshes_of
+        norm = nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    with implicit_replication():  # the plain total scales DTensor gradients as it is
+        for group in groups.values():
+            nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach)
+    return total

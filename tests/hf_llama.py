@@ -1,0 +1,55 @@
+"""A tiny Hugging Face Llama built from its config (transformers' own tensor-parallel plan), and a
+run of it over two epochs whose every iteration's loss is logged: the tensor-parallel tests
+(issue 38) compare such runs across meshes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.hf_toy import CONTEXT, VOCAB
+
+LLAMA = dict(type="transformers.LlamaForCausalLM",
+             config=dict(type="transformers.LlamaConfig", vocab_size=VOCAB, hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                         tie_word_embeddings=False))
+
+
+def llama_cfg(work_dir: Path | str, batch_size: int, strategy: Any = None,
+              **overrides: Any) -> dict:
+    """2 epochs of 32 sequences (global batch 8: 4 iterations an epoch), AdamW with gradient
+    clipping, EMA and SyncBuffers, a checkpoint every epoch, the loss logged every iteration
+    (averaged over the ranks)."""
+    cfg: dict[str, Any] = dict(
+        work_dir=str(work_dir), run_name=".", model=LLAMA, log_level="WARNING",
+        custom_imports=dict(imports=["tests.hf_toy"]),
+        train_dataloader=dict(dataset=dict(type="HFToyTokens", n=32), batch_size=batch_size,
+                              sampler=dict(type="DefaultSampler", shuffle=True)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=3e-3),
+                           clip_grad=dict(max_norm=1.0)),
+        default_hooks=dict(logger=dict(type="LoggerHook", interval=1, sinks=["jsonl"]),
+                           checkpoint=dict(type="CheckpointHook", interval=1)),
+        custom_hooks=[dict(type="EMAHook", momentum=0.2), dict(type="SyncBuffersHook")],
+        randomness=dict(seed=0))
+    if strategy is not None:
+        cfg["strategy"] = strategy
+    cfg.update(overrides)
+    return cfg
+
+
+def logged(work_dir: Path | str, key: str = "loss") -> list[float]:
+    """Every training record's ``key`` from the run's JSONL log, in order."""
+    values = []
+    for path in sorted(Path(work_dir).glob("**/scalars.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("mode", "train") == "train" and key in record:
+                values.append(float(record[key]))
+    return values
+
+
+def close(a: list[float], b: list[float], rtol: float = 1e-4) -> bool:
+    """Same length, every value within ``rtol`` (relative) of the other's."""
+    return len(a) == len(b) > 0 and all(abs(x - y) <= rtol * abs(y) for x, y in zip(a, b))

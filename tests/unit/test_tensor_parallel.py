@@ -1,0 +1,195 @@
+"""Tensor parallelism on a 2-D mesh (issue 38): a Hugging Face Llama built from its config, split
+by transformers' own plan. With 4 local gloo processes, ``dp_shard=2 x tp=2`` and
+``dp_replicate=2 x tp=2`` follow ``dp_shard=4`` iteration by iteration (the same global batch;
+gradient clipping, EMA, SyncBuffers and activation checkpointing on), and the tp run's
+sharded checkpoint ends in one process as it ends on the mesh. Each request that cannot hold is
+one line before training."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytest.importorskip("transformers")
+
+from distributed_runner.core.errors import ConfigError  # noqa: E402
+from distributed_runner.model.sharding import check_shard_modules, parse_strategy  # noqa: E402
+from distributed_runner.parallel.mesh import MeshShape  # noqa: E402
+from tests.hf_llama import LLAMA, close, llama_cfg, logged  # noqa: E402
+from tests.toy import free_port, gloo_rank  # noqa: E402
+
+FSDP = dict(type="fsdp", shard_modules=["LlamaDecoderLayer"],
+            activation_checkpointing=["LlamaDecoderLayer"])
+MESHES = {  # name: (strategy, batch per rank): the global batch is 8 in each
+    "dp_shard4": (FSDP, 2),
+    "dp_shard2_tp2": ({**FSDP, "tp": 2}, 4),
+    "dp_replicate2_tp2": ({**FSDP, "tp": 2, "dp_replicate": 2}, 4),
+}
+
+
+def _full(runner) -> dict:
+    """The model's whole weights (every rank takes part in the gather)."""
+    return {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
+
+
+def _mesh_runs(rank: int, port: int, out: str) -> None:
+    with gloo_rank(rank, port, world_size=4, hang_s=400):
+        from distributed_runner import Runner
+        from distributed_runner.core import dist
+        for name, (strategy, batch) in MESHES.items():
+            runner = Runner.from_cfg(llama_cfg(Path(out) / name, batch, strategy))
+            runner.train()
+            q = runner.model.model.layers[0].self_attn.q_proj.weight
+            # the plan split q_proj over tp, FSDP sharded it over the data-parallel ranks
+            expect = {"dp_shard4": None, "dp_shard2_tp2": ("dp_shard", "tp"),
+                      "dp_replicate2_tp2": ("dp_replicate", "dp_shard", "tp")}[name]
+            assert q.device_mesh.mesh_dim_names == expect or len(q.device_mesh.shape) == 1
+            assert dist.get_data_parallel_world_size() == (4 if expect is None else 2)
+            state = _full(runner)
+            if rank == 0:
+                torch.save(state, Path(out) / f"{name}.pt")
+        # dp_shard=4's epoch-1 checkpoint resumed on the other mesh (DCP reshards it)
+        strategy, batch = MESHES["dp_shard2_tp2"]
+        runner = Runner.from_cfg(llama_cfg(Path(out) / "resharded", batch, strategy,
+                                           resume=str(Path(out) / "dp_shard4" / "epoch_1.pth")))
+        runner.train()
+        state = _full(runner)
+        if rank == 0:
+            torch.save(state, Path(out) / "resharded.pt")
+
+
+def _ema(path: Path) -> dict:
+    return torch.load(path, weights_only=False)["ema_state_dict"]
+
+
+def test_dp_shard_x_tp_and_hsdp_x_tp_follow_dp_shard_4_and_reshard_both_ways(tmp_path):
+    mp.spawn(_mesh_runs, args=(free_port(), str(tmp_path)), nprocs=4, join=True)
+    reference = logged(tmp_path / "dp_shard4")
+    print("dp_shard=4 losses", reference)
+    assert len(reference) == 8  # 2 epochs of 4 iterations
+    final = torch.load(tmp_path / "dp_shard4.pt")
+    ema = _ema(tmp_path / "dp_shard4" / "epoch_2.pth")
+
+    def same(state: dict, rtol: float = 1e-4) -> bool:
+        return state.keys() == final.keys() and all(
+            torch.allclose(state[k], final[k], rtol=rtol, atol=1e-5) for k in final)
+
+    for name in ("dp_shard2_tp2", "dp_replicate2_tp2"):
+        print(name, "losses", logged(tmp_path / name))
+        assert close(logged(tmp_path / name), reference), (name, logged(tmp_path / name))
+        assert close(logged(tmp_path / name, "grad_norm"), logged(tmp_path / "dp_shard4",
+                                                                  "grad_norm"), 1e-3)
+        assert same(torch.load(tmp_path / f"{name}.pt"))
+        theirs = _ema(tmp_path / name / "epoch_2.pth")
+        assert theirs.keys() == ema.keys() and all(
+            torch.allclose(theirs[k], ema[k], rtol=1e-4, atol=1e-5) for k in ema)
+    print("resharded dp_shard=4 -> dp_shard=2 x tp=2", logged(tmp_path / "resharded"))
+    assert close(logged(tmp_path / "resharded"), reference[4:])
+    assert same(torch.load(tmp_path / "resharded.pt"))
+
+    # the tp run's epoch-1 sharded checkpoint, resumed by one process with the same config
+    from distributed_runner import Runner
+    one = tmp_path / "one_process"
+    runner = Runner.from_cfg(llama_cfg(one, 8, MESHES["dp_shard2_tp2"][0],
+                                       resume=str(tmp_path / "dp_shard2_tp2" / "epoch_1.pth")))
+    runner.train()
+    print("resumed in one process", logged(one))
+    assert close(logged(one), reference[4:]), (logged(one), reference)
+    assert same(runner.model.state_dict())
+
+    # drun export reads the tp run's shards whole: from_pretrained gets the trained weights
+    from transformers import AutoModelForCausalLM
+
+    from distributed_runner.cli import main
+    assert main(["export", str(tmp_path / "dp_shard2_tp2" / "epoch_2.pth"),
+                 str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert same({k: exported[k] for k in final})
+
+
+@pytest.mark.parametrize("strategy, fragment", [
+    (dict(type="ddp", tp=2), "strategy.tp: tp needs FSDP"),
+    (dict(type="fsdp", tp=0), "strategy.tp: got 0; takes an integer >= 1"),
+    (dict(type="fsdp", tp_plan={"lm_head": "colwise"}), "strategy.tp_plan: is set but tp=1"),
+    (dict(type="fsdp", tp=4), "num_key_value_heads=2"),
+    (dict(type="fsdp", tp=2, tp_plan={"model.layers.*.self_attn.qproj": "colwise"}),
+     "matches no module of LlamaForCausalLM (did you mean"),
+    (dict(type="fsdp", tp=2, tp_plan={"lm_head": "colwize"}),
+     "unknown style 'colwize' (did you mean 'colwise'"),
+    (dict(type="fsdp", tp=2, tp_plan={"model.layers.*.mlp": "rowwise"}),
+     "is a LlamaMLP; style 'rowwise' splits Linear modules only"),
+    (dict(type="fsdp", tp=2, tp_plan={"model.norm": "sequence_parallel"}),
+     "sequence parallelism"),
+])
+def test_each_request_that_cannot_hold_is_one_line(strategy, fragment):
+    from distributed_runner.core.registry import MODELS
+    model = MODELS.build(LLAMA, "model")
+    with pytest.raises(ConfigError) as caught:
+        check_shard_modules(model, parse_strategy(strategy))
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_model_without_a_plan_and_a_tp_not_dividing_the_world_are_one_line():
+    from tests.toy import ToyModel
+    with pytest.raises(ConfigError, match="ToyModel has no tensor-parallel plan of its own"):
+        check_shard_modules(ToyModel(), parse_strategy(dict(type="fsdp", tp=2)))
+    with pytest.raises(ConfigError, match=r"strategy.tp: 2 does not divide the world size 3"):
+        MeshShape.for_world(3, tp=2)
+    with pytest.raises(ConfigError, match="strategy.dp_replicate: 2 does not divide the 3"):
+        MeshShape.for_world(6, tp=2, dp_replicate=2)
+    assert MeshShape.for_world(16, tp=4, dp_replicate=2) == MeshShape(2, 2, 4)
+
+
+def test_the_ray_driver_checks_the_mesh_against_the_workers_before_any_starts(tmp_path):
+    from distributed_runner.launch.launcher_config import validate_config
+    tp = dict(type="fsdp", tp=2)
+    cfg = llama_cfg(tmp_path, 8, tp, launcher=dict(type="ray", num_workers=3))
+    with pytest.raises(ConfigError, match="strategy.tp: 2 does not divide the world size 3"):
+        validate_config(cfg)
+    cfg["launcher"]["num_workers"] = (2, 4)
+    with pytest.raises(ConfigError, match=r"launcher.num_workers: an elastic group"):
+        validate_config(cfg)
+    cfg["launcher"]["num_workers"] = 4
+    validate_config(cfg)  # 2 replicas of a 2-way split
+
+
+def test_the_docs_strategy_fits_a_llama_and_the_memory_table_is_what_its_code_prints(capsys):
+    from distributed_runner.core.registry import MODELS
+    from tests.docs_blocks import ROOT, docs_block
+    namespace: dict = {}
+    exec(docs_block("tp-strategy"), namespace)
+    strategy = parse_strategy(namespace["strategy"])
+    check_shard_modules(MODELS.build(LLAMA, "model"), strategy)
+    assert MeshShape.for_world(8, strategy["tp"]) == MeshShape(1, 4, 2)
+
+    exec(docs_block("mesh-memory"), {})
+    printed = capsys.readouterr().out.strip().splitlines()
+    page = (ROOT / "docs" / "how-to" / "tensor-parallel.md").read_text()
+    table = page.split("<!-- mesh-memory-table -->\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert printed == table and len(table) == 8
+
+
+def _pretrained_rank(rank: int, port: int, folder: str, out: str) -> None:
+    with gloo_rank(rank, port):
+        from distributed_runner import Runner
+        from tests.unit.test_hf_pretrained import cfg, tensors
+        runner = Runner.from_cfg(cfg(Path(out), folder, lr=0.0, strategy=dict(
+            type="fsdp", tp=2, shard_modules=["LlamaDecoderLayer"])))
+        q = runner.model.model.layers[0].self_attn.q_proj.weight
+        assert q.to_local().shape[0] == q.shape[0] // 2  # this rank's half of the heads
+        runner.train()
+        state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
+        source = tensors(Path(folder))
+        assert state.keys() == source.keys()
+        assert all(torch.equal(state[k], source[k]) for k in source)
+
+
+def test_load_from_a_model_directory_fills_the_split_layers_exactly(tmp_path):
+    """A sharded save_pretrained Llama as load_from under tp=2 (built empty, split, then each
+    rank reads its slices): trained with lr=0 it is tensor for tensor the files."""
+    from tools.make_tiny_llama import make
+    folder = make(tmp_path / "llama", hidden=64, layers=2, heads=4, shard="60KB", seed=0)
+    mp.spawn(_pretrained_rank, args=(free_port(), str(folder), str(tmp_path / "run")), nprocs=2,
+             join=True)
