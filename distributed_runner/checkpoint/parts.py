@@ -54,6 +54,12 @@ if TYPE_CHECKING:
     pass
 
 
+def saved_mesh(meta: dict) -> list[int]:
+    """The checkpoint's ``(dp_replicate, dp_shard, tp)``; older ones, without the key, were
+    written by DDP or plain FSDP: ``(1, world, 1)``."""
+    return list(meta.get("mesh") or (1, int(meta.get("world_size", 1)), 1))
+
+
 def _ranks(ckpt: dict, key: str) -> list | None:
     return ckpt.get(key, {}).get("ranks")
 
@@ -64,7 +70,7 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
         **s.position(),
         "seed": s.seed,
         "world_size": s.world_size,
-        "tensor_parallel": dist.get_tensor_parallel_size(),  # per-rank parts fit this split
+        "mesh": list(dist.mesh_layout()),  # (dp_replicate, dp_shard, tp): per-rank parts fit it
         "experiment_name": s.experiment_name,
         "time": time.time(),
         "config": dumps_json(redact(s.cfg)),
@@ -256,7 +262,15 @@ def _restore_window_grads(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> N
     if not grads or s.optim_wrapper is None:
         return
     if c.same_world:
-        s.optim_wrapper.restore_pending_grads(s.model, grads[s.rank])
+        dropped = s.optim_wrapper.restore_pending_grads(s.model, grads[s.rank])
+        if dropped:
+            s.logger.warning(
+                "%s was saved inside a gradient-accumulation window with gradients shaped "
+                "unlike this run's parameters (%s...; another strategy?): the window's "
+                "gradients are dropped",
+                c.path,
+                dropped[0],
+            )
     else:
         s.logger.warning(
             "%s was saved inside a gradient-accumulation window with another "
@@ -272,13 +286,13 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     elif states:
         meta = ckpt["meta"]
         s.logger.warning(
-            "%s was saved with %s ranks (tensor_parallel %s), this run has %d (tensor_parallel "
-            "%d): random states are not restored (the run continues, not bit-exactly)",
+            "%s was saved with %s ranks (mesh %s), this run has %d (mesh %s): random states "
+            "are not restored (the run continues, not bit-exactly)",
             c.path,
             meta.get("world_size"),
-            meta.get("tensor_parallel", 1),
+            saved_mesh(meta),
             s.world_size,
-            dist.get_tensor_parallel_size(),
+            list(dist.mesh_layout()),
         )
 
 
@@ -286,7 +300,7 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
 PARTS: tuple[Part, ...] = (
     Part(
         "meta",
-        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, tensor_parallel, "
+        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, mesh, "
         "experiment_name, "
         "time, config (JSON text), versions; the saver's additions: best, async_save, "
         "ema_in_state_dict",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from distributed_runner.checkpoint.files import load_weights, model_state_from
-from distributed_runner.checkpoint.parts import PARTS
+from distributed_runner.checkpoint.parts import PARTS, saved_mesh
 from distributed_runner.checkpoint.sharded import SHARDED, TRAINABLE, load_shards
 from distributed_runner.checkpoint.types import ABSENT, CheckpointSubject, LoadContext, SaveOptions
 from distributed_runner.core import dist
@@ -36,12 +36,11 @@ def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> 
 
 def restore_training_state(subject: CheckpointSubject, ckpt: dict, path: str | Path) -> None:
     """Give ``subject`` back the state in ``ckpt``, part by part in the table's order; each rank
-    takes its own per-rank parts when the world size and its tensor-parallel split are the ones
-    the checkpoint was saved with (the same ranks holding the same slices)."""
+    takes its own per-rank parts when the world size and its mesh (dp_replicate, dp_shard, tp)
+    are the ones the checkpoint was saved with (the same ranks holding the same slices)."""
     meta = ckpt["meta"]
-    same_world = (
-        int(meta.get("world_size", 1)) == subject.world_size
-        and int(meta.get("tensor_parallel", 1)) == dist.get_tensor_parallel_size()
+    same_world = int(meta.get("world_size", 1)) == subject.world_size and saved_mesh(meta) == list(
+        dist.mesh_layout()
     )
     context = LoadContext(path, same_world)
     for part in PARTS:

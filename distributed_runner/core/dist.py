@@ -49,19 +49,30 @@ def get_world_size() -> int:
 
 class _Layout:
     """The process's rank layout beyond the process group: ranks per tensor-parallel group
-    (the mesh's innermost dimension)."""
+    (the mesh's innermost dimension) and replicas of the sharded model (HSDP, outermost)."""
 
     tensor_parallel = 1
+    dp_replicate = 1
 
 
-def set_tensor_parallel_size(size: int) -> None:
-    """Declare how many consecutive ranks share one batch (the Runner's strategy does, before
-    any data is built). It is process-wide like the process group it describes."""
-    if size < 1 or get_world_size() % size:
+def set_rank_layout(tensor_parallel: int, dp_replicate: int = 1) -> None:
+    """Declare how many consecutive ranks share one batch, and how many replicas the sharded
+    model has (the Runner's strategy does, before any data is built). It is process-wide like
+    the process group it describes; every Runner sets it again."""
+    if tensor_parallel < 1 or get_world_size() % (tensor_parallel * dp_replicate):
         raise ValueError(
-            f"tensor-parallel size {size} does not divide the world {get_world_size()}"
+            f"tp {tensor_parallel} x dp_replicate {dp_replicate} does not divide the world "
+            f"{get_world_size()}"
         )
-    _Layout.tensor_parallel = int(size)
+    _Layout.tensor_parallel, _Layout.dp_replicate = int(tensor_parallel), int(dp_replicate)
+
+
+def mesh_layout() -> tuple[int, int, int]:
+    """``(dp_replicate, dp_shard, tp)``: how this process's ranks split the model; DDP and
+    plain FSDP are ``(1, world, 1)``. A checkpoint's per-rank parts fit only the same layout."""
+    tp = get_tensor_parallel_size()
+    replicate = _Layout.dp_replicate if is_distributed() else 1
+    return replicate, get_world_size() // (tp * replicate), tp
 
 
 def get_tensor_parallel_size() -> int:

@@ -190,7 +190,34 @@ def build_dataloader(
     Keys: ``dataset`` (config or object), ``batch_size``, ``sampler`` (default
     ``dict(type='DefaultSampler', shuffle=True)``), ``collate_fn`` and any other ``DataLoader``
     argument (``num_workers``, ``pin_memory``, ``drop_last``, ``persistent_workers`` ...).
+    Under tensor parallelism its split is checked (:func:`check_split`).
     """
+    loader = _build_loader(spec, key, seed)
+    check_split(loader, key)
+    return loader
+
+
+def check_split(loader: Any, key: str) -> None:
+    """Under tensor parallelism the ranks of a group must read the same batches: a sampler (or
+    streamed loader) that splits over the whole world, or over a world it captured before the
+    mesh existed, would give them different ones and train silently wrong. One line instead."""
+    tp = dist.get_tensor_parallel_size()
+    if tp == 1:
+        return
+    world, rank = dist.get_data_parallel_world_size(), dist.get_data_parallel_rank()
+    batches = getattr(loader, "batch_sampler", None)
+    for part in (loader, getattr(loader, "sampler", None), getattr(batches, "sampler", None)):
+        replicas = getattr(part, "num_replicas", getattr(part, "world_size", None))
+        if isinstance(replicas, int) and (replicas, getattr(part, "rank", rank)) != (world, rank):
+            raise ConfigError(
+                f"{key}.sampler",
+                f"{type(part).__name__} splits the data over {replicas} ranks, but with "
+                f"strategy.tp={tp} the {world} tensor-parallel groups each read one share: use "
+                f"DefaultSampler from the config (it splits over the groups)",
+            )
+
+
+def _build_loader(spec: Any, key: str, seed: int) -> DataLoader | RayDataLoader | StreamingLoader:
     if isinstance(spec, DataLoader):
         return spec
     if not isinstance(spec, dict):

@@ -389,7 +389,8 @@ class Runner(RunnerSurface):
         self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
         self.mesh_shape = mesh_shape(self.strategy)  # None: the model is not split
         # ranks of one tensor-parallel group read the same data (core/dist.py)
-        dist.set_tensor_parallel_size(self.mesh_shape.tp if self.mesh_shape else 1)
+        shape = self.mesh_shape
+        dist.set_rank_layout(shape.tp if shape else 1, shape.dp_replicate if shape else 1)
         resumed = seed_to_resume(self._resume, self.work_dir)  # a resume keeps its seed
         self.seed = set_random_seed(with_resumed_seed(randomness, resumed, self.logger))
         self.device = torch.device(device) if device is not None else default_device()

@@ -182,7 +182,10 @@ def _check_mesh(cfg: dict) -> None:
     strategy = parse_strategy(cfg.get("strategy"))
     if strategy["type"] != "fsdp" or (strategy["tp"] == 1 and strategy["dp_replicate"] == 1):
         return
-    workers = _worker_count((cfg.get("launcher") or {}).get("num_workers", 1))
+    launcher = normalize_launcher(cfg.get("launcher"))  # 'ray', 'none', a dict or None
+    if launcher is None:
+        return
+    workers = launcher["num_workers"]
     if isinstance(workers, tuple):
         raise ConfigError(
             "launcher.num_workers",
@@ -191,6 +194,19 @@ def _check_mesh(cfg: dict) -> None:
         )
     if workers > 1:
         MeshShape.for_world(workers, strategy["tp"], strategy["dp_replicate"])
+    for stage in ("train", "val", "test"):
+        loader = cfg.get(f"{stage}_dataloader")
+        if (
+            strategy["tp"] > 1
+            and isinstance(loader, dict)
+            and loader.get("type") == "RayDataLoader"
+        ):
+            raise ConfigError(
+                f"{stage}_dataloader.type",
+                "RayDataLoader gives each worker its own rows, but the ranks of a "
+                "tensor-parallel group (strategy.tp) need the same batches: use a dataset "
+                "config or a StreamingLoader",
+            )
 
 
 def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:

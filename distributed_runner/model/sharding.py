@@ -397,6 +397,7 @@ class ShardedCopy:
     @torch.no_grad()
     def load_state_dict(self, state: dict, strict: bool = True) -> LoadResult:
         own = {n: t for n, t in {**self._params, **self._buffers}.items() if n in self._saved}
+        state = {k: v for k, v in state.items() if k in own or k not in self._buffers}
         result = LoadResult([k for k in own if k not in state], [k for k in state if k not in own])
         if strict and (result.missing_keys or result.unexpected_keys):
             raise RuntimeError(

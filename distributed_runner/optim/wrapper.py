@@ -199,10 +199,20 @@ class OptimWrapper:
             if p.grad is not None
         }
 
-    def restore_pending_grads(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
-        for n, p in model.named_parameters():
+    def restore_pending_grads(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> list[str]:
+        """Give back a window's gradients (this rank's parts). When any is shaped unlike this
+        rank's part of its parameter (saved under another strategy or mesh) none is restored,
+        and the names that do not fit are returned."""
+        params = dict(model.named_parameters())
+        misfits = [
+            n for n, g in grads.items() if n in params and g.shape != local_tensor(params[n]).shape
+        ]
+        if misfits:
+            return misfits
+        for n, p in params.items():
             if n in grads:
                 p.grad = like_param(grads[n].clone(), p)
+        return []
 
     @property
     def param_groups(self) -> list[dict]:

@@ -32,7 +32,7 @@ def test_tp_2_on_two_ray_workers_follows_one_process_and_resumes_in_one(ray_clus
     print("one process", reference, "\ntp=2 on 2 Ray workers", tp_losses)
     assert close(tp_losses, reference), (tp_losses, reference)
     meta = torch.load(tmp_path / "tp" / "epoch_1.pth", weights_only=False)["meta"]
-    assert (meta["world_size"], meta["tensor_parallel"]) == (2, 2)
+    assert (meta["world_size"], meta["mesh"]) == (2, [1, 1, 2])
 
     resumed = Runner.from_cfg(llama_cfg(tmp_path / "resumed", 8, TP,
                                         resume=str(tmp_path / "tp" / "epoch_1.pth")))

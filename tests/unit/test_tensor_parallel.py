@@ -35,6 +35,7 @@ def _full(runner) -> dict:
 
 
 def _mesh_runs(rank: int, port: int, out: str) -> None:
+    from torch.distributed.tensor import Shard
     with gloo_rank(rank, port, world_size=4, hang_s=400):
         from distributed_runner import Runner
         from distributed_runner.core import dist
@@ -42,10 +43,13 @@ def _mesh_runs(rank: int, port: int, out: str) -> None:
             runner = Runner.from_cfg(llama_cfg(Path(out) / name, batch, strategy))
             runner.train()
             q = runner.model.model.layers[0].self_attn.q_proj.weight
-            # the plan split q_proj over tp, FSDP sharded it over the data-parallel ranks
+            # the plan split q_proj's rows over tp, FSDP sharded it over the data-parallel ranks
             expect = {"dp_shard4": None, "dp_shard2_tp2": ("dp_shard", "tp"),
                       "dp_replicate2_tp2": ("dp_replicate", "dp_shard", "tp")}[name]
-            assert q.device_mesh.mesh_dim_names == expect or len(q.device_mesh.shape) == 1
+            if expect is None:
+                assert q.device_mesh.ndim == 1
+            else:
+                assert q.device_mesh.mesh_dim_names == expect and q.placements[-1] == Shard(0)
             assert dist.get_data_parallel_world_size() == (4 if expect is None else 2)
             state = _full(runner)
             if rank == 0:
@@ -117,9 +121,12 @@ def test_dp_shard_x_tp_and_hsdp_x_tp_follow_dp_shard_4_and_reshard_both_ways(tmp
     (dict(type="fsdp", tp=2, tp_plan={"model.layers.*.self_attn.qproj": "colwise"}),
      "matches no module of LlamaForCausalLM (did you mean"),
     (dict(type="fsdp", tp=2, tp_plan={"lm_head": "colwize"}),
-     "unknown style 'colwize' (did you mean 'colwise'"),
+     "has style 'colwize', which is not supported (did you mean 'colwise'"),
     (dict(type="fsdp", tp=2, tp_plan={"model.layers.*.mlp": "rowwise"}),
-     "is a LlamaMLP; style 'rowwise' splits Linear modules only"),
+     "names model.layers.0.mlp, a LlamaMLP; style 'rowwise' splits Linear modules only"),
+    (dict(type="fsdp", tp=2, tp_plan={"model.layers.*.mlp.up_proj": "colwise",
+                                      "model.layers.1.mlp.up_proj": "rowwise"}),
+     "names model.layers.1.mlp.up_proj, which another entry splits as colwise"),
     (dict(type="fsdp", tp=2, tp_plan={"model.norm": "sequence_parallel"}),
      "sequence parallelism"),
 ])
@@ -153,6 +160,27 @@ def test_the_ray_driver_checks_the_mesh_against_the_workers_before_any_starts(tm
         validate_config(cfg)
     cfg["launcher"]["num_workers"] = 4
     validate_config(cfg)  # 2 replicas of a 2-way split
+    for launcher in ("ray", "none", None):  # as drun tune's trials and the CLI give it
+        validate_config({**cfg, "launcher": launcher})
+    cfg["train_dataloader"] = dict(type="RayDataLoader", batch_size=8)
+    with pytest.raises(ConfigError, match="train_dataloader.type: RayDataLoader gives each"):
+        validate_config(cfg)
+
+
+def test_a_windows_gradients_saved_on_another_mesh_are_not_forced_onto_this_one():
+    """A checkpoint inside an accumulation window holds each rank's gradient parts; parts
+    shaped for another mesh (or strategy) are refused as a whole, by name, never assigned."""
+    from distributed_runner.checkpoint.parts import saved_mesh
+    from distributed_runner.optim.wrapper import OptimWrapper
+    model = torch.nn.Linear(4, 2)
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    misfit = {"weight": torch.ones(1, 4), "bias": torch.ones(2)}
+    assert wrapper.restore_pending_grads(model, misfit) == ["weight"]
+    assert model.weight.grad is None and model.bias.grad is None
+    assert wrapper.restore_pending_grads(model, {"weight": torch.ones(2, 4)}) == []
+    assert torch.equal(model.weight.grad, torch.ones(2, 4))
+    assert saved_mesh({"world_size": 4}) == [1, 4, 1]  # written before meshes were recorded
+    assert saved_mesh({"world_size": 4, "mesh": [2, 1, 2]}) == [2, 1, 2]
 
 
 def test_the_docs_strategy_fits_a_llama_and_the_memory_table_is_what_its_code_prints(capsys):
@@ -176,20 +204,86 @@ def _pretrained_rank(rank: int, port: int, folder: str, out: str) -> None:
         from distributed_runner import Runner
         from tests.unit.test_hf_pretrained import cfg, tensors
         runner = Runner.from_cfg(cfg(Path(out), folder, lr=0.0, strategy=dict(
-            type="fsdp", tp=2, shard_modules=["LlamaDecoderLayer"])))
+            type="fsdp", tp=2, shard_modules=["LlamaDecoderLayer"], checkpoint="full")))
         q = runner.model.model.layers[0].self_attn.q_proj.weight
+        assert q.device_mesh.mesh_dim_names == ("dp_shard", "tp")
         assert q.to_local().shape[0] == q.shape[0] // 2  # this rank's half of the heads
         runner.train()
         state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
         source = tensors(Path(folder))
         assert state.keys() == source.keys()
         assert all(torch.equal(state[k], source[k]) for k in source)
+        # checkpoint='full' gathers the 2-D shards into one plain file
+        saved = torch.load(Path(out) / "iter_4.pth", weights_only=True)["state_dict"]
+        assert all(torch.equal(saved[k], source[k]) for k in source)
 
 
 def test_load_from_a_model_directory_fills_the_split_layers_exactly(tmp_path):
     """A sharded save_pretrained Llama as load_from under tp=2 (built empty, split, then each
-    rank reads its slices): trained with lr=0 it is tensor for tensor the files."""
+    rank reads its slices): trained with lr=0 it is tensor for tensor the files, and so is its
+    full (gathered, one-file) checkpoint."""
     from tools.make_tiny_llama import make
     folder = make(tmp_path / "llama", hidden=64, layers=2, heads=4, shard="60KB", seed=0)
     mp.spawn(_pretrained_rank, args=(free_port(), str(folder), str(tmp_path / "run")), nprocs=2,
              join=True)
+
+
+QWEN3 = dict(type="transformers.Qwen3ForCausalLM",
+             config=dict(type="transformers.Qwen3Config", vocab_size=64, hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=16,
+                         tie_word_embeddings=False))
+
+
+def _qwen3_rank(rank: int, port: int, out: str) -> None:
+    with gloo_rank(rank, port):
+        from distributed_runner import Runner
+        runner = Runner.from_cfg(llama_cfg(Path(out) / "tp", 8, dict(type="fsdp", tp=2),
+                                           model=QWEN3, custom_hooks=[]))
+        runner.train()
+        # a sampler splitting over the world, not the groups, would feed a group two batches
+        from distributed_runner.data.loaders import build_dataloader
+        with pytest.raises(ConfigError, match="train_dataloader.sampler: DistributedSampler "
+                                              "splits the data over 2 ranks"):
+            build_dataloader(dict(dataset=dict(type="HFToyTokens", n=8), batch_size=2,
+                                  sampler=dict(type="DistributedSampler")),
+                             "train_dataloader", 0)
+        q_norm = runner.model.model.layers[0].self_attn.q_norm.weight.full_tensor()
+        theirs = [torch.empty_like(q_norm), torch.empty_like(q_norm)]
+        torch.distributed.all_gather(theirs, q_norm)
+        assert torch.equal(theirs[0], theirs[1])  # the partial gradients were summed
+        state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
+        if rank == 0:
+            torch.save(state, Path(out) / "tp.pt")
+
+
+def test_qwen3s_own_plan_sums_the_per_head_norms_gradients_and_follows_one_process(tmp_path):
+    """Qwen3's plan has q_norm/k_norm 'replicated_with_grad_allreduce': whole on every rank,
+    but each sees only its rank's heads, so their gradients are summed over the group."""
+    from distributed_runner import Runner
+    one = Runner.from_cfg(llama_cfg(tmp_path / "one", 8, model=QWEN3, custom_hooks=[]))
+    one.train()
+    mp.spawn(_qwen3_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    print("one process", logged(tmp_path / "one"), "\ntp=2", logged(tmp_path / "tp"))
+    assert close(logged(tmp_path / "tp"), logged(tmp_path / "one"))
+    split, whole = torch.load(tmp_path / "tp.pt"), one.model.state_dict()
+    assert all(torch.allclose(split[k], whole[k], rtol=1e-4, atol=1e-5) for k in whole)
+
+
+def test_a_style_of_the_models_own_plan_that_is_not_supported_is_one_line():
+    """A model that brings a plan (as transformers' models do) with a style not supported
+    here (transformers' packed_colwise, for fused gate/up projections): the error names
+    strategy.tp and says how to choose the entries."""
+    class Fused(torch.nn.Module):
+        tp_plan = {"gate_up": "packed_colwise", "down": "rowwise"}
+
+        def __init__(self):
+            super().__init__()
+            self.gate_up, self.down = torch.nn.Linear(8, 32), torch.nn.Linear(16, 8)
+
+    with pytest.raises(ConfigError) as caught:
+        check_shard_modules(Fused(), parse_strategy(dict(type="fsdp", tp=2)))
+    text = str(caught.value)
+    assert text.startswith("strategy.tp: the model's own plan entry 'gate_up' has style "
+                           "'packed_colwise', which is not supported")
+    assert "give strategy.tp_plan=dict(...)" in text and "\n" not in text
