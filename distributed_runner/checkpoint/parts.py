@@ -274,7 +274,7 @@ def _restore_window_grads(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> N
     else:
         s.logger.warning(
             "%s was saved inside a gradient-accumulation window with another "
-            "world size or tensor-parallel split: the window's gradients are dropped",
+            "world size or mesh: the window's gradients are dropped",
             c.path,
         )
 

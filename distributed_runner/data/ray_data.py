@@ -58,6 +58,13 @@ class _ShardPosition:
         self.loader._skip_batches = samples_consumed // self.loader.batch_size
 
 
+# why tensor parallelism refuses it (here on a worker, and on the Ray driver before any starts)
+NOT_WITH_TP = (
+    "RayDataLoader gives each worker its own rows, but the ranks of a tensor-parallel group "
+    "(strategy.tp) need the same batches: use a dataset config or a StreamingLoader"
+)
+
+
 class RayDataLoader:
     """Iterates this worker's shard of a Ray Dataset as dicts of torch tensors."""
 
@@ -77,12 +84,7 @@ class RayDataLoader:
                 "RayDataLoader runs under the Ray launcher (launcher=dict(type='ray', ...)) only",
             )
         if dist.get_tensor_parallel_size() > 1:
-            raise ConfigError(
-                "train_dataloader",
-                "RayDataLoader gives each worker its own rows, but the ranks of a "
-                "tensor-parallel group (strategy.tp) need the same batches: use a dataset "
-                "config or a StreamingLoader",
-            )
+            raise ConfigError("train_dataloader", NOT_WITH_TP)
         self.dataset_spec = dataset
         self.batch_size = int(batch_size)
         self.split = split

@@ -391,6 +391,13 @@ class Runner(RunnerSurface):
         # ranks of one tensor-parallel group read the same data (core/dist.py)
         shape = self.mesh_shape
         dist.set_rank_layout(shape.tp if shape else 1, shape.dp_replicate if shape else 1)
+        if shape is None and self._beyond_fsdp():
+            self.logger.info(
+                "strategy: tp=%s, dp_replicate=%s apply across ranks; with one process the "
+                "model trains whole",
+                self.strategy["tp"],
+                self.strategy["dp_replicate"],
+            )
         resumed = seed_to_resume(self._resume, self.work_dir)  # a resume keeps its seed
         self.seed = set_random_seed(with_resumed_seed(randomness, resumed, self.logger))
         self.device = torch.device(device) if device is not None else default_device()
@@ -452,20 +459,14 @@ class Runner(RunnerSurface):
         )
         log_brief_and_full(self.logger, plan, self._hooks.plan_text())
 
+    def _beyond_fsdp(self) -> bool:
+        """Whether the strategy asks for more than FSDP's one dimension (TP or HSDP)."""
+        return self.strategy.get("tp", 1) > 1 or self.strategy.get("dp_replicate", 1) > 1
+
     def _mesh_words(self) -> str:
-        """`` (mesh dp_replicate=1 x dp_shard=2 x tp=2)`` when the mesh has more than FSDP's
-        one dimension, for the startup line. With one process a tp/dp_replicate request is
-        noted instead: the model trains whole."""
-        asked = self.strategy.get("tp", 1) > 1 or self.strategy.get("dp_replicate", 1) > 1
-        if not asked:
-            return ""
-        if self.mesh_shape is None:
-            self.logger.info(
-                "strategy: tp=%s, dp_replicate=%s apply across ranks; with one process the "
-                "model trains whole",
-                self.strategy["tp"],
-                self.strategy["dp_replicate"],
-            )
+        """`` (mesh dp_replicate=1 x dp_shard=2 x tp=2)`` for the startup line, when the mesh
+        has more than FSDP's one dimension."""
+        if self.mesh_shape is None or not self._beyond_fsdp():
             return ""
         return f" (mesh {self.mesh_shape.describe()})"
 

@@ -16,6 +16,7 @@ from distributed_runner.core.config import runs_in_process
 from distributed_runner.core.errors import ConfigError, did_you_mean
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.data.elastic import check_elastic_config
+from distributed_runner.data.ray_data import NOT_WITH_TP
 from distributed_runner.engine.config_prep import prepare_config
 from distributed_runner.model.sharding import parse_strategy
 from distributed_runner.parallel.mesh import MeshShape
@@ -201,12 +202,7 @@ def _check_mesh(cfg: dict) -> None:
             and isinstance(loader, dict)
             and loader.get("type") == "RayDataLoader"
         ):
-            raise ConfigError(
-                f"{stage}_dataloader.type",
-                "RayDataLoader gives each worker its own rows, but the ranks of a "
-                "tensor-parallel group (strategy.tp) need the same batches: use a dataset "
-                "config or a StreamingLoader",
-            )
+            raise ConfigError(f"{stage}_dataloader.type", NOT_WITH_TP)
 
 
 def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:

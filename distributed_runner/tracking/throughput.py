@@ -240,14 +240,13 @@ class ThroughputMeter:
         Under tensor parallelism the ``tensor_parallel`` ranks of a group share each batch: the
         run's rates count a group once, and each rank does ``1/tensor_parallel`` of the FLOPs."""
         self._chosen = False
-        replicas = max(int(world_size) // max(int(tensor_parallel), 1), 1)
+        tp = max(int(tensor_parallel), 1)
+        replicas = max(int(world_size) // tp, 1)
         self._rate_scale = 1e6 * replicas  # rates per microsecond -> per second, the whole run
         self.flops = self._flops_per_token(model)
         self.peak = self._device_peak(device)
         self._mfu_scale = (
-            (self.flops * 1e6 / (self.peak * 1e12 * max(int(tensor_parallel), 1)))
-            if self.flops and self.peak
-            else 0.0
+            (self.flops * 1e6 / (self.peak * 1e12 * tp)) if self.flops and self.peak else 0.0
         )
 
     def _flops_per_token(self, model: nn.Module) -> float | None:
