@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from distributed_runner.core import dist
+
 
 def meshes_of(params: Iterable[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
     """The parameters grouped by their gradient's device mesh (None: plain tensors)."""
@@ -32,8 +34,9 @@ def clip_grad_norm(
     foreach: bool | None = None,
 ) -> torch.Tensor:
     """``clip_grad_norm_`` over parameters on any number of meshes; returns the total norm as a
-    plain tensor (the same on every rank). One mesh (or none) is torch's own call."""
-    groups = meshes_of(params)
+    plain tensor (the same on every rank). Without tensor parallelism every gradient is on one
+    mesh (or none): torch's own call, with no per-step grouping on the hot path."""
+    groups = meshes_of(params) if dist.get_tensor_parallel_size() > 1 else {}
     if len(groups) <= 1:
         norm = nn.utils.clip_grad_norm_(
             params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
