@@ -5,6 +5,7 @@
                 [--max-failures K] [--verbose]]
     drun test  CONFIG --checkpoint PATH [--work-dir D] [--cfg-options k=v ...]
     drun hooks CONFIG [--cfg-options k=v ...] [--launcher none|ray]
+    drun check CONFIG [--cfg-options k=v ...] [--launcher none|ray --num-workers N]
     drun plot  WORK_DIR|RUN_DIR [...] [--all] [--out curves.png] [--smooth W]
     drun tune  CONFIG [--work-dir D] [--cfg-options ...] [--num-samples N]
                [--max-concurrent-trials K] [--scheduler S] [--search-alg A]
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(sub)
     _add_test_parser(sub)
     _add_hooks_parser(sub)
+    _add_check_parser(sub)
     _add_plot_parser(sub)
     _add_export_parser(sub)
     from distributed_runner.tune.cli_args import add_tune_parser
@@ -129,7 +131,12 @@ def _add_test_parser(sub: argparse._SubParsersAction) -> None:
     """``drun test``: the common arguments plus the checkpoint to evaluate."""
     test = sub.add_parser("test", help="evaluate a checkpoint on test_dataloader")
     _add_common(test)
-    test.add_argument("--checkpoint", required=True, help="weights to load (load_from)")
+    test.add_argument(
+        "--checkpoint",
+        required=True,
+        help="weights to load (load_from): a .pth, a run's or a .dcp folder, Ray's copy of a "
+        "checkpoint, or a model directory",
+    )
 
 
 def _add_hooks_parser(sub: argparse._SubParsersAction) -> None:
@@ -143,6 +150,20 @@ def _add_hooks_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="plan as this launcher runs it (ray adds its RayReportHook)",
     )
+
+
+def _add_check_parser(sub: argparse._SubParsersAction) -> None:
+    """``drun check``: the Ray driver's checks and the plan they resolve, no worker started."""
+    check = sub.add_parser(
+        "check",
+        help="run the driver's checks (the model built on the meta device) and print the plan",
+    )
+    _add_common(check)
+    check.add_argument("--launcher", choices=["none", "ray"])
+    check.add_argument(
+        "--num-workers", type=worker_count, metavar="N|MIN-MAX", help="workers to plan for"
+    )
+    check.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
 
 
 def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
@@ -177,7 +198,9 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
         "export", help="write a checkpoint as a Hugging Face model directory (from_pretrained)"
     )
     export.add_argument(
-        "checkpoint", help="a .pth checkpoint (one file or a sharded manifest), or a run's folder"
+        "checkpoint",
+        help="a checkpoint: a .pth, a run's folder, a sharded checkpoint's .dcp folder or Ray's "
+        "copy of one",
     )
     export.add_argument("out_dir", help="the directory to write")
     export.add_argument("--format", choices=["hf"], default="hf", help="hf: safetensors shards")
@@ -319,6 +342,24 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """What ``drun train`` would start, checked as the Ray driver checks it before any worker
+    starts (:func:`~distributed_runner.launch.launcher_config.validate_config`), and printed."""
+    from distributed_runner.launch.launcher_config import validate_config
+
+    cfg = load_config(args)
+    apply_launcher_flags(cfg, args)
+    plan = validate_config(cfg)
+    launcher = plan.settings.launcher
+    where = f"{launcher['num_workers']} Ray worker(s)" if launcher else "this process"
+    print(f"{args.config}: the driver's checks pass for {where}")
+    width = max((len(topic) for topic in plan.lines), default=0)
+    for topic, lines in plan.lines.items():
+        for i, line in enumerate(lines):
+            print(f"  {topic if i == 0 else '':<{width}}  {line}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from distributed_runner.tracking.plot import plot
 
@@ -368,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train": cmd_train,
         "test": cmd_test,
         "hooks": cmd_hooks,
+        "check": cmd_check,
         "plot": cmd_plot,
         "tune": cmd_tune,
         "export": cmd_export,

@@ -16,17 +16,13 @@ from distributed_runner.checkpoint.files import (
 )
 from distributed_runner.checkpoint.parts import PUBLISHABLE_KEYS
 from distributed_runner.checkpoint.publish import publish_checkpoint
-from distributed_runner.checkpoint.remote import (
-    RemoteCopies,
-    check_storage_options,
-    is_remote,
-    run_folder,
-)
+from distributed_runner.checkpoint.remote import RemoteCopies, check_storage_options, run_folder
 from distributed_runner.checkpoint.sharded import TRAINABLE, remove_orphan_shards, shard_folders
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.interval import Interval
 from distributed_runner.core.redact import redact_url
 from distributed_runner.core.registry import HOOKS
+from distributed_runner.core.storage import is_remote
 from distributed_runner.engine.extension_points import CheckpointSaver
 from distributed_runner.engine.hook import DataBatch, Hook
 from distributed_runner.evaluation.metric_rules import (

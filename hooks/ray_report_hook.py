@@ -15,6 +15,7 @@ from distributed_runner.checkpoint.sharded import SHARDED, is_ranks_file
 from distributed_runner.core import dist
 from distributed_runner.core.registry import HOOKS
 from distributed_runner.engine.hook import Hook
+from distributed_runner.launch.ray_retention import RETENTION_SCORE, retention_score
 from distributed_runner.validation.async_validation import report_validation
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class RayReportHook(Hook):
             "epoch": meta.get("epoch"),
             "iter": meta.get("iter"),
             "checkpoint": Path(path).name,
+            RETENTION_SCORE: self._retention_score(runner, meta),
         }
         # async validation: Ray validates this checkpoint and merges the metrics in itself
         validation = report_validation(runner, meta)
@@ -92,6 +94,17 @@ class RayReportHook(Hook):
         finally:
             if not background:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    @staticmethod
+    def _retention_score(runner: RunnerAPI, meta: dict) -> float:
+        """This checkpoint's rank among those Ray keeps: the checkpoint hook's first
+        ``save_best`` key and its rule (once 'auto' and an inferred rule are resolved)."""
+        saver = runner.get_hook("checkpoint")
+        keys = list(getattr(saver, "save_best", None) or [])
+        rules = list(getattr(saver, "rules", None) or [])
+        if not keys or keys[0] == "auto" or not rules:
+            return retention_score(None, None, None)
+        return retention_score(meta.get("best"), keys[0], rules[0])
 
     @staticmethod
     def _files(rank: int, path: Path, shards: dict | None) -> list[tuple[Path, str]]:

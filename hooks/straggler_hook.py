@@ -43,7 +43,6 @@ from distributed_runner.core import dist
 from distributed_runner.core.registry import HOOKS
 from distributed_runner.engine.extension_points import RankFigures
 from distributed_runner.engine.hook import Hook
-from distributed_runner.health.watchdog import parse_watchdog
 
 if TYPE_CHECKING:
     from torch import nn
@@ -205,7 +204,7 @@ class StragglerHook(Hook, RankFigures):
         self.watch: StragglerWatch | None = None
 
     def before_train(self, runner: RunnerAPI) -> None:
-        settings = parse_watchdog(runner.cfg.get("watchdog") if runner.cfg is not None else None)
+        settings = runner.settings.watchdog  # the config's watchdog section, parsed once
         self.watch = StragglerWatch(settings["straggler_ratio"], settings["straggler_patience"])
         model = runner.wrapped_model
         optimizer = getattr(runner.optim_wrapper, "optimizer", None)

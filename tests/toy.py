@@ -66,6 +66,17 @@ class ToyModel(nn.Module):
 
 
 @MODELS.register_module(force=True)
+class NeedsRealTensors(nn.Module):
+    """A model whose constructor reads a value off its own weights: it cannot be built on the
+    meta device, so the Ray driver leaves its checks to the workers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.scale = float(self.fc.weight.abs().max())
+
+
+@MODELS.register_module(force=True)
 class TinyBlocks(nn.Module):
     """Two residual MLP blocks between an input and an output layer: ``Block`` is the unit
     FSDP shards one by one."""

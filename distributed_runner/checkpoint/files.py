@@ -240,16 +240,23 @@ def load_file(
     return ckpt
 
 
-def peek_meta(path: str | os.PathLike) -> dict:
-    """A checkpoint's ``meta`` without reading its tensors (the file is memory-mapped); ``{}``
-    for a file that is missing or unreadable, which loading it later reports in full."""
+def peek(path: str | os.PathLike) -> dict:
+    """A checkpoint's parts without reading its tensors (the file is memory-mapped, not
+    verified); ``{}`` for a file that is missing or unreadable, which loading it later reports
+    in full. For choices made before the load: which seed, which shards a manifest names."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             ckpt = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - any damage: the real load names it
         return {}
-    meta = ckpt.get("meta") if isinstance(ckpt, dict) else None
+    return ckpt if isinstance(ckpt, dict) else {}
+
+
+def peek_meta(path: str | os.PathLike) -> dict:
+    """A checkpoint's ``meta`` without reading its tensors (:func:`peek`); ``{}`` for a file
+    that is missing or unreadable, which loading it later reports in full."""
+    meta = peek(path).get("meta")
     return meta if isinstance(meta, dict) else {}
 
 

@@ -24,7 +24,7 @@ import platform
 import textwrap
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -49,9 +49,6 @@ from distributed_runner.model.sharding import (
     load_full_optimizer_state,
 )
 from distributed_runner.version import __version__
-
-if TYPE_CHECKING:
-    pass
 
 
 def saved_mesh(meta: dict) -> list[int]:

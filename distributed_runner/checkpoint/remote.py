@@ -21,17 +21,13 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.redact import redact_url
 from distributed_runner.core.run_folders import FLAT, runs_root
+from distributed_runner.core.storage import is_remote, open_filesystem
 
 CHUNK = 8 << 20
-
-
-def is_remote(path: Any) -> bool:
-    return "://" in str(path)
 
 
 def run_folder(out_dir: str, work_dir: Path, run_name: str = FLAT) -> str:
@@ -67,38 +63,11 @@ def check_storage_options(
             stacklevel=3,
         )
     if out_dir and is_remote(out_dir):
-        open_filesystem(out_dir, backend_args)
+        open_filesystem(out_dir, backend_args, key="out_dir")
     elif backend_args is not None:
         raise ArgumentError(
             "backend_args", "only a remote out_dir (s3://...) takes filesystem options"
         )
-
-
-def open_filesystem(uri: str, backend_args: dict | None) -> tuple[Any, str]:
-    """(pyarrow filesystem, path inside it) for ``uri``; a one-line ``backend_args`` or
-    ``out_dir`` error when pyarrow refuses them."""
-    import pyarrow.fs as pafs
-
-    scheme, _, rest = uri.partition("://")
-    if backend_args and scheme != "s3":
-        raise ArgumentError(
-            "backend_args",
-            f"options are supported for s3:// only; {scheme}:// "
-            f"takes its configuration from the environment",
-        )
-    try:
-        if backend_args:
-            return pafs.S3FileSystem(**backend_args), rest.rstrip("/")
-        fs, path = pafs.FileSystem.from_uri(uri)
-        return fs, path.rstrip("/")
-    except TypeError as e:
-        raise ArgumentError(
-            "backend_args", f"pyarrow.fs.S3FileSystem rejected them: {str(e).splitlines()[0]}"
-        ) from None
-    except (ValueError, OSError) as e:
-        raise ArgumentError(
-            "out_dir", f"cannot open {redact_url(uri)}: {str(e).splitlines()[0]}"
-        ) from None
 
 
 class RemoteCopies:
@@ -106,7 +75,7 @@ class RemoteCopies:
 
     def __init__(self, uri: str, backend_args: dict | None, logger: logging.Logger) -> None:
         self.uri = uri.rstrip("/")
-        self.fs, self.root = open_filesystem(uri, backend_args)
+        self.fs, self.root = open_filesystem(uri, backend_args, key="out_dir")
         self.logger = logger
         self.failed: list[str] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drun-out-dir")

@@ -9,7 +9,10 @@
 * :func:`file_of_reported`: the checkpoint file in a folder Ray hands back (a restarted group,
   the asynchronous validation task);
 * :func:`is_training_checkpoint`: what counts as a training checkpoint (not weights only), as the
-  table of parts (:mod:`.parts`) says.
+  table of parts (:mod:`.parts`) says;
+* :func:`checkpoint_file_of`: the checkpoint file a path names, in any form a user holds one (the
+  ``.pth``, a run's folder, a sharded checkpoint's ``.dcp`` folder, Ray's copy), for ``resume``
+  (:func:`resume_path`), ``load_from`` (``drun test --checkpoint``) and ``drun export``.
 
 ``resume=True`` (``drun train --resume``), so that resuming never loses work and never trusts a
 damaged file:
@@ -22,7 +25,8 @@ damaged file:
    silently started over (before, a broken pointer restarted from iteration 0 and overwrote them);
 4. no checkpoint at all: start fresh (the first run of ``--resume`` scripts).
 
-An explicit ``resume=PATH`` is not second-guessed: that file, verified, or a one-line error.
+An explicit ``resume=PATH`` is not second-guessed: that file (or the one a folder names:
+:func:`checkpoint_file_of`), verified, or a one-line error.
 A rollback takes the same rule's choice (rank 0 reads, every rank gets it). A Ray restart takes
 Ray's checkpoint, or a newer one already persisted under the run's storage that verifies.
 """
@@ -30,6 +34,7 @@ Ray's checkpoint, or a newer one already persisted under the run's storage that 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,10 +45,12 @@ from distributed_runner.checkpoint.files import (
     LAST_CHECKPOINT_POINTER,
     CheckpointDamaged,
     load_file,
+    peek,
     peek_meta,
     read_pointer,
 )
 from distributed_runner.checkpoint.parts import missing_for_training
+from distributed_runner.checkpoint.sharded import SHARDED, manifest_of
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.run_folders import (
@@ -52,6 +59,7 @@ from distributed_runner.core.run_folders import (
     run_name_of,
     runs_newest_first,
 )
+from distributed_runner.core.storage import is_remote
 
 
 def is_training_checkpoint(ckpt: Any) -> bool:
@@ -170,6 +178,105 @@ def file_of_reported(folder: str | Path, where: Any) -> Path:
     return files[0]
 
 
+CHECKPOINT_FORMS = (
+    "a checkpoint file (.pth), a run's folder (it holds last_checkpoint), a sharded "
+    "checkpoint's <name>.<token>.dcp folder or Ray's copy of a checkpoint "
+    "(work_dir/ray_storage/<run>/<name>-<time>)"
+)
+MODEL_DIRECTORY = (
+    "a model directory (config.json with model.safetensors or its index, as save_pretrained writes)"
+)
+
+
+def checkpoint_file_of(path: str | os.PathLike, key: str, model_dir: bool = False) -> Path:
+    """The checkpoint file ``path`` names, in whichever form a user holds one: the file itself;
+    a run's folder (the file its ``last_checkpoint`` names); a sharded checkpoint's ``.dcp``
+    folder (the manifest beside it, which names it); Ray's copy of a checkpoint (the folder
+    ``Result.checkpoint.path`` gives: the one ``.pth`` in it, beside its checksum and shards).
+
+    Why one resolver: ``resume``, ``load_from``, ``drun test --checkpoint`` and ``drun export``
+    take the same forms, and each then loads that one file, so every form ends exactly where
+    its ``.pth`` would (a manifest finds its shards beside itself). Anything else is a one-line
+    ConfigError naming ``key`` and what to pass (``model_dir``: ``key`` takes a Hugging Face model
+    directory too, which the caller has recognised before: ``load_from``, where
+    :func:`~distributed_runner.checkpoint.hf.directory.pretrained_source` says so; this module
+    sits below ``hf``). Nothing is verified here: the load does that."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    if not p.is_dir():  # named as given: a URI (s3://...) is not a local Path's text
+        raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
+    if p.suffix == ".dcp":
+        return _manifest_naming(p, key)
+    return _file_in_folder(p, key, model_dir)
+
+
+def _manifest_naming(shards: Path, key: str) -> Path:
+    """The manifest of the shard folder ``shards`` — only if it names that folder: shards left
+    by an earlier save of the same name are not what the manifest holds now."""
+    manifest = manifest_of(shards)
+    if not manifest.is_file():
+        raise ConfigError(
+            key,
+            f"{shards} is a sharded checkpoint's folder without its manifest {manifest.name} "
+            f"beside it (a save cut short, or a copy of the folder alone): copy the manifest "
+            f"and its .crc32 next to it, or pass another checkpoint",
+        )
+    named = peek(manifest)  # {} when unreadable: the load then says how it is damaged
+    entry = named.get(SHARDED)
+    if named and (not isinstance(entry, dict) or entry.get("dir") != shards.name):
+        raise ConfigError(
+            key,
+            f"{manifest} does not hold the shards in {shards.name} (they are left from an "
+            f"earlier save of that name): pass {manifest}",
+        )
+    return manifest
+
+
+def _file_in_folder(folder: Path, key: str, model_dir: bool) -> Path:
+    """A run's folder: the file its ``last_checkpoint`` names; a folder holding one checkpoint
+    (Ray's copy, which has no pointer): that file."""
+    pointed = read_pointer(folder)
+    if pointed is not None:
+        return pointed
+    files = sorted(folder.glob("*.pth"))
+    if files and (folder / LAST_CHECKPOINT_POINTER).exists():
+        raise ConfigError(
+            key,
+            f"{folder / LAST_CHECKPOINT_POINTER} names no checkpoint file (dangling, empty, "
+            f"binary or a folder): pass one of the folder's checkpoint files (.pth)",
+        )
+    if len(files) == 1:
+        return files[0]
+    if files:
+        raise ConfigError(
+            key,
+            f"{folder} holds {len(files)} checkpoints and no {LAST_CHECKPOINT_POINTER} to "
+            f"choose one: pass one of them (.pth)",
+        )
+    what = f"neither a checkpoint nor {MODEL_DIRECTORY}" if model_dir else "no checkpoint"
+    also = ", or a model directory" if model_dir else ""
+    raise ConfigError(key, f"{folder} is a folder but {what}: pass {CHECKPOINT_FORMS}{also}")
+
+
+def resume_path(resume: Any) -> Any:
+    """``resume`` as the Runner takes it: a path as the checkpoint file it names
+    (:func:`checkpoint_file_of`, key ``resume``), so that ``--resume`` takes every form a user
+    holds; True, False, '' or a URI as given (the start reports a URI as missing)."""
+    if isinstance(resume, (str, Path)) and str(resume) and not is_remote(resume):
+        return str(checkpoint_file_of(resume, "resume"))
+    return resume
+
+
+def _named_file(resume: str | Path) -> Path:
+    """The file a ``resume`` path names, or the path as given when it names none (the Runner
+    reports that; the run's folder is chosen first, maybe where the path cannot be seen)."""
+    try:
+        return checkpoint_file_of(resume, "resume") if str(resume) else Path(resume)
+    except ConfigError:
+        return Path(resume).expanduser()
+
+
 def has_checkpoints(folder: Path) -> bool:
     """Whether ``folder`` holds a checkpoint file or a pointer to one (verified or not: a run
     whose checkpoints are all damaged is still the run ``--resume`` means, and says so)."""
@@ -191,8 +298,8 @@ def choose_run(work_dir: str | Path, run_name: str | None, resume: Any) -> str:
             raise ConfigError("run_name", problem)
         return str(run_name)
     work_dir = Path(work_dir).expanduser().resolve()
-    if isinstance(resume, (str, Path)):
-        folder = Path(resume).expanduser().resolve().parent
+    if isinstance(resume, (str, Path)):  # its file's folder: a run's folder names its own file
+        folder = _named_file(resume).expanduser().resolve().parent
         if folder == work_dir or folder.parent == work_dir:
             return run_name_of(work_dir, folder)
         return new_run_name(work_dir)
@@ -298,7 +405,7 @@ def newest_persisted(storage: str, name: str, than_iter: int) -> Path | None:
     controller registered last; a worker killed right after a report can leave a newer one
     persisted there that the controller never learned of. Local (or mounted) storage only."""
     folder = Path(storage) / name
-    if "://" in storage or not folder.is_dir():
+    if is_remote(storage) or not folder.is_dir():
         return None
     for iteration, path in ranked_checkpoints(folder.glob("*/*.pth")):
         if iteration <= than_iter:  # unreadable files rank at -1: never chosen

@@ -128,11 +128,18 @@ def remove_shards(path: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def manifest_of(shards: Path) -> Path:
+    """The manifest a shard folder ``<stem>.<token>.dcp`` belongs to: ``<stem>.pth`` beside it
+    (:func:`start_shards` names the folder so), whether or not it exists."""
+    shards = Path(shards)
+    return shards.with_name(shards.name.rsplit(".", 2)[0] + ".pth")
+
+
 def remove_orphan_shards(folder: Path) -> int:
     """Shard folders no manifest names (a save a crash interrupted); returns how many went."""
     removed = 0
     for shards in Path(folder).glob("*.dcp"):
-        manifest = shards.with_name(shards.name.rsplit(".", 2)[0] + ".pth")
+        manifest = manifest_of(shards)
         if not manifest.is_file():
             shutil.rmtree(shards, ignore_errors=True)
             removed += 1

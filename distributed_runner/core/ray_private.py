@@ -15,12 +15,22 @@
 - :func:`keep_driver_sigint` (``DataParallelTrainer._register_sigint_handler``): Train V2's
   ``fit()`` replaces the driver's SIGINT handler with one that aborts the run (and never puts
   the old one back); ``drun`` makes Ctrl-C a pause instead (:mod:`~..launch.run_control`).
+- :func:`short_worker_errors` (``construct_user_exception_with_traceback`` as
+  ``ray.train.v2._internal.execution.worker_group.thread_runner`` calls it): what the training
+  function raises, Ray wraps with its traceback text, logged at ERROR on every worker ("Error in
+  training function", forwarded to the driver's terminal) and repeated in the controller's
+  failure report and the driver's ``WorkerGroupError`` ("[Rank 0,1 Error Snippet]"): a wall of
+  tracebacks per failed run. drun's worker writes the stack to the run's log itself and hands Ray
+  one line instead (:mod:`~..launch.ray_worker`).
 
 Nothing else in the package imports a private Ray module (``tests/unit/test_layout.py``).
 Importing this module imports Ray Train; only Ray-side code imports it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
@@ -30,6 +40,7 @@ __all__ = [
     "gcs_addresses_on_this_machine",
     "keep_driver_sigint",
     "quiet_train_reports",
+    "short_worker_errors",
 ]
 
 
@@ -42,6 +53,32 @@ def quiet_train_reports() -> None:
 
     for name in (context.__file__, storage.__name__):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def short_worker_errors(line_of: Callable[[BaseException], str | None]) -> bool:
+    """In this Ray Train worker, an exception the training function raises reaches Ray as
+    ``line_of(exception)``, when that is a string, instead of its traceback text, and is not
+    logged (see the module docstring); other exceptions as Ray wraps them. False when this Ray
+    has no such step (then Ray's tracebacks are shown, as before)."""
+    try:
+        from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+        from ray.train.v2._internal.execution.worker_group import thread_runner
+    except ImportError:  # pragma: no cover - another Ray
+        return False
+    wrap = getattr(thread_runner, "construct_user_exception_with_traceback", None)
+    if wrap is None:  # pragma: no cover
+        return False
+    original = getattr(wrap, "drun_original", wrap)
+
+    def construct(e: BaseException, exclude_frames: int = 0) -> Any:
+        line = line_of(e)
+        if line is None:
+            return original(e, exclude_frames=exclude_frames)
+        return UserExceptionWithTraceback(e, traceback_str=line)
+
+    construct.drun_original = original  # type: ignore[attr-defined]  # patched once, not nested
+    thread_runner.construct_user_exception_with_traceback = construct
+    return True
 
 
 def keep_driver_sigint(trainer: object) -> bool:

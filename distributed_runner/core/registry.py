@@ -352,6 +352,7 @@ MODELS = Registry(
         "distributed_runner.model.averaged",
         "distributed_runner.model.tta",
         "distributed_runner.model.classifier",
+        "distributed_runner.model.hf_model",
     ],
 )
 DATASETS = Registry("dataset", "DATASETS", builtins=["distributed_runner.data.streaming.shards"])

@@ -53,6 +53,7 @@ class RunnerAPI(Protocol):
     device: torch.device
     seed: int
     strategy: Any  # 'ddp' or FSDP's options (distributed_runner.model.sharding)
+    settings: Any  # the config's sections, parsed once (distributed_runner.engine.sections)
     elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run, else None
     pretrained_from: str | None  # the model directory load_from filled the model from (absolute)
 

@@ -21,7 +21,7 @@ Top-level keys the Runner does not know are allowed — MMEngine configs keep he
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from difflib import SequenceMatcher
 from typing import Any
 
@@ -34,20 +34,10 @@ from distributed_runner.core.config_values import (
     show_value,
 )
 from distributed_runner.core.errors import ConfigError
-from distributed_runner.health.watchdog import parse_watchdog
-from distributed_runner.model.build import check_compile
-from distributed_runner.model.sharding import parse_strategy
-from distributed_runner.validation.async_validation import parse_val_mode
 
-# The config sections a subsystem owns and checks itself (its keys, their types and ranges); this
-# check only calls them, so a subsystem's rules live beside the code that uses them.
-SECTION_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "compile": check_compile,
-    "strategy": parse_strategy,
-    "watchdog": parse_watchdog,
-    "val_cfg": parse_val_mode,  # where validation runs: mode, lag, resources
-}
-OPTIONAL_SECTIONS = ("compile",)  # checked only when given (the others check their default too)
+# The sections a subsystem owns (strategy, watchdog, val_cfg's mode, compile, preemption,
+# load_from, launcher) are parsed by their owners' parsers from the sections table
+# (engine/sections.py), right after these checks, in prepare_config.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -64,9 +54,6 @@ def check_config(cfg: dict, runner_keys: Iterable[str], other_keys: Iterable[str
             "log_level", f"got {show_value(level)}; takes one of {', '.join(LOG_LEVELS)}"
         )
     _check_device(cfg.get("device"))
-    for key, check_section in SECTION_CHECKS.items():
-        if cfg.get(key) is not None or key not in OPTIONAL_SECTIONS:
-            check_section(cfg.get(key))
     randomness = mapping(cfg, "randomness")
     if randomness is not None:
         if randomness.get("seed") is not None:

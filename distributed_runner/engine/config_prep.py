@@ -12,11 +12,15 @@ once, in this order:
 4. iMIX hook entries of ``custom_hooks`` become what does the same here
    (:mod:`~distributed_runner.compat.imix`); the notes saying so are returned for the Runner to log;
 5. types and ranges of the engine-owned keys, and near-misses of their names
-   (:mod:`~distributed_runner.engine.config_check`).
+   (:mod:`~distributed_runner.engine.config_check`);
+6. every declared section parsed once by its owner's parser
+   (:mod:`~distributed_runner.engine.sections`): the read-only settings, kept with the config
+   (:func:`~distributed_runner.engine.sections.settings_of`) for the Runner, its hooks and the Ray
+   driver to read instead of parsing again.
 
-What only the driver adds (resolving types and argument signatures without building, planning the
-hooks, elastic sizes) stays in :func:`~distributed_runner.launch.launcher.validate_config`; what a
-Runner does with the result (building) stays in the Runner.
+What only the driver adds (the sections' driver steps: paths made absolute, the model built on the
+meta device, the hooks planned) is :func:`~distributed_runner.launch.launcher.validate_config`;
+what a Runner does with the result (building) stays in the Runner.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from distributed_runner.core.env_cfg import check_env_cfg
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.registry import set_default_scope
 from distributed_runner.engine.config_check import check_config
+from distributed_runner.engine.sections import attach_settings, parse_sections, settings_of
 
 # the Runner's constructor arguments, which a config may set at its top level
 RUNNER_KEYS = (
@@ -73,6 +78,8 @@ OTHER_CONFIG_DOCS: dict[str, tuple[str, str]] = {
     "tune": ("dict", "the sweep drun tune runs: param_space, search_alg, scheduler, ..."),
 }
 
+NOTES_ATTR = "_drun_prepare_notes"  # the iMIX notes of a prepared config, for whoever logs them
+
 # keys without which nothing can be built -> what to set
 REQUIRED_KEYS = {
     "work_dir": "set work_dir='work_dirs/NAME' in the config or pass --work-dir",
@@ -87,7 +94,12 @@ def prepare_config(cfg: dict, check_device: bool = True) -> tuple[Config, list[s
     name and all. Any other dict (a Ray worker's plain config, or the driver's copy) becomes a new
     Config, so the caller's own stays as it was. ``check_device=False`` is the Ray driver's: the
     device is the workers' to check, and the driver may well have no GPU.
+
+    A config prepared already (it has its settings) is returned as it is: prepared once per
+    process, whoever asks again (the Ray worker before its Runner, ``Runner.from_cfg``).
     """
+    if isinstance(cfg, Config) and settings_of(cfg) is not None:
+        return cfg, list(cfg.__dict__.get(NOTES_ATTR, []))
     cfg = cfg if isinstance(cfg, Config) else Config(to_config_dict(dict(cfg)))
     import_custom_modules(cfg.get("custom_imports"))
     set_default_scope(cfg.get("default_scope"))
@@ -98,4 +110,6 @@ def prepare_config(cfg: dict, check_device: bool = True) -> tuple[Config, list[s
     notes = translate_imix_hooks(cfg)
     checked = cfg if check_device else {k: v for k, v in cfg.items() if k != "device"}
     check_config(checked, RUNNER_KEYS, OTHER_CONFIG_KEYS)
+    attach_settings(cfg, parse_sections(cfg))
+    object.__setattr__(cfg, NOTES_ATTR, tuple(notes))
     return cfg, notes

@@ -71,32 +71,30 @@ from distributed_runner.engine.hook_order import HookEntry, names_of, order_entr
 from distributed_runner.engine.hook_report import HookTiming
 from distributed_runner.engine.priority import get_priority
 
-# The dispatcher's tables and generated callers (:mod:`distributed_runner.engine.dispatch` has the
-# why): a :class:`Slot` per hook and mount point, the sampled timing pattern, and
-# :func:`compile_caller`, which unrolls one mount point's table into a function.
 if TYPE_CHECKING:
     from distributed_runner.core.runner_api import RunnerAPI
-    from distributed_runner.engine.hook_order import HookEntry
 
+__all__ = [
+    "TIME_EVERY",
+    "TIME_FIRST",
+    "HookDispatcher",
+    "HookEntry",
+    "HookTiming",
+    "Slot",
+    "compile_caller",
+]
 
-TIME_FIRST = 16
-
-
-TIME_EVERY = 16
-
-
+ERROR_POLICIES = ("raise", "warn", "disable")
+TIME_FIRST = 16  # the first calls of each mount point are all timed
+TIME_EVERY = 16  # after them, about one call in this many
 _PATTERN_BITS = 12  # a pattern of 4096 calls, about 1 in TIME_EVERY set
-
-
 _RANDOM = random.Random(0)
-
-
 _TIMED = bytes(
     i <= TIME_FIRST or _RANDOM.random() < 1 / TIME_EVERY for i in range(1 << _PATTERN_BITS)
 )  # call n is timed when _TIMED[n & mask]
-
-
 _PATTERN_MASK = (1 << _PATTERN_BITS) - 1
+
+_log = logging.getLogger(LOGGER_NAME)
 
 
 class Slot:
@@ -194,27 +192,6 @@ def without_arguments(method: Callable[[], None]) -> Callable[..., None]:
 
     call.__qualname__ = getattr(method, "__qualname__", "imix_mount_point")
     return call
-
-
-if TYPE_CHECKING:
-    from distributed_runner.core.runner_api import RunnerAPI
-
-
-__all__ = [
-    "TIME_EVERY",
-    "TIME_FIRST",
-    "HookDispatcher",
-    "HookEntry",
-    "HookTiming",
-    "Slot",
-    "compile_caller",
-]
-
-
-ERROR_POLICIES = ("raise", "warn", "disable")
-
-
-_log = logging.getLogger(LOGGER_NAME)
 
 
 class HookDispatcher:

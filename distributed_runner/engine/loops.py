@@ -82,8 +82,6 @@ from distributed_runner.health.heartbeat import DATA, DATA_WARMUP, HEARTBEAT, ST
 from distributed_runner.model.calling import move_to
 from distributed_runner.validation.async_validation import validation_mode
 
-# The validation and test loops: one pass over the data with the matching mount points
-# (the whole run's order is in :mod:`distributed_runner.engine.loops`' docstring).
 if TYPE_CHECKING:
     from distributed_runner.core.runner_api import RunnerAPI
 
@@ -152,10 +150,6 @@ class TestLoop(_EvalLoop):
     """Testing: ``before_test`` ... ``after_test_epoch(metrics)`` ... ``after_test``."""
 
     stage = "test"
-
-
-if TYPE_CHECKING:
-    from distributed_runner.core.runner_api import RunnerAPI
 
 
 class _TrainLoopBase:

@@ -41,11 +41,12 @@ from distributed_runner.checkpoint.files import load_file, point_at, read_pointe
 from distributed_runner.checkpoint.hf.directory import is_pretrained_dir, pretrained_source
 from distributed_runner.checkpoint.hf.load import PretrainedWeights
 from distributed_runner.checkpoint.resume_choice import (
+    checkpoint_file_of,
     choose_run,
     choose_start,
     newest_everywhere,
-    parse_load_from,
     require_training_checkpoint,
+    resume_path,
     seed_to_resume,
 )
 from distributed_runner.checkpoint.state import load_model_weights, restore_training_state
@@ -57,7 +58,7 @@ from distributed_runner.core.config_values import all_or_none
 from distributed_runner.core.env_cfg import apply_env_cfg
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.log import log_brief_and_full, run_log_file, setup_logger
-from distributed_runner.core.preemption import parse_preemption, preemption_signals
+from distributed_runner.core.preemption import preemption_signals
 from distributed_runner.core.randomness import set_random_seed, with_resumed_seed
 from distributed_runner.core.redact import redact
 from distributed_runner.core.registry import LOOPS
@@ -71,27 +72,20 @@ from distributed_runner.engine.hook_report import plan_summary
 from distributed_runner.engine.loops import TestLoop, ValLoop
 from distributed_runner.engine.message_hub import MessageHub
 from distributed_runner.engine.requests import ControlRequests
+from distributed_runner.engine.sections import Settings, parse_sections, settings_of
 from distributed_runner.engine.train_state import TrainState
 from distributed_runner.evaluation.evaluator import Evaluator
 from distributed_runner.health.watchdog import watched
 from distributed_runner.model.build import default_device, setup_model
-from distributed_runner.model.sharding import mesh_shape, parse_strategy
+from distributed_runner.model.sharding import mesh_shape
 from distributed_runner.optim.schedulers import build_param_schedulers
 from distributed_runner.optim.wrapper import OptimWrapper, build_optim_wrapper
 from distributed_runner.tracking.sinks import SinkSet
-from distributed_runner.validation.async_validation import split_val_cfg
+from distributed_runner.validation.async_validation import val_loop_args
 from distributed_runner.version import __version__
 
-# What hooks read and call on the Runner to reach its hooks, its position and its requests.
-# :class:`RunnerSurface` is the part of the public surface (see the Runner's docstring) that only
-# forwards, apart from the Runner's construction, entry points and checkpoints: to the model and the
-# training loop (``model``, ``train_dataloader``), to the dispatcher (``_hooks``: the hook tables,
-# their timings and the loops' callers), to the training position (``_state``, the one
-# :class:`TrainState`) and to the control requests (``requests``). The Runner inherits it and sets
-# those attributes.
 if TYPE_CHECKING:
     from distributed_runner.engine.dispatch import HookDispatcher
-    from distributed_runner.engine.requests import ControlRequests
 
 
 def agreed_run_dir(work_dir: str | Path, run_name: str | None, resume: Any) -> Path:
@@ -105,8 +99,22 @@ def agreed_run_dir(work_dir: str | Path, run_name: str | None, resume: Any) -> P
     return run_dir(work_dir, dist.broadcast_object(chosen))
 
 
+def arguments_parsed(cfg: dict | None, **sections: Any) -> Settings:
+    """The settings of a Runner built in Python (its config not prepared by ``from_cfg``): its
+    arguments' sections, and the config's ``watchdog``, parsed by the sections table."""
+    return parse_sections({**sections, "watchdog": (cfg or {}).get("watchdog")})
+
+
 class RunnerSurface:
-    """The forwarding part of the Runner's public surface; see the module docstring."""
+    """The forwarding part of the Runner's public surface (the module docstring lists it all):
+    what hooks read and call on the Runner to reach its hooks, its position and its requests,
+    apart from the Runner's construction, entry points and checkpoints.
+
+    It forwards to the model and the training loop (``model``, ``train_dataloader``), to the
+    dispatcher (``_hooks``: the hook tables, their timings and the loops' callers), to the training
+    position (``_state``, the one :class:`TrainState`) and to the control requests
+    (``requests``). The Runner inherits it and sets those attributes.
+    """
 
     _hooks: HookDispatcher
     _model: nn.Module
@@ -295,13 +303,18 @@ class Runner(RunnerSurface):
         run_name: str | None = None,
         cfg: dict | None = None,
     ) -> None:
+        # the parsed sections (engine/sections.py): from_cfg's, or parsed here from the arguments
+        self.settings: Settings = settings_of(cfg) or arguments_parsed(
+            cfg, strategy=strategy, preemption=preemption, load_from=load_from, val_cfg=val_cfg,
+            compile=compile, launcher=launcher,
+        )  # fmt: skip
         folder = agreed_run_dir(work_dir, run_name, resume)
         self.run_name = run_name_of(work_dir, folder)
         experiment_name = experiment_name or Path(work_dir).expanduser().resolve().name
-        self._setup_context(cfg, launcher, folder, experiment_name, log_level, preemption)
+        self._setup_context(cfg, launcher, folder, experiment_name, log_level)
         # hooks and checkpoint paths first: their mistakes should not wait for data to load
-        self._setup_hooks_and_checkpoints(default_hooks, custom_hooks, load_from, resume)
-        self._setup_model(model, randomness, device, strategy, model_wrapper_cfg, compile)
+        self._setup_hooks_and_checkpoints(default_hooks, custom_hooks, resume)
+        self._setup_model(model, randomness, device, model_wrapper_cfg)
         self._setup_data_and_evaluation(
             train_dataloader,
             train_cfg,
@@ -323,7 +336,6 @@ class Runner(RunnerSurface):
         work_dir: str | Path,
         experiment_name: str,
         log_level: str,
-        preemption: Any,
     ) -> None:
         """Config, ranks, the run's folder (``self.work_dir``), logger and run services: what
         everything after them uses."""
@@ -338,22 +350,24 @@ class Runner(RunnerSurface):
         self.logger = setup_logger(self.work_dir, self.rank, log_level)
         self.message_hub = MessageHub()
         self.requests = ControlRequests()
-        self._preemption = parse_preemption(preemption)
+        self._preemption = self.settings.preemption
 
     def _setup_hooks_and_checkpoints(
         self,
         default_hooks: dict | None,
         custom_hooks: list | None,
-        load_from: str | dict | None,
         resume: bool | str,
     ) -> None:
         """Hooks, sinks and checkpoint paths: built and checked before the model and data."""
         self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
         # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
         self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
-        self._load_from, self._load_strict = parse_load_from(load_from)
+        self._load_from, self._load_strict = self.settings.load_from
         # a Hugging Face directory (absolute, or its URI) fills the model as it is built
         self.pretrained_from = pretrained_source(self._load_from)
+        if self._load_from and not self.pretrained_from:  # any form of a checkpoint: its file
+            self._load_from = str(checkpoint_file_of(self._load_from, "load_from", model_dir=True))
+        resume = resume_path(resume)  # --resume PATH in any form: the checkpoint file it names
         self._resume = resume
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
         self._has_loaded = False
@@ -380,13 +394,11 @@ class Runner(RunnerSurface):
         model: nn.Module | dict,
         randomness: dict | None,
         device: str | torch.device | None,
-        strategy: Any,
         model_wrapper_cfg: dict | None,
-        compile_cfg: bool | dict,
     ) -> None:
         """Seed, device, strategy and the (wrapped) model: seeded before its weights are made."""
         self.num_threads = apply_env_cfg(self.cfg.get("env_cfg"))  # before any tensor math
-        self.strategy = parse_strategy(strategy)  # 'ddp' or FSDP's options (model/sharding.py)
+        self.strategy = self.settings.strategy  # 'ddp' or FSDP's options (model/sharding.py)
         self.mesh_shape = mesh_shape(self.strategy)  # None: the model is not split
         # ranks of one tensor-parallel group read the same data (core/dist.py)
         shape = self.mesh_shape
@@ -407,7 +419,7 @@ class Runner(RunnerSurface):
             else None
         )  # a Hugging Face directory fills the model as it is built (checkpoint/hf/load.py)
         self._model, self.wrapped_model = setup_model(
-            model, model_wrapper_cfg, compile_cfg, self.device, self.strategy, weights
+            model, model_wrapper_cfg, self.settings.compile, self.device, self.strategy, weights
         )
 
     def _setup_data_and_evaluation(
@@ -431,7 +443,8 @@ class Runner(RunnerSurface):
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
         self._build_training(train_dataloader, train_cfg, optim_wrapper, param_scheduler)
-        val_cfg, self.val_mode = split_val_cfg(val_cfg)  # mode/lag/resources: validation
+        self.val_mode = self.settings.val_cfg  # mode/lag/resources: validation/
+        val_cfg = val_loop_args(val_cfg)
         self.val_loop = self._build_eval("val", val_dataloader, val_evaluator, val_cfg, ValLoop)
         self.test_loop = self._build_eval(
             "test", test_dataloader, test_evaluator, test_cfg, TestLoop
@@ -478,6 +491,7 @@ class Runner(RunnerSurface):
         The config is prepared by the same function the Ray driver checks it with
         (:func:`prepare_config`): a worker applies no rule the driver did not, the device aside."""
         cfg, notes = prepare_config(cfg)  # iMIX notes: logged once the Runner's logger exists
+        # (a config prepared already, as on a Ray worker, is not prepared again)
         runner = cls(**{k: cfg[k] for k in RUNNER_KEYS if k in cfg}, cfg=cfg)
         for note in notes:
             runner.logger.info(note)

@@ -192,16 +192,16 @@ class GuardedStep:
 
 
 class ElasticStep(GuardedStep):
-    """One optimizer step over this rank's micro-batches of one global batch: each loss scaled by
-    ``1/c`` (``c`` micro-batches), DDP's all-reduce only after the last; the step guards judge
-    every micro-batch (every rank has as many, so they agree) and a rejected one drops the whole
-    step; the values logged are means over the micro-batches."""
+    """One optimizer step over ``data_batch``, this rank's micro-batches of one global batch:
+    each loss scaled by ``1/c`` (``c`` micro-batches), DDP's all-reduce only after the last; the
+    step guards judge every micro-batch (every rank has as many, so they agree) and a rejected
+    one drops the whole step; the values logged are means over the micro-batches."""
 
-    def __call__(self, micro_batches: Any) -> dict:
+    def __call__(self, data_batch: Any) -> dict:
         runner = self.runner
         model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
-        count, logged = len(micro_batches), dict[str, Any]()
-        for i, data in enumerate(micro_batches):
+        count, logged = len(data_batch), dict[str, Any]()
+        for i, data in enumerate(data_batch):
             last = i == count - 1
             context = optim_wrapper.micro_batch_context(model, sync=last)
             loss, log_vars = self.forward(model, context, data)

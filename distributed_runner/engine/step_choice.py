@@ -115,9 +115,7 @@ def choose_step(runner: RunnerAPI) -> StepStrategy:
                 f"{type(module).__name__}'s data_preprocessor / train_step would "
                 f"not run: use a fixed number of workers",
             )
-        # step.py's ElasticStep names its __call__ parameter micro_batches, StepStrategy's
-        # data_batch: fixed there (being rewritten), this ignore then becomes unused
-        return ElasticStep(runner, parse=parse, call=call)  # type: ignore[return-value]
+        return ElasticStep(runner, parse=parse, call=call)
     if own_train_step:
         guards = runner.step_guards
         if guards:

@@ -176,7 +176,7 @@ def watched(runner: Any) -> Iterator[None]:
     collective timeouts follow the phases); without Ray, the watchdog thread too — only when the
     process's main thread trains: a Runner trained in a thread of a larger program (a tuning
     trial held between reports, a notebook) must not end that program."""
-    settings = parse_watchdog(runner.cfg.get("watchdog"))
+    settings = runner.settings.watchdog  # parsed once, with the config's other sections
     HEARTBEAT.begin(settings)
     thread = None
     if (

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distributed_runner.core.config import Config, to_plain
+from distributed_runner.core.config import Config, runs_in_process
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.preemption import INTERRUPT, TrainingPreempted
 from distributed_runner.core.redact import redact_url
@@ -62,25 +62,32 @@ from distributed_runner.validation.async_validation import check_val_resources
 
 def run(cfg: dict) -> int:
     """Train ``cfg`` with the launcher it names; returns the process exit status."""
-    launcher = normalize_launcher(cfg.get("launcher"))
-    if launcher is None:
+    if runs_in_process(cfg.get("launcher")):
         from distributed_runner.engine.runner import Runner
 
         Runner.from_cfg(cfg).train()
         return 0
-    return RayLauncher(cfg, launcher).train()
+    return RayLauncher(cfg).train()
 
 
 class RayLauncher:
     """Driver side of a Ray Train run."""
 
-    def __init__(self, cfg: dict, launcher: dict) -> None:
+    def __init__(self, cfg: dict, launcher: dict | None = None) -> None:
+        """``cfg`` is checked here, once (:func:`validate_config`: every section parsed, every
+        driver step run, no worker started); ``launcher`` overrides its launcher section (a
+        sweep's trial passes the one it resolved)."""
         self.cfg = cfg
-        self.opts = launcher
+        self.plan = validate_config(cfg if launcher is None else {**cfg, "launcher": launcher})
+        self.settings = self.plan.settings
+        opts = self.settings.launcher  # normalize_launcher's: None for 'none'
+        if opts is None:
+            raise ConfigError("launcher", "the Ray launcher needs launcher=dict(type='ray', ...)")
+        self.opts: dict = opts
         self.work_dir = Path(announced_path(str(cfg["work_dir"]), "work_dir"))
         self.storage_path = (
-            announced_path(str(launcher["storage_path"]), "launcher.storage_path")
-            if launcher["storage_path"]
+            announced_path(str(opts["storage_path"]), "launcher.storage_path")
+            if opts["storage_path"]
             else str(self.work_dir / "ray_storage")
         )
         self.run_name: str | None = cfg.get("run_name")  # chosen in fit() when None
@@ -135,7 +142,7 @@ class RayLauncher:
                     f"{resource}, the cluster has {have:g}: lower "
                     f"num_workers/resources_per_worker or add nodes",
                 )
-        check_val_resources(self.cfg.get("val_cfg"), self.worker_resources(), n, total)
+        check_val_resources(self.settings.val_cfg, self.worker_resources(), n, total)
         if self._uses_ray_data():
             spare = float(total.get("CPU", 0)) - self.worker_resources()["CPU"] * n
             if spare < 1:
@@ -155,15 +162,13 @@ class RayLauncher:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from distributed_runner.checkpoint.hf.directory import weight_sources_absolute
         from distributed_runner.data.ray_data import build_ray_datasets
-        from distributed_runner.data.streaming.shards import stream_sources_absolute
         from distributed_runner.health.hang_watch import hang_watch_callbacks
-        from distributed_runner.health.watchdog import parse_watchdog
+        from distributed_runner.launch.ray_retention import ray_checkpoint_config
         from distributed_runner.launch.ray_worker import train_worker
         from distributed_runner.launch.validation_worker import trainer_kwargs
 
-        plain = to_plain(self.cfg)
+        plain = dict(self.plan.cfg)  # prepared and checked, its paths made absolute
         plain["work_dir"] = str(self.work_dir)
         plain["run_name"] = self.run_name  # chosen once, here: every worker writes there
         # the resolved run name travels too: sinks tag the run with it
@@ -172,14 +177,14 @@ class RayLauncher:
         # the config file and its git commit are the driver's: workers may not have the file
         source = self.cfg.source() if isinstance(self.cfg, Config) else None
         # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
-        # metadata
-        remote_data = stream_sources_absolute(plain)
-        remote_weights = weight_sources_absolute(plain)  # load_from, HFModel's path
-        env = ray.put(forwarded_env(reads_object_storage=remote_data or remote_weights))
-        watchdog = parse_watchdog(self.cfg.get("watchdog"))  # hang watch: health/hang_watch.py
+        # metadata; AWS_* too when a section reads object storage (its driver step said so)
+        env = ray.put(forwarded_env(reads_object_storage=self.plan.remote))
+        watchdog = self.settings.watchdog  # hang watch: health/hang_watch.py
+        config: dict[str, Any] = {"cfg": plain, "source": source, "env": env, "control": control}
+        config["notes"] = self.plan.notes  # iMIX translations: each worker logs them
         return TorchTrainer(
             train_worker,
-            train_loop_config={"cfg": plain, "source": source, "env": env, "control": control},
+            train_loop_config=config,
             scaling_config=ray.train.ScalingConfig(
                 num_workers=self.opts["num_workers"],
                 use_gpu=self.opts["use_gpu"],
@@ -196,13 +201,15 @@ class RayLauncher:
                 storage_path=self.storage_path,
                 failure_config=ray.train.FailureConfig(max_failures=self.opts["max_failures"]),
                 callbacks=hang_watch_callbacks(watchdog, str(self.run_dir)),
+                # no more checkpoints in Ray's storage than in the run's folder, the newest always
+                checkpoint_config=ray_checkpoint_config(plain, self.settings.val_cfg),
             ),
             torch_config=TorchConfig(
                 backend="nccl" if self.opts["use_gpu"] else "gloo",
                 timeout_s=round(watchdog["collective_timeout"]),
             ),
             datasets=datasets,
-            **trainer_kwargs(plain),  # val_cfg.mode='async': Ray's validation tasks
+            **trainer_kwargs(plain, self.settings.val_cfg),  # async validation's Ray tasks
         )
 
     def fit(self) -> Any:
@@ -212,7 +219,6 @@ class RayLauncher:
 
         from distributed_runner.core.ray_private import keep_driver_sigint
 
-        validate_config(self.cfg)
         check_storage(self.storage_path)
         self.connect()
         self.check_resources(ray.cluster_resources())
@@ -264,14 +270,23 @@ class RayLauncher:
         return self.work_dir.name if self.run_name in (None, FLAT) else str(self.run_name)
 
     def train(self) -> int:
-        """:meth:`fit` for the command line: the process exit status."""
+        """:meth:`fit` for the command line: the process exit status (1: the workers failed, one
+        line per distinct error and one stack). A ConfigError a worker raised is raised here:
+        ``drun`` prints it as its one line and exits 2, as for a mistake the driver finds."""
         from ray.train import TrainingFailedError
 
         try:
             self.fit()
         except TrainingFailedError as e:
-            print(f"drun: training failed on the Ray workers: {_first_lines(e)}", file=sys.stderr)
+            config_error = worker_config_error(e)
+            if config_error is None:
+                print(
+                    f"drun: training failed on the Ray workers: {failure_report(e)}",
+                    file=sys.stderr,
+                )
             mark_mlflow_run_failed(self.run_dir, self.mlflow_uri())
+            if config_error is not None:  # a mistake only a worker could see: drun's one line
+                raise config_error from None
             return 1
         print(
             f"distributed-runner on Ray: finished; run {self.run_dir} (Ray's copies in "
@@ -322,3 +337,53 @@ def mark_mlflow_run_failed(work_dir: Path, uri: str | None) -> None:
 def _first_lines(error: BaseException, n: int = 12) -> str:
     text = str(error).strip().splitlines()
     return "\n".join(text[:n])
+
+
+# -- what the workers raised, on the driver's terminal ------------------------------------------
+def worker_failures(error: BaseException) -> list[tuple[int, BaseException]]:
+    """(rank, exception) of each failed worker of a ``ray.train.WorkerGroupError`` (its
+    ``worker_failures``), the first to fail first (the time each worker recorded with it,
+    :data:`~distributed_runner.launch.ray_worker.FAILURE`; else by rank); empty for a failure
+    of Ray's controller or a hang the watch ended."""
+    from distributed_runner.launch.ray_worker import FAILURE
+
+    failures = getattr(error, "worker_failures", None)
+    if not isinstance(failures, dict):
+        return []
+
+    def first(item: tuple[int, BaseException]) -> tuple[bool, float, int]:
+        at = (getattr(item[1], FAILURE, None) or {}).get("at")
+        return at is None, float(at or 0.0), int(item[0])
+
+    return sorted(failures.items(), key=first)
+
+
+def worker_config_error(error: BaseException) -> ConfigError | None:
+    """The first ConfigError a worker raised (the cause: other ranks fail on its account)."""
+    return next((e for _, e in worker_failures(error) if isinstance(e, ConfigError)), None)
+
+
+def failure_report(error: BaseException) -> str:
+    """What follows ``drun: training failed on the Ray workers:``: each distinct error's line
+    and its ranks, the first to fail first, then one stack (every failing rank's is in the run's
+    log); Ray's own text, shortened, when no worker raised (:func:`worker_failures`)."""
+    from distributed_runner.launch.ray_worker import FAILURE, one_line
+
+    failures = worker_failures(error)
+    if not failures:
+        return _first_lines(error)
+    ranks: dict[str, list[int]] = {}
+    for rank, failure in failures:
+        line = (getattr(failure, FAILURE, None) or {}).get("line") or one_line(failure)
+        ranks.setdefault(line, []).append(rank)
+    lines = [f"{line} ({_ranks(which)})" for line, which in ranks.items()]
+    stacked = [(r, getattr(f, FAILURE)) for r, f in failures if getattr(f, FAILURE, None)]
+    if stacked:
+        rank, info = stacked[0]
+        lines.append(f"rank {rank}'s stack (every failing rank's is in {info['log']}):")
+        lines.append(str(info["stack"]).rstrip())
+    return "\n".join(lines)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"

@@ -3,23 +3,27 @@ them (:mod:`distributed_runner.launch.launcher`).
 
 :func:`normalize_launcher` fills in ``launcher=dict(type='ray', ...)`` and refuses an unknown or
 ill-typed option in one line; :func:`validate_config` checks on the driver, before any worker
-starts, that the config will build, without building the model or the data. Both are used by
-everything that starts workers (``drun train --launcher ray`` and the docs' config checks).
+starts, that the config will build: every section's driver step, the model built on the meta
+device (no memory) and no data read but the footers of streamed files. Both are used by
+everything that starts workers (``drun train --launcher ray``, ``drun check``, ``drun tune``'s
+trials and the docs' config checks). The launcher's own section is declared here
+(:data:`LAUNCHER_SECTION`), beside its parser.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from distributed_runner.core import registry
-from distributed_runner.core.config import runs_in_process
+from distributed_runner.core.config import runs_in_process, to_plain
 from distributed_runner.core.errors import ConfigError, did_you_mean
-from distributed_runner.core.signatures import check_arguments
-from distributed_runner.data.elastic import check_elastic_config
-from distributed_runner.data.ray_data import NOT_WITH_TP
 from distributed_runner.engine.config_prep import prepare_config
-from distributed_runner.model.sharding import parse_strategy
-from distributed_runner.parallel.mesh import MeshShape
+from distributed_runner.engine.sections import (
+    DriverPlan,
+    Section,
+    register_section,
+    run_driver_steps,
+    settings_of,
+)
 
 RAY_DEFAULTS: dict[str, Any] = {
     "type": "ray",
@@ -140,96 +144,31 @@ def _worker_count(value: Any) -> int | tuple[int, int]:
     )
 
 
-def validate_config(cfg: dict) -> None:
-    """Check on the Ray driver, before any worker starts, that the config will build — without
-    building the model or the data.
+def validate_config(cfg: dict, check_device: bool = False) -> DriverPlan:
+    """Check on the Ray driver, before any worker starts, that the config will build; returns
+    what the driver steps found, with the plain config the workers get.
 
     The config is prepared as each worker's ``Runner.from_cfg`` prepares it
-    (:func:`~distributed_runner.engine.config_prep.prepare_config`), on a copy: the workers get it
-    as given and log the iMIX notes themselves; the device is theirs to check. Then what is the
-    driver's own: the hooks planned (built and checked; their sinks checked, not built), the sizes
-    of an elastic group, and models, datasets, metrics, optimizers and schedulers resolved, their
-    arguments matched against the constructors' signatures.
+    (:func:`~distributed_runner.engine.config_prep.prepare_config`: every section parsed once),
+    on a copy, so the caller's own stays as given; the device is the workers' to check. Then
+    every section's driver step (:mod:`distributed_runner.engine.config_sections`): paths made
+    absolute in that copy, the mesh against the workers, the model built on the meta device and
+    checked against its plan and its files, data, metrics, optimizers and schedulers resolved,
+    the hooks planned. The plan's ``notes`` are the iMIX translations, for the workers to log.
     """
-    from distributed_runner.engine.hook_builder import plan_hooks
-
-    cfg, _ = prepare_config(dict(cfg), check_device=False)
-    plan_hooks(cfg)
-    _check_mesh(cfg)  # tp and dp_replicate divide the workers
-    check_elastic_config(cfg)  # every size of an elastic group splits the global batch evenly
-    _check_spec(registry.MODELS, cfg["model"], "model")
-    for stage in ("train", "val", "test"):
-        loader = cfg.get(f"{stage}_dataloader")
-        if isinstance(loader, dict) and loader.get("type") != "RayDataLoader":
-            _check_spec(registry.DATASETS, loader.get("dataset"), f"{stage}_dataloader.dataset")
-        if isinstance(loader, dict) and loader.get("type") == "StreamingLoader":
-            from distributed_runner.data.streaming import StreamingLoader
-
-            args = {k: v for k, v in loader.items() if k != "type"}
-            check_arguments(StreamingLoader, args, f"{stage}_dataloader")
-        evaluator = cfg.get(f"{stage}_evaluator")
-        if isinstance(evaluator, list):
-            for i, metric in enumerate(evaluator):
-                _check_spec(registry.METRICS, metric, f"{stage}_evaluator[{i}]")
-        else:
-            _check_spec(registry.METRICS, evaluator, f"{stage}_evaluator")
-    _check_optim_parts(cfg)
+    prepared, notes = prepare_config(to_plain(cfg), check_device=check_device)
+    settings = settings_of(prepared)
+    assert settings is not None, "prepare_config attaches the settings"
+    plain = to_plain(prepared)
+    plan = run_driver_steps(plain, settings)
+    plan.notes = notes
+    return plan
 
 
-def _check_mesh(cfg: dict) -> None:
-    """A tensor-parallel or HSDP strategy fits the worker count (model/sharding.py's mesh), one
-    line on the driver rather than on every worker. An elastic group is refused with them: Ray
-    may start it at a size that ``tp`` does not divide."""
-    strategy = parse_strategy(cfg.get("strategy"))
-    if strategy["type"] != "fsdp" or (strategy["tp"] == 1 and strategy["dp_replicate"] == 1):
-        return
-    launcher = normalize_launcher(cfg.get("launcher"))  # 'ray', 'none', a dict or None
-    if launcher is None:
-        return
-    workers = launcher["num_workers"]
-    if isinstance(workers, tuple):
-        raise ConfigError(
-            "launcher.num_workers",
-            "an elastic group (min, max) cannot keep strategy.tp/dp_replicate: Ray may start "
-            "it at a size they do not divide; give a fixed number of workers",
-        )
-    if workers > 1:
-        MeshShape.for_world(workers, strategy["tp"], strategy["dp_replicate"])
-    for stage in ("train", "val", "test"):
-        loader = cfg.get(f"{stage}_dataloader")
-        if (
-            strategy["tp"] > 1
-            and isinstance(loader, dict)
-            and loader.get("type") == "RayDataLoader"
-        ):
-            raise ConfigError(f"{stage}_dataloader.type", NOT_WITH_TP)
-
-
-def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
-    """A ``dict(type=...)`` resolves in ``reg`` and its arguments fit the constructor (anything
-    else, e.g. an object already built, is left to the worker)."""
-    if isinstance(spec, dict):
-        if "type" not in spec:
-            raise ConfigError(key, "missing 'type'")
-        cls = reg.resolve(spec["type"], key)
-        check_arguments(cls, {k: v for k, v in spec.items() if k != "type"}, key, supplied=supplied)
-
-
-def _check_optim_parts(cfg: dict) -> None:
-    """The optimizer, the paramwise options and the schedulers, resolved without a model."""
-    optim = cfg.get("optim_wrapper")
-    if isinstance(optim, dict):
-        _check_spec(
-            registry.OPTIMIZERS,
-            optim.get("optimizer"),
-            "optim_wrapper.optimizer",
-            supplied=("params",),
-        )
-        if "paramwise_cfg" in optim or "constructor" in optim:
-            from distributed_runner.optim.wrapper import constructor_for
-
-            constructor_for(optim)  # checks its options without a model
-    schedulers = cfg.get("param_scheduler")
-    for i, sched in enumerate(schedulers if isinstance(schedulers, list) else [schedulers]):
-        if isinstance(sched, dict) and "type" in sched:
-            registry.PARAM_SCHEDULERS.resolve(sched["type"], f"param_scheduler[{i}]")
+LAUNCHER_SECTION = register_section(
+    Section(
+        "launcher",
+        "'none' (this process) or dict(type='ray', num_workers=..., ...): launch/",
+        normalize_launcher,
+    )
+)

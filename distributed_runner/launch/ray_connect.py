@@ -33,6 +33,7 @@ from pathlib import Path
 
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.redact import redact_text
+from distributed_runner.core.storage import is_remote, open_filesystem
 
 WORK_ROOT_ENV = "DRUN_WORK_ROOT"
 FORWARDED_PREFIXES = ("MLFLOW_", "WANDB_")
@@ -212,27 +213,25 @@ def check_storage(path: str) -> None:
     """One-line error, before any worker starts, when ``storage_path`` cannot be written (Ray
     would fail after its workers started, with a traceback)."""
     probe_name = ".drun_write_probe"
+    hint = "pass a writable --storage-path (shared storage or s3://BUCKET/PATH on several nodes)"
     try:
-        if "://" in path:
-            import pyarrow.fs
-
-            fs, root = pyarrow.fs.FileSystem.from_uri(path)
+        if is_remote(path):
+            fs, root = open_filesystem(path, key="launcher.storage_path")
             fs.create_dir(root, recursive=True)
-            with fs.open_output_stream(f"{root.rstrip('/')}/{probe_name}") as f:
+            with fs.open_output_stream(f"{root}/{probe_name}") as f:
                 f.write(b"ok")
-            fs.delete_file(f"{root.rstrip('/')}/{probe_name}")
+            fs.delete_file(f"{root}/{probe_name}")
         else:
             folder = Path(path)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / probe_name).write_bytes(b"ok")
             (folder / probe_name).unlink()
+    except ConfigError as e:  # pyarrow could not open the URI at all
+        raise ConfigError("launcher.storage_path", f"{e.message}; {hint}") from None
     except (OSError, ValueError) as e:
         reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
         raise ConfigError(
-            "launcher.storage_path",
-            f"cannot write to {path} ({reason}): pass a "
-            f"writable --storage-path (shared storage "
-            f"or s3://BUCKET/PATH on several nodes)",
+            "launcher.storage_path", f"cannot write to {path} ({reason}): {hint}"
         ) from None
 
 
@@ -247,7 +246,7 @@ def persistent_path(
 ) -> tuple[str, str | None]:
     """``path`` made absolute, and a note for the user when it was moved out of a job's package
     folder (see the module docstring). URIs (``s3://``) are returned as they are."""
-    if "://" in path:
+    if is_remote(path):
         return path, None
     p = Path(path).expanduser()
     if p.is_absolute() or not in_job_package(cwd):

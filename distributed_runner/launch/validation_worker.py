@@ -31,7 +31,7 @@ from typing import Any
 from distributed_runner.checkpoint.resume_choice import file_of_reported
 from distributed_runner.core.log import redact_process_output
 from distributed_runner.core.run_folders import FLAT, run_dir
-from distributed_runner.validation.async_validation import KEYS, parse_val_mode
+from distributed_runner.validation.async_validation import KEYS, ValMode
 
 TRAINING_KEYS = (
     "train_dataloader",
@@ -126,9 +126,9 @@ def ray_validate(checkpoint: Any, *, cfg: dict, **position: Any) -> dict:
     return out
 
 
-def trainer_kwargs(plain: dict) -> dict:
-    """The TorchTrainer's ``validation_config`` for an async run (else nothing)."""
-    mode = parse_val_mode(plain.get("val_cfg"))
+def trainer_kwargs(plain: dict, mode: ValMode) -> dict:
+    """The TorchTrainer's ``validation_config`` for an async run (``mode``: val_cfg's, parsed
+    once on the driver), else nothing."""
     if not mode.is_async or plain.get("val_dataloader") is None:
         return {}
     from ray.train import ValidationConfig

@@ -115,7 +115,7 @@ def check_compile(spec: Any) -> dict | None:
     return dict(spec)
 
 
-def compile_model(wrapped: nn.Module, spec: Any) -> nn.Module:
+def compile_model(wrapped: nn.Module, args: dict | None) -> nn.Module:
     """What the loops call, compiled with ``torch.compile`` when ``compile=`` asks for it.
 
     Only the callable the loops use (``runner.wrapped_model``) is compiled; ``runner.model``
@@ -124,8 +124,7 @@ def compile_model(wrapped: nn.Module, spec: Any) -> nn.Module:
     hooks and ``get_ori_model`` see the module they would see without compile. With DDP the
     wrapper itself is compiled, as PyTorch recommends (graph breaks at gradient buckets).
     """
-    args = check_compile(spec)
-    if args is None:
+    if args is None:  # check_compile's result: None when compile= is off
         return wrapped
     # torch.compile of a module is an OptimizedModule (a Module); typed as any callable's
     return cast(nn.Module, torch.compile(wrapped, **args))
@@ -139,13 +138,14 @@ def _compiled_inner(model: Any) -> Any:
 def setup_model(
     spec: Any,
     wrapper_cfg: dict | None,
-    compile_spec: Any,
+    compile_args: dict | None,
     device: torch.device,
     strategy: dict,
     weights: WeightSource | None = None,
 ) -> tuple[nn.Module, nn.Module]:
     """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
-    then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result.
+    then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result and
+    ``compile_args`` :func:`check_compile`'s (the config's sections, parsed once).
 
     Activation checkpointing is set up first, on the user's own modules (before DDP or
     ``fully_shard`` sees them and before compile traces them): it replaces only their
@@ -170,7 +170,7 @@ def setup_model(
     wrapped = (
         model if strategy["type"] == "fsdp" else wrap_model(model, dict(wrapper_cfg or {}), device)
     )
-    return model, compile_model(wrapped, compile_spec)
+    return model, compile_model(wrapped, compile_args)
 
 
 def is_model_wrapper(model: Any) -> bool:

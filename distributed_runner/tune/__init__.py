@@ -1,2 +1,5 @@
 """Hyperparameter sweeps over hooked configs (``drun tune``): Ray Tune drives trials, each an
-ordinary drun run in its own ``work_dir/trials/<trial_id>/``."""
+ordinary drun run in its own ``work_dir/trials/<trial_id>/``.
+
+May import: launch and everything below it.
+"""

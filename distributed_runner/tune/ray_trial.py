@@ -35,6 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from distributed_runner.core.storage import is_remote
 from distributed_runner.launch.launcher import RayLauncher
 from distributed_runner.tune.ray_trial_resources import (
     ray_launcher_opts,
@@ -67,7 +68,7 @@ def next_generation(storage_path: str, trial_id: str) -> int:
     for a remote one, whose listing is not worth a round trip: the suffix then only has to be
     unique, which the caller's timestamp fallback keeps)."""
     root = Path(storage_path)
-    if "://" in storage_path or not root.is_dir():
+    if is_remote(storage_path) or not root.is_dir():
         return 1
     pattern = re.compile(rf"^{re.escape(trial_id)}-g(\d+)$")
     found = [int(m.group(1)) for p in root.iterdir() if (m := pattern.match(p.name))]
@@ -88,7 +89,7 @@ class RayTrainTrialRun:
         self.trial_id = str(trial_id)
         self.poll_s = float(poll_s)
         storage = opts["storage_path"] or str(Path(self.cfg["work_dir"]) / "ray_storage")
-        if "://" in storage:  # no cheap listing: a time-ordered unique suffix instead
+        if is_remote(storage):  # no cheap listing: a time-ordered unique suffix instead
             self.name = f"{self.trial_id}-t{time.time_ns()}"
         else:
             self.name = f"{self.trial_id}-g{next_generation(storage, self.trial_id)}"

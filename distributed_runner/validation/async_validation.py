@@ -305,20 +305,19 @@ def parse_val_mode(val_cfg: Any) -> ValMode:
     return ValMode(mode=mode, lag=lag, resources=full)
 
 
-def split_val_cfg(val_cfg: dict | None) -> tuple[dict | None, ValMode]:
-    """``val_cfg`` without this module's keys (the loop's arguments), and the :class:`ValMode`."""
+def val_loop_args(val_cfg: dict | None) -> dict | None:
+    """``val_cfg`` without this module's keys: the validation loop's own arguments."""
     if val_cfg is None:
-        return None, ValMode()
-    mode = parse_val_mode(val_cfg)
-    return {k: v for k, v in val_cfg.items() if k not in KEYS}, mode
+        return None
+    return {k: v for k, v in val_cfg.items() if k not in KEYS}
 
 
 def check_val_resources(
-    val_cfg: Any, per_worker: dict[str, float], workers: int, total: dict[str, float]
+    mode: ValMode, per_worker: dict[str, float], workers: int, total: dict[str, float]
 ) -> None:
-    """One line when the cluster would leave an async validation nothing to run on: Ray would
-    not refuse it, the validation would just wait silently until training ends."""
-    mode = parse_val_mode(val_cfg)
+    """One line when the cluster would leave an async validation (``mode``: val_cfg's, parsed)
+    nothing to run on: Ray would not refuse it, the validation would just wait silently until
+    training ends."""
     if not mode.is_async:
         return
     for resource, need in mode.resources.items():

@@ -88,6 +88,11 @@ def test_the_readme_commands_one_after_the_other_leave_two_runs_and_a_clean_plot
     assert hook_time and float(hook_time.group(1)) < 3.0, text
     reported = [p.name for p in (tmp_path / "ray_storage" / newest.name).iterdir() if p.is_dir()]
     assert any(name.startswith("last-") for name in reported)
+    # Ray's storage keeps no more than the run's folder (max_keep_ckpts=2 and save_best):
+    # the best and the newest, each also in the folder (launch/ray_retention.py)
+    kept = sorted(p.name for p in newest.glob("*.pth"))
+    assert len(reported) <= len(kept), (reported, kept)
+    assert sorted(re.sub(r"-\d+$", ".pth", name) for name in reported) == kept, (reported, kept)
 
 
 def test_impossible_gpu_request_from_the_cli_is_one_line(tmp_path):

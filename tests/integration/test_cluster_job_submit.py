@@ -80,14 +80,15 @@ def test_job_submit_keeps_its_results_and_resubmit_resumes(head_node):
     assert f"using {work_dir}" in logs  # said where the relative work_dir went
     assert "_ray_pkg_" not in logs.split("work_dir ")[-1].splitlines()[0]
     storage = work_dir / "ray_storage" / "digits-job"
-    assert any(p.name.startswith("epoch_1-") for p in storage.iterdir())
+    # Ray keeps what the run's folder keeps: the newest report, here the epoch's best
+    assert any(p.name.startswith(("epoch_1-", "best_accuracy_epoch_1-")) for p in storage.iterdir())
     assert (work_dir / "digits-job" / "epoch_1.pth").is_file()  # the run's folder: its --name
     second = submit(head_node, epochs=2)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     logs = second.stdout + second.stderr
     assert "Ray restored checkpoint" in logs and "resumed from" in logs
     assert "Epoch(train) [1]" not in logs and "Epoch(train) [2]" in logs
-    assert any(p.name.startswith("epoch_2-") for p in storage.iterdir())
+    assert any(p.name.startswith(("epoch_2-", "best_accuracy_epoch_2-")) for p in storage.iterdir())
 
 
 def test_drivers_mlflow_environment_reaches_the_workers_of_a_running_head(head_node,

@@ -2,7 +2,8 @@
 Llama as ``load_from``, FSDP on 2 Ray workers (each reads its slices), the sharded checkpoint
 exported with ``drun export`` to a directory ``from_pretrained`` loads with no missing or
 unexpected keys and whose loss is lower than the source's; that directory is a ``load_from``
-in one process in its turn, unchanged."""
+in one process in its turn, unchanged. The model is the documented ``dict(type='HFModel',
+path=DIR)``, which the Ray driver builds on the meta device and checks before any worker starts."""
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,8 @@ def test_fsdp_on_two_ray_workers_fine_tunes_a_pretrained_llama_and_exports_it(ra
     cfg = dict(work_dir=str(work), run_name=".", log_level="WARNING",
                custom_imports=dict(imports=["tests.hf_toy"]),
                launcher=dict(type="ray", num_workers=2),
-               model=llama_model(source), load_from=str(source),
+               # the pretrained page's form: HFModel must be known on the Ray driver (issue 46)
+               model=dict(type="HFModel", path=str(source)), load_from=str(source),
                strategy=dict(type="fsdp", shard_modules=["LlamaDecoderLayer"]),
                train_cfg=dict(by_epoch=False, max_iters=12),
                optim_wrapper=dict(optimizer=dict(type="AdamW", lr=3e-3)),

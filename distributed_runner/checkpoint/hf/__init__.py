@@ -11,4 +11,8 @@
 * :mod:`.peft_layers` — LoRA specifics: adapters that no file holds, initialised as PEFT does;
   merging them into the base weights on export.
 * :mod:`.export` — ``drun export CHECKPOINT OUT_DIR --format hf``, tensor by tensor.
+
+``model=dict(type='HFModel', path=DIR)``, the model such a directory describes, is a model:
+:mod:`distributed_runner.model.hf_model`.
+May import: the rest of checkpoint, model, core.
 """

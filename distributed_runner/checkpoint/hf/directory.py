@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distributed_runner.checkpoint.remote import is_remote, open_filesystem
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.storage import is_remote, open_filesystem
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -125,7 +125,7 @@ def _download(uri: str, target: Path, backend_args: dict | None, key: str) -> No
     """Every file of the remote directory (not its subfolders) into ``target``, atomically."""
     import pyarrow.fs as pafs
 
-    fs, root = open_filesystem(uri, backend_args)
+    fs, root = open_filesystem(uri, backend_args, key=key)
     try:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
     except FileNotFoundError:

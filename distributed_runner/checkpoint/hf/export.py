@@ -29,8 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distributed_runner.checkpoint.files import load_file, model_state_from, read_pointer
-from distributed_runner.checkpoint.hf import hf_model  # noqa: F401 - registers HFModel
+from distributed_runner.checkpoint.files import load_file, model_state_from
 from distributed_runner.checkpoint.hf.directory import (
     INDEX,
     SIDE_FILES,
@@ -43,7 +42,7 @@ from distributed_runner.checkpoint.hf.directory import (
 from distributed_runner.checkpoint.hf.names import base_name, hf_model_of, is_peft_model, map_names
 from distributed_runner.checkpoint.hf.peft_layers import check_supported, lora_layers, merge_delta
 from distributed_runner.checkpoint.parts import frozen_names
-from distributed_runner.checkpoint.resume_choice import parse_load_from
+from distributed_runner.checkpoint.resume_choice import checkpoint_file_of, parse_load_from
 from distributed_runner.checkpoint.sharded import SHARDED, TRAINABLE
 from distributed_runner.core.config import import_custom_modules
 from distributed_runner.core.errors import ConfigError
@@ -96,11 +95,12 @@ def export_hf(
     cfg: dict | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write ``checkpoint`` (a file, or a run's folder: its last checkpoint) to ``out_dir`` as
-    a Hugging Face model directory; returns it. ``cfg``: the config to build the model from
-    (default: the checkpoint's own). Written beside ``out_dir`` first and moved into place,
-    so a failed export leaves no half directory and never mixes with an older export."""
-    path, out = checkpoint_file(Path(checkpoint).expanduser()), Path(out_dir).expanduser()
+    """Write ``checkpoint`` (a file, a run's folder, a sharded checkpoint's ``.dcp`` folder or
+    Ray's copy: :func:`~distributed_runner.checkpoint.resume_choice.checkpoint_file_of`) to
+    ``out_dir`` as a Hugging Face model directory; returns it. ``cfg``: the config to build the
+    model from (default: the checkpoint's own). Written beside ``out_dir`` first and moved into
+    place, so a failed export leaves no half directory and never mixes with an older export."""
+    path, out = checkpoint_file_of(checkpoint, KEY), Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(
             "OUT_DIR", f"{out} is not empty: choose another, or pass --overwrite to replace it"
@@ -154,18 +154,6 @@ def _pretrained_of(ckpt: dict, cfg: dict) -> str | None:
         return str(recorded)
     given, _ = parse_load_from(cfg.get("load_from"))
     return pretrained_source(given)
-
-
-def checkpoint_file(path: Path) -> Path:
-    """``path``, or for a run's folder the checkpoint its ``last_checkpoint`` names."""
-    if not path.is_dir():
-        return path
-    found = read_pointer(path)
-    if found is None:
-        raise ConfigError(
-            KEY, f"{path} has no last_checkpoint: pass a checkpoint file (.pth) or a run's folder"
-        )
-    return found
 
 
 def _plan(model: nn.Module, cast: torch.dtype | None) -> list[Planned]:

@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from distributed_runner.checkpoint.hf import hf_model  # noqa: F401 - registers HFModel
 from distributed_runner.checkpoint.hf.directory import local_directory, tensor_index
 from distributed_runner.checkpoint.hf.names import NameMap, hf_model_of, ignored, map_names
 from distributed_runner.checkpoint.hf.peft_layers import check_supported, init_adapters

@@ -27,6 +27,7 @@ from typing import Any
 from distributed_runner.core.errors import ArgumentError, DataReadError
 from distributed_runner.core.redact import redact_url
 from distributed_runner.core.registry import DATASETS
+from distributed_runner.core.storage import is_remote, open_filesystem
 
 READ_TRIES = 3  # a block read that fails is tried this many times before the run stops
 RETRY_PAUSE_S = 1.0  # the pause before the second try; doubled before each next one
@@ -53,32 +54,13 @@ class Block:
     rows: int
 
 
-def _is_uri(path: str) -> bool:
-    return "://" in path
-
-
 def _open_filesystem(path: str, options: dict | None) -> tuple[Any, str]:
     """(pyarrow filesystem, path inside it) for a local path or a URI."""
     import pyarrow.fs as pafs
 
-    if not _is_uri(path):
+    if not is_remote(path):
         return pafs.LocalFileSystem(), str(Path(path).expanduser().resolve())
-    scheme, _, rest = path.partition("://")
-    try:
-        if options:
-            if scheme != "s3":
-                raise ArgumentError("filesystem", "options are supported for s3:// only")
-            return pafs.S3FileSystem(**options), rest
-        fs, inner = pafs.FileSystem.from_uri(path)
-        return fs, inner
-    except TypeError as e:
-        raise ArgumentError(
-            "filesystem", f"pyarrow.fs.S3FileSystem rejected it: {str(e).splitlines()[0]}"
-        ) from None
-    except (ValueError, OSError) as e:
-        raise ArgumentError(
-            "paths", f"cannot open {redact_url(path)}: {str(e).splitlines()[0][:200]}"
-        ) from None
+    return open_filesystem(path, options, key="paths", options_key="filesystem")
 
 
 def _split_glob(item: str) -> tuple[str, str]:
@@ -125,12 +107,12 @@ def _shown(path: str, scheme: str | None) -> str:
     return f"{scheme}://{path}" if scheme else path
 
 
-def stream_sources_absolute(cfg: dict) -> bool:
-    """On the Ray driver, before any worker starts: a StreamingLoader's local ``paths`` made
-    absolute (Ray Train runs the workers in another folder), in place, and its files' footers
-    read (a bad source is one line here, not on every worker). True when some source is a URI
-    (the workers then get the driver's ``AWS_*`` variables)."""
-    loader = cfg.get("train_dataloader")
+def stream_sources_absolute(loader: dict, key: str = "train_dataloader") -> bool:
+    """On the Ray driver, before any worker starts: the StreamingLoader config ``loader`` (the
+    config's ``key``: train, val or test) with its local ``paths`` made absolute (Ray Train runs
+    the workers in another folder), in place, and its files' footers read (a bad source is one
+    line here, not on every worker). True when some source is a URI (the workers then get the
+    driver's ``AWS_*`` variables)."""
     if not isinstance(loader, dict) or loader.get("type") != "StreamingLoader":
         return False
     dataset = loader.get("dataset")
@@ -138,11 +120,11 @@ def stream_sources_absolute(cfg: dict) -> bool:
         return False
     given = dataset["paths"]
     items = [given] if isinstance(given, (str, Path)) else list(given)
-    resolved = [str(p) if _is_uri(str(p)) else str(Path(p).expanduser().resolve()) for p in items]
+    resolved = [str(p) if is_remote(p) else str(Path(p).expanduser().resolve()) for p in items]
     dataset["paths"] = resolved[0] if isinstance(given, (str, Path)) else resolved
     if dataset.get("type") == "ParquetShards":
-        DATASETS.build(dataset, "train_dataloader.dataset")
-    return any(_is_uri(p) for p in resolved)
+        DATASETS.build(dataset, f"{key}.dataset")
+    return any(is_remote(p) for p in resolved)
 
 
 @DATASETS.register_module()
@@ -181,7 +163,7 @@ class ParquetShards:
         if self._fs is not None and type(fs) is not type(self._fs):
             raise ArgumentError("paths", "all sources must be on one filesystem")
         self._fs = fs
-        scheme = item.partition("://")[0] if _is_uri(item) else None
+        scheme = item.partition("://")[0] if is_remote(item) else None
         found = sorted(set(_list_parquet(fs, inner.rstrip("/"), item)))
         if not found:
             raise ArgumentError(

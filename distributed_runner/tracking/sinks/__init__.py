@@ -6,6 +6,7 @@ Built in: ``terminal`` (:class:`TerminalSink`), ``jsonl`` (:class:`JsonlSink`), 
 The Runner builds the sinks the config names (LoggerHook's ``sinks=``) once, as a
 :class:`SinkSet` that every hook reaches as ``runner.sinks``. A new sink subclasses
 :class:`LogSink`, registers with ``@LOG_SINKS.register_module()`` and is named in the config.
+May import: core.
 """
 
 from distributed_runner.tracking.sinks.base import (
