@@ -314,10 +314,11 @@ def _check_trial_launcher(cfg: dict, launcher: Any) -> None:
             f"unknown {launcher!r}{did_you_mean(str(launcher), TRIAL_LAUNCHERS)}; "
             f"'none' (the Runner in the trial) or 'ray' (a Ray Train run per trial)",
         )
+    # whether the config runs on Ray only: each trial's config parses its launcher section once
     if launcher == "ray":
-        from distributed_runner.launch.launcher_config import normalize_launcher
+        from distributed_runner.core.config import runs_in_process
 
-        if normalize_launcher(cfg.get("launcher")) is None:
+        if runs_in_process(cfg.get("launcher")):
             raise ConfigError(
                 "tune.trial_launcher",
                 "'ray' runs each trial with the config's launcher: set launcher=dict(type='ray', "
