@@ -262,8 +262,9 @@ def _file_in_folder(folder: Path, key: str, model_dir: bool) -> Path:
 def resume_path(resume: Any) -> Any:
     """``resume`` as the Runner takes it: a path as the checkpoint file it names
     (:func:`checkpoint_file_of`, key ``resume``), so that ``--resume`` takes every form a user
-    holds; True, False, '' or a URI as given (the start reports a URI as missing)."""
-    if isinstance(resume, (str, Path)) and str(resume) and not is_remote(resume):
+    holds, and one that names none (a URI among them: no local file) is one line here; True,
+    False and '' as given."""
+    if isinstance(resume, (str, Path)) and str(resume):
         return str(checkpoint_file_of(resume, "resume"))
     return resume
 

@@ -26,7 +26,6 @@ from distributed_runner.core.storage import is_remote
 from distributed_runner.model.build import build_empty_model, build_unmoved
 from distributed_runner.model.empty_init import parameters_on_meta
 from distributed_runner.model.sharding import check_shard_modules
-from distributed_runner.parallel.tensor_parallel import match_plan, resolve_plan
 
 # what a constructor raising means a mistake in the config (not "cannot run on this machine")
 CONFIG_MISTAKES = (ConfigError, ArgumentError, ValueError, TypeError, ImportError)
@@ -47,11 +46,11 @@ def check_model_on_meta(cfg: Mapping[str, Any], settings: Any) -> list[str]:
             raise
         return [f"not built on the driver ({e.message}): the workers check it"]
     strategy = settings.strategy
-    check_shard_modules(model, strategy)  # shard_modules, activation checkpointing, the TP plan
+    # shard_modules, activation checkpointing, the tensor-parallel plan (its matched modules)
+    matched = check_shard_modules(model, strategy)
     count = sum(p.numel() for p in model.parameters())
     lines = [f"{type(model).__name__}, {count:,} parameters (built on the meta device)"]
-    if strategy.get("tp", 1) > 1:
-        matched = match_plan(model, resolve_plan(model, strategy["tp_plan"]))
+    if matched:
         lines.append(f"tensor-parallel plan: {len(matched)} modules split over tp={strategy['tp']}")
     if weights is not None:
         lines.append(f"load_from {source}: every name and shape matches the files' headers")

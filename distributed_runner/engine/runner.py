@@ -367,27 +367,12 @@ class Runner(RunnerSurface):
         self.pretrained_from = pretrained_source(self._load_from)
         if self._load_from and not self.pretrained_from:  # any form of a checkpoint: its file
             self._load_from = str(checkpoint_file_of(self._load_from, "load_from", model_dir=True))
-        resume = resume_path(resume)  # --resume PATH in any form: the checkpoint file it names
-        self._resume = resume
+        # --resume PATH in any form: the checkpoint file it names (a path naming none, a URI
+        # among them, is one line there, as a load_from that is neither checkpoint nor directory)
+        self._resume = resume_path(resume)
         self.checkpoints = CheckpointWriter(self)  # save_checkpoint's writer (sync or async)
         self._has_loaded = False
         self.loading_for: str | None = None  # see _after_load
-        for key, path in (
-            ("load_from", self._load_from),
-            ("resume", resume if isinstance(resume, (str, Path)) else None),
-        ):
-            if not path or Path(path).expanduser().is_file():
-                continue
-            if key == "load_from" and self.pretrained_from:
-                continue
-            if Path(path).expanduser().is_dir():
-                raise ConfigError(
-                    key,
-                    f"{path} is a folder but neither a checkpoint nor a model directory "
-                    f"(config.json with model.safetensors or its index, as save_pretrained "
-                    f"writes)",
-                )
-            raise ConfigError(key, f"checkpoint {str(path)!r} does not exist: check the path")
 
     def _setup_model(
         self,

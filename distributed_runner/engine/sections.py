@@ -185,8 +185,3 @@ def run_driver_steps(cfg: dict, settings: Settings) -> DriverPlan:
         if row.on_driver is not None:
             row.on_driver(plan)
     return plan
-
-
-def reference_rows() -> list[tuple[str, str]]:
-    """(key, what it is) for every declared section: the generated config reference's."""
-    return [(row.key, row.doc) for row in sections()]

@@ -159,11 +159,11 @@ def setup_model(
             "model_wrapper_cfg",
             "holds DDP arguments, but strategy is FSDP: put FSDP options in strategy=dict(...)",
         )
-    check_shard_modules(model, strategy)
+    matched = check_shard_modules(model, strategy)  # the tensor-parallel plan, matched once
     apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
     sharded = strategy["type"] == "fsdp" and dist.is_distributed()
     if sharded:
-        shard_model(model, strategy, device)
+        shard_model(model, strategy, device, matched)
     if weights is not None:
         materialize(model, device)
         weights.load(model)

@@ -217,10 +217,11 @@ def _class_names(names: Any, key: str) -> list[str]:
     return list(names)
 
 
-def check_shard_modules(model: nn.Module, strategy: dict) -> None:
+def check_shard_modules(model: nn.Module, strategy: dict) -> dict[str, str]:
     """Every ``shard_modules`` (and ``activation_checkpointing``) name is a class in the model,
     and a tensor-parallel plan fits it (checked with one process too: a misspelled name must not
-    quietly leave the model unsharded, or its activations all kept, on the cluster)."""
+    quietly leave the model unsharded, or its activations all kept, on the cluster); returns the
+    plan's modules matched (module name -> style), empty without tensor parallelism."""
     for key in ("shard_modules", "activation_checkpointing"):
         check_module_classes(model, strategy.get(key, []), f"strategy.{key}")
     tp = strategy.get("tp", 1)
@@ -228,8 +229,11 @@ def check_shard_modules(model: nn.Module, strategy: dict) -> None:
         raise ConfigError(
             "strategy.tp_plan", "is set but tp=1: add tp=N (the ranks that split each layer)"
         )
-    if tp > 1:
-        check_divisible(model, match_plan(model, resolve_plan(model, strategy["tp_plan"])), tp)
+    if tp == 1:
+        return {}
+    matched = match_plan(model, resolve_plan(model, strategy["tp_plan"]))
+    check_divisible(model, matched, tp)
+    return matched
 
 
 def mesh_shape(strategy: dict) -> MeshShape | None:
@@ -240,8 +244,11 @@ def mesh_shape(strategy: dict) -> MeshShape | None:
     return MeshShape.for_world(dist.get_world_size(), strategy["tp"], strategy["dp_replicate"])
 
 
-def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Module:
-    """Split the plan's layers over ``tp`` (when asked), then ``fully_shard`` each module of a
+def shard_model(
+    model: nn.Module, strategy: dict, device: torch.device, matched: dict[str, str]
+) -> nn.Module:
+    """Split the plan's layers over ``tp`` (when asked; ``matched``: the plan's modules as
+    :func:`check_shard_modules` matched them), then ``fully_shard`` each module of a
     ``shard_modules`` class (innermost first) and the root over the data-parallel mesh.
 
     The model is sharded in place: the object stays the user's module (its class becomes an
@@ -258,7 +265,6 @@ def shard_model(model: nn.Module, strategy: dict, device: torch.device) -> nn.Mo
         mesh = build_mesh(shape, device.type)
         data_mesh = data_parallel_mesh(mesh, shape)
         if shape.tp > 1:
-            matched = match_plan(model, resolve_plan(model, strategy["tp_plan"]))
             apply_tensor_parallel(model, matched, mesh["tp"])
     options: dict[str, Any] = {
         "mesh": data_mesh,
