@@ -12,6 +12,11 @@ import torch
 torch.set_num_threads(1)
 
 import tests.toy  # noqa: E402,F401  (registers the toy components)
+from tests.suite_budget import (  # noqa: E402,F401  (the suite's time budget, a plugin)
+    pytest_addoption,
+    pytest_configure,
+    pytest_runtest_protocol,
+)
 
 
 @pytest.fixture

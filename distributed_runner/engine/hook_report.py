@@ -159,14 +159,15 @@ def plan_summary(
     """The hook plan for the terminal (:mod:`distributed_runner.core.log`): the hooks in call
     order with their priorities, the log sinks, and the file holding the whole plan
     (:func:`plan_text`: every mount point and extension point). ``width`` leaves room for the
-    log line's time and level."""
+    log line's time and level; a path longer than the width stays whole (one can copy it)."""
     hooks = ", ".join(f"{e.name} {priority_name(e.priority)}{_marks(e)}" for e in entries)
     text = f"Hooks in call order: {hooks or 'none'}"
     if sink_specs:
         text += f"; log sinks: {', '.join(_sink_name(spec) for _, spec in sink_specs)}"
     if where:
         text += f". Mount points and extension points: {where}"
-    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def timing_summary(rows: Sequence[HookTiming], where: str | None, top: int = 3) -> str:

@@ -1,4 +1,4 @@
-"""One local Ray cluster for the whole test session (4 logical CPUs: 2 training workers plus room
+"""One local Ray cluster for the whole test session (one per pytest-xdist worker that needs it) (4 logical CPUs: 2 training workers plus room
 for Ray Data), started lazily by the first test that needs it and stopped at the end."""
 import os
 from pathlib import Path
@@ -16,7 +16,9 @@ def ray_cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # a cluster of its own ("local"): with pytest-xdist each worker that runs a Ray test has one,
+    # and a plain ray.init() would join the other worker's (the address file Ray leaves in /tmp)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

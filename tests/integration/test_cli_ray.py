@@ -12,7 +12,8 @@ import pytest
 
 from tests.docs_blocks import docs_block, docs_commands
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("drun subprocesses, each starting and stopping its own local Ray"),
+              pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -107,6 +108,7 @@ def test_impossible_gpu_request_from_the_cli_is_one_line(tmp_path):
     assert errors == [errors[0]] and "launcher.use_gpu: 2 workers x 1 GPU" in errors[0]
 
 
+@pytest.mark.serial("Ctrl-C sent while the workers train")
 def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continues_exactly(
         tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to drun's process group; Ray's own processes block

@@ -25,7 +25,8 @@ import pytest
 from tests.docs_blocks import docs_commands
 from tests.integration.local_cluster import head_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a real head (ray start) and ray job submit runs on it"),
+              pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,8 @@ import pytest
 from tests.integration.test_ray_train import DATA, dumps, equal_states, fit
 from tests.toy import base_cfg
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("Ray runs whose group restarts after each stop and hang"),
+              pytest.mark.timeout(300)]
 
 HANG = 4.0  # watchdog.hang_timeout of these runs
 SLACK = 3.0  # a poll, a heartbeat read and a loaded 2-core machine
@@ -97,6 +98,7 @@ def stop_hooks(poll):
 
 
 @pytest.mark.parametrize("interval", sorted(INTERVALS))
+@pytest.mark.serial("each hang named within hang_timeout + poll + 3 s")
 def test_every_stop_and_hang_is_named_in_time_and_the_run_resumes_exactly(
         reference, tmp_path, monkeypatch, interval):
     """One run per health-check interval: rank 1 stopped at each point of STOPS in turn, and its

@@ -17,7 +17,8 @@ from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from hooks import HOOKS, Hook
 from tests.toy import base_cfg
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a real mlflow server and runs logging to it"),
+              pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

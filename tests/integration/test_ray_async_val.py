@@ -14,7 +14,8 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.toy import base_cfg
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("Ray Train runs with validation tasks beside the workers"),
+              pytest.mark.timeout(240)]
 
 VAL = dict(dataset=dict(type="ToyDataset", n=60, seed=1), batch_size=8,
            sampler=dict(type="DefaultSampler", shuffle=False))

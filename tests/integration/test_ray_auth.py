@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.local_cluster import head_env
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow("Ray heads of its own with token authentication")]
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "drun0test0token0" * 2  # 32 characters
 

@@ -11,7 +11,8 @@ from distributed_runner import Config
 from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.docs_blocks import docs_commands
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("the digits example through Ray Data on 2 Ray workers"),
+              pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

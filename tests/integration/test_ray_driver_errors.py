@@ -16,7 +16,8 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.registry import MODELS
 from distributed_runner.examples.digits import DigitsCNN
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a drun subprocess whose Ray workers fail"),
+              pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,8 @@ from benchmarks.ranks import leave_rank_process
 from tests.integration.test_ray_train import fit, ray_cfg
 from tests.toy import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("FSDP Ray runs with a dead worker and their restart"),
+              pytest.mark.timeout(240)]
 
 # a transformer toy (tests/toy.py ToyGPT: GPT-2's blocks, tied embeddings), each Block sharded
 FSDP = dict(model=dict(type="ToyGPT"), strategy=dict(type="fsdp", shard_modules=["Block"]),

@@ -7,7 +7,8 @@ import pytest
 
 from tests.integration.test_ray_train import fit, ray_cfg
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("Ray Train runs on 2 workers"),
+              pytest.mark.timeout(240)]
 
 
 def test_one_rank_requests_nan_skip_and_early_stopping_under_ray(ray_cluster, tmp_path):

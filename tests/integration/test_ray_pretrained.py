@@ -13,7 +13,8 @@ from tests.integration.test_ray_train import fit
 from tests.unit.test_hf_pretrained import export, llama_model, tensors
 from tools.make_tiny_llama import make
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("FSDP Ray runs of a pretrained Llama, its export"),
+              pytest.mark.timeout(240)]
 
 
 def loss_of(model, ids: torch.Tensor) -> float:

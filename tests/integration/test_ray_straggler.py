@@ -9,9 +9,11 @@ import pytest
 from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.toy import base_cfg
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a Ray run with a rank made slow on purpose"),
+              pytest.mark.timeout(240)]
 
 
+@pytest.mark.serial("measures a 3x step-time ratio between two Ray workers")
 def test_a_rank_made_three_times_slower_is_named_with_its_ratio(ray_cluster, tmp_path):
     cfg = base_cfg(tmp_path, val_dataloader=None, val_evaluator=None, val_cfg=None,
                    train_cfg=dict(by_epoch=False, max_iters=20),

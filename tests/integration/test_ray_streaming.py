@@ -19,7 +19,8 @@ from distributed_runner.data.streaming.corpus import tokenize
 from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.docs_blocks import docs_commands
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("streamed Parquet on Ray workers, stopped and resumed"),
+              pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -10,7 +10,8 @@ import torch
 from tests.hf_llama import close, llama_cfg, logged
 from tests.integration.test_ray_train import fit
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("tensor-parallel Ray runs and a resume in one process"),
+              pytest.mark.timeout(300)]
 
 pytest.importorskip("transformers")
 

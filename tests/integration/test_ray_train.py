@@ -17,7 +17,8 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.launch.launcher import RayLauncher, normalize_launcher
 from tests.toy import base_cfg
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("Ray Train runs: deaths, restarts, a killed node"),
+              pytest.mark.timeout(240)]
 
 DATA = dict(train_dataloader=dict(dataset=dict(type="ToyDataset", n=40, with_index=True),
                                   batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True)))
@@ -137,6 +138,7 @@ def test_worker_death_mid_epoch_resumes_exactly(uninterrupted, tmp_path):
 
 
 @pytest.mark.timeout(540)
+@pytest.mark.serial("node deaths and a hang detected within seconds on 4 raylets")
 def test_a_killed_node_is_left_behind_and_an_elastic_group_shrinks_and_grows(uninterrupted,
                                                                              tmp_path):
     """A real multi-node cluster on this machine (a head and three 1-CPU worker nodes, each its

@@ -19,7 +19,7 @@ import pytest
 
 from tests.toy import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a real mlflow server and drun subprocesses")]
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "pw-" + uuid.uuid4().hex

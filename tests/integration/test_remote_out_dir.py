@@ -7,7 +7,8 @@ import pytest
 from distributed_runner.core.errors import ConfigError
 from tests.toy import free_port, make_runner
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("moto's S3 server and runs writing to it"),
+              pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")

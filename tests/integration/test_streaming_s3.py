@@ -9,7 +9,8 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.data.loaders import build_dataloader
 from tests.unit.test_streaming_data import write_shards
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("moto's S3 server and a streamed run reading it"),
+              pytest.mark.timeout(120)]
 
 
 def batches(paths, **dataset):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.integration, pytest.mark.slow("the example trained in a real tmux terminal"),
+              pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 ROOT = Path(__file__).resolve().parents[2]
 # batches of 8 (180 an epoch): the first half of the run lasts seconds even on a fast machine.
@@ -28,6 +29,7 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=30).stdout
 
 
+@pytest.mark.serial("reads a live progress bar off the terminal")
 def test_progress_bar_and_log_lines_on_a_real_tty(tmp_path):
     session = f"drun-tty-{os.getpid()}"
     command = (f"cd {ROOT} && {sys.executable} -m distributed_runner.cli train "

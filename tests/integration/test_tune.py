@@ -17,7 +17,7 @@ import pytest
 
 from tests.docs_blocks import docs_commands
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("drun tune sweeps, each starting its own local Ray")]
 ROOT = Path(__file__).resolve().parents[2]
 LR = "optim_wrapper.optimizer.lr"
 SINKS = "default_hooks.logger.sinks=[terminal,jsonl,mlflow]"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a drun tune sweep of Ray Train trials"),
+              pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
 LR = "optim_wrapper.optimizer.lr"

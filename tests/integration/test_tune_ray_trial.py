@@ -13,7 +13,8 @@ import torch
 from distributed_runner.core.config import Config
 from distributed_runner.tune.ray_trial import RayTrainTrialRun
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow("a sweep trial on Ray Train, stopped and restarted"),
+              pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = 8

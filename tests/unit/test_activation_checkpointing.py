@@ -251,6 +251,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow("FSDP on 2 gloo processes, with and without")
 def test_fsdp_with_it_on_2_processes_trains_as_without(tmp_path):
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     facts = json.loads((tmp_path / "rank0.json").read_text())

@@ -61,6 +61,7 @@ def stop_iter(runner: Runner) -> int:
     return next(i for i, kind, _ in runner.requests.log if kind == "stop")
 
 
+@pytest.mark.slow("runs beside a validation process, inline and async")
 def test_async_logs_and_picks_best_as_inline(tmp_path):
     """Same metrics at the same steps, the same best checkpoint (the validated file itself,
     linked: same bytes), the same weights."""
@@ -90,6 +91,7 @@ def test_async_logs_and_picks_best_as_inline(tmp_path):
     assert_state_equal(params_of(run.model), params_of(inline.model))
 
 
+@pytest.mark.slow("runs beside a validation process, stopped and resumed")
 def test_async_early_stopping_lag_and_exact_resume(tmp_path):
     """EarlyStopping stops ``lag`` validations after the in-loop run; a run killed twice (right
     after a periodic checkpoint, and right after a due point's own checkpoint) and resumed takes
@@ -134,6 +136,7 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
                        f"{out}/{mode}_rank{rank}.pt")
 
 
+@pytest.mark.slow("2 gloo processes beside a validation process")
 def test_two_ranks_apply_the_same_results_at_the_same_iteration(tmp_path):
     """DDP over 2 gloo ranks (5 iterations an epoch, SyncBuffersHook): rank 0 hands the
     checkpoints over and sends the results; both ranks stop at the same iteration, lag

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow("runs each benchmark script end to end, reduced")
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -5,6 +5,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.docs_blocks import ROOT, docs_block, docs_commands
 
 EXAMPLES = ("custom-hook", "runner-api", "hook-library", "seed-hooks")
@@ -43,6 +45,7 @@ def test_the_ray_config_asks_for_what_the_ray_flags_ask_for():
             normalize_launcher(other["launcher"])[key], key
 
 
+@pytest.mark.slow("runs the docs' example scripts")
 def test_custom_hook_and_runner_api_examples_run(tmp_path):
     code = blocks()
     (tmp_path / "configs").symlink_to(ROOT / "configs")
@@ -59,6 +62,7 @@ def test_custom_hook_and_runner_api_examples_run(tmp_path):
     assert len(list((tmp_path / "work_dirs" / "readme_example").glob("*/last.pth"))) == 1
 
 
+@pytest.mark.slow("runs the docs' example scripts")
 def test_hook_library_example_runs(tmp_path):
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

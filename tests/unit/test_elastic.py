@@ -192,6 +192,7 @@ def on_two_ranks(tmp_path, *runs):
         pytest.fail("\n".join(logs) or "a rank failed without a traceback")
 
 
+@pytest.mark.slow("three groups of gloo processes, resized")
 def test_a_run_resized_2_1_2_ends_within_1e5_of_the_run_that_stayed_at_2(tmp_path):
     steady, shrunk, regrown = (tmp_path / n for n in ("steady", "shrunk", "regrown"))
     on_two_ranks(tmp_path, cfg(steady))  # 12 iterations on 2 ranks; checkpoints at 4, 8, 12

@@ -51,6 +51,7 @@ def test_cli_hooks_prints_the_plan():
     assert "after_train_iter" in out.stdout
 
 
+@pytest.mark.slow("drun train, test and resume as subprocesses")
 def test_cli_train_then_test_then_resume(tmp_path):
     command = docs_train_command()  # the docs' command, as written, plus options
     assert command[:2] == ["drun", "train"] and ROOT / command[2] == CONFIG

@@ -106,6 +106,7 @@ def readme_commands() -> list[str]:
     return docs_commands("gpt-train")
 
 
+@pytest.mark.slow("the GPT example's README commands, as subprocesses")
 def test_readme_commands_make_the_corpus_and_train(tmp_path):
     commands = readme_commands()
     assert [c.split()[:2] for c in commands] == [["python", "tools/make_byte_corpus.py"],

@@ -76,6 +76,7 @@ def drun_train(tmp_path, **overrides):
     return out, start
 
 
+@pytest.mark.serial("a hang caught within a few seconds")
 def test_a_hook_that_hangs_ends_the_process_with_the_stacks(tmp_path):
     out, _ = drun_train(tmp_path, custom_hooks=[dict(type="HangOnceHook", at_iter=3, rank=0)],
                         watchdog=dict(hang_timeout=2, collective_timeout=4))
@@ -96,6 +97,7 @@ def test_a_hook_that_hangs_ends_the_process_with_the_stacks(tmp_path):
 SLOW = dict(train_cfg=dict(by_epoch=True, max_epochs=1, val_interval=1))
 
 
+@pytest.mark.serial("a hang caught within a few seconds")
 def test_a_thread_that_never_lets_the_gil_go_still_ends_the_process_with_the_stacks(tmp_path):
     """The watchdog thread cannot run while the training thread holds the GIL; faulthandler's
     timer (no GIL needed), which the watchdog re-arms while it can, ends the process."""
@@ -113,6 +115,8 @@ def test_a_thread_that_never_lets_the_gil_go_still_ends_the_process_with_the_sta
     print(f"GIL held: the process ended {taken:.2f} s after the hook took the GIL")
 
 
+@pytest.mark.serial("phases timed against allowances of seconds")
+@pytest.mark.slow("phases run for seconds, right under their allowances")
 def test_slow_phases_within_their_allowance_are_no_alarm(tmp_path):
     out, start = drun_train(
         tmp_path, **SLOW,
@@ -125,6 +129,8 @@ def test_slow_phases_within_their_allowance_are_no_alarm(tmp_path):
     assert time.time() - start > 7.5  # the three slow phases did run
 
 
+@pytest.mark.serial("phases timed against allowances of seconds")
+@pytest.mark.slow("a torch.compile'd first iteration")
 def test_a_compiled_first_iteration_is_no_alarm(tmp_path):
     """A real ``torch.compile`` (inductor on CPU): the first step compiles for seconds (1.3-1.5
     s with inductor's caches warm, 4.5 s cold), over ``hang_timeout=0.5``; the default
@@ -140,6 +146,7 @@ def test_a_compiled_first_iteration_is_no_alarm(tmp_path):
     print(f"compiled first step: {first_step:.1f} s, hang_timeout 0.5 s, no alarm")
 
 
+@pytest.mark.serial("phases timed against allowances of seconds")
 def test_a_validation_longer_than_its_allowance_is_a_hang(tmp_path):
     """The same slow validation with ``val`` (and the save before it) allowed less."""
     out, _ = drun_train(

@@ -222,6 +222,7 @@ def test_a_vit_classifier_trains_and_validates_with_accuracy(tmp_path):
     assert len(accuracy) == 2 and accuracy[-1] > 10.0  # better than chance over 10 classes
 
 
+@pytest.mark.slow("a Hugging Face ViT trained through a drun subprocess")
 def test_a_hugging_face_vit_trains_through_drun_train_from_the_config_that_names_it(tmp_path):
     """configs/vit_digits.py as docs/how-to/models.md gives it: ViTForImageClassification from its
     config, called as it is (pixel_values, labels), Accuracy on its logits. Measured: 95.8 % in

@@ -119,6 +119,7 @@ def _fsdp_rank(rank: int, port: int, folder: str, out: str) -> None:
                         "ddp_wrapped": type(ddp.wrapped_model).__name__}, f"{out}/rank0.pt")
 
 
+@pytest.mark.slow("FSDP and DDP gloo processes load and export")
 def test_fsdp_and_ddp_ranks_load_and_a_sharded_checkpoint_exports_whole(llama, tmp_path):
     mp.spawn(_fsdp_rank, args=(free_port(), str(llama), str(tmp_path)), nprocs=2, join=True)
     seen = torch.load(tmp_path / "rank0.pt", weights_only=True)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from distributed_runner.checkpoint.files import read_pointer
@@ -37,6 +38,7 @@ def start(tmp_path, sleep=0.05, wait_for="epoch_1.pth"):
     return proc
 
 
+@pytest.mark.slow("drun subprocesses interrupted and continued")
 def test_ctrl_c_checkpoints_says_how_to_continue_and_that_command_finishes_the_run(tmp_path):
     proc = start(tmp_path)
     proc.send_signal(signal.SIGINT)

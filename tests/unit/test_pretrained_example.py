@@ -21,6 +21,7 @@ SHORT = ["train_cfg.max_iters=4", "train_cfg.val_interval=4", "default_hooks.log
          "default_hooks.checkpoint.interval=4", "val_dataloader.dataset.max_rows=32"]
 
 
+@pytest.mark.slow("the page's train, export and load commands, as subprocesses")
 def test_the_pages_commands_make_train_export_and_load(tmp_path):
     commands = docs_commands("pretrained-finetune")
     assert [c.split()[:2] for c in commands] == [

@@ -127,6 +127,7 @@ def closed_port() -> int:
         return s.getsockname()[1]  # closed again when the block ends: nothing listens
 
 
+@pytest.mark.serial("an error due within seconds")
 def test_an_address_nobody_listens_at_is_one_line_in_seconds():
     import socket
     import time

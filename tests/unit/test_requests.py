@@ -222,6 +222,7 @@ def test_preemption_config_is_checked(tmp_path):
     assert runner.iter == 2
 
 
+@pytest.mark.slow("a drun subprocess stopped by SIGTERM, then resumed")
 def test_drun_train_on_sigterm_exits_143_within_the_bound_then_resumes_exactly(tmp_path):
     cfg = base_cfg(tmp_path / "wd", custom_imports=["tests.hook_probes"],
                    custom_hooks=[dict(type="SleepHook", seconds=0.05)],

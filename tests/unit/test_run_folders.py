@@ -100,6 +100,7 @@ def drun(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow("five drun subprocesses in one work_dir")
 def test_drun_name_then_the_same_name_needs_resume_and_plot_draws_the_newest_or_all(tmp_path):
     config = str(ROOT / "configs" / "digits_cnn.py")
     options = ["--cfg-options", "train_cfg.max_epochs=1", "param_scheduler=None"]

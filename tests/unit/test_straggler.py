@@ -157,6 +157,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial("measures a 3x step-time ratio between two ranks")
+@pytest.mark.slow("2 gloo processes, one made 3x slower on purpose")
 def test_two_gloo_ranks_name_the_slow_one_and_its_recovery_and_a_uniform_run_none(tmp_path):
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     log = (tmp_path / "episode" / "logs" / "run.log").read_text()

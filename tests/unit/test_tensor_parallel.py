@@ -68,6 +68,7 @@ def _ema(path: Path) -> dict:
     return torch.load(path, weights_only=False)["ema_state_dict"]
 
 
+@pytest.mark.slow("4 gloo processes train each mesh and reshard")
 def test_dp_shard_x_tp_and_hsdp_x_tp_follow_dp_shard_4_and_reshard_both_ways(tmp_path):
     mp.spawn(_mesh_runs, args=(free_port(), str(tmp_path)), nprocs=4, join=True)
     reference = logged(tmp_path / "dp_shard4")
@@ -218,6 +219,7 @@ def _pretrained_rank(rank: int, port: int, folder: str, out: str) -> None:
         assert all(torch.equal(saved[k], source[k]) for k in source)
 
 
+@pytest.mark.slow("2 gloo processes load a saved model into split layers")
 def test_load_from_a_model_directory_fills_the_split_layers_exactly(tmp_path):
     """A sharded save_pretrained Llama as load_from under tp=2 (built empty, split, then each
     rank reads its slices): trained with lr=0 it is tensor for tensor the files, and so is its
@@ -257,6 +259,7 @@ def _qwen3_rank(rank: int, port: int, out: str) -> None:
             torch.save(state, Path(out) / "tp.pt")
 
 
+@pytest.mark.slow("a Qwen3 on 2 gloo processes beside one process")
 def test_qwen3s_own_plan_sums_the_per_head_norms_gradients_and_follows_one_process(tmp_path):
     """Qwen3's plan has q_norm/k_norm 'replicated_with_grad_allreduce': whole on every rank,
     but each sees only its rank's heads, so their gradients are summed over the group."""

@@ -1,0 +1,139 @@
+"""The suite's time budget (issue 47), a pytest plugin loaded by ``tests/conftest.py``.
+
+- ``@pytest.mark.slow("why")``: a test that may take more than ``--slow-budget`` seconds
+  (setup, call and teardown together). The reason is required, and it is what the slowest-tests
+  table prints beside the test: a slow test says what it pays for.
+- ``--slow-budget=S`` (pyproject's addopts: 60): the session fails when a test without the
+  marker took more than S seconds, naming each one. A deselected or skipped test costs nothing.
+- ``--durations=N`` prints this plugin's table instead of pytest's: the N slowest *tests*
+  (their phases summed, so a module fixture's setup counts where it is paid), each with its
+  ``slow`` reason, then the suite's wall time and test count. Under pytest-xdist the controller
+  sees every worker's reports, so the table and the budget cover the whole run.
+- ``@pytest.mark.serial("why")``: a timing-sensitive test (it measures a ratio of step times, a
+  hang caught within seconds). Under xdist it runs alone: it takes a machine-wide lock that
+  every other test takes shared, so the other worker waits between its tests while this one runs.
+  Without xdist (one process) the lock is not taken: everything is serial already.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow-budget", type=float, default=None, metavar="S",
+                     help="fail the session if a test not marked slow('why') takes over S "
+                          "seconds (setup + call + teardown)")
+
+
+def reason_of(mark: pytest.Mark | None) -> str | None:
+    if mark is None:
+        return None
+    reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else None)
+    return reason if isinstance(reason, str) and reason.strip() else None
+
+
+class SuiteBudget:
+    """Sums each test's phase durations and knows each test's ``slow`` reason."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.rows = int(config.option.durations or 0)
+        config.option.durations = None  # this table replaces pytest's per-phase one
+        self.budget = config.option.slow_budget
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.reasons: dict[str, str] = {}
+        self.ran: set[str] = set()
+        self.started = time.monotonic()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            for name in ("slow", "serial"):
+                mark = item.get_closest_marker(name)
+                if mark is not None and reason_of(mark) is None:
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: @pytest.mark.{name} needs a reason: "
+                        f"@pytest.mark.{name}(\"what it waits for\")")
+            slow = reason_of(item.get_closest_marker("slow"))
+            if slow is not None:  # travels with the reports to xdist's controller
+                item.user_properties.append(("slow_reason", slow))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            if report.outcome != "skipped":
+                self.ran.add(report.nodeid)
+        reason = dict(report.user_properties).get("slow_reason")
+        if reason:
+            self.reasons[report.nodeid] = reason
+
+    def over_budget(self) -> list[tuple[str, float]]:
+        if self.budget is None:
+            return []
+        return sorted(((nodeid, s) for nodeid, s in self.seconds.items()
+                       if nodeid in self.ran and s > self.budget and nodeid not in self.reasons),
+                      key=lambda pair: -pair[1])
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int) -> None:
+        if WORKER:
+            return
+        write = terminalreporter.write_line
+        timed = sorted(((s, n) for n, s in self.seconds.items() if n in self.ran), reverse=True)
+        if self.rows and timed:
+            terminalreporter.write_sep("=", f"slowest {min(self.rows, len(timed))} tests "
+                                            "(setup + call + teardown)")
+            for seconds, nodeid in timed[:self.rows]:
+                why = self.reasons.get(nodeid)
+                write(f"{seconds:8.1f}s {nodeid}" + (f"  [slow: {why}]" if why else ""))
+        wall = time.monotonic() - self.started
+        write(f"suite: {len(self.ran)} tests ran in {wall:.0f} s wall "
+              f"({sum(self.seconds.values()):.0f} s of test time)")
+        for nodeid, seconds in self.over_budget():
+            terminalreporter.write_line(
+                f"over the {self.budget:.0f} s budget: {nodeid} took {seconds:.1f} s; make it "
+                "cheaper or mark it @pytest.mark.slow(\"why it needs the time\")", red=True)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not WORKER and self.over_budget() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow(reason): takes over the suite's per-test budget "
+                                       "(--slow-budget); left out of the fast tier, "
+                                       "-m 'not slow'. The reason is required.")
+    config.addinivalue_line("markers", "serial(reason): timing-sensitive; under pytest-xdist "
+                                       "it runs while no other test does. Reason required.")
+    config.pluginmanager.register(SuiteBudget(config), "suite_budget")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under xdist: a ``serial`` test holds the machine-wide lock alone; every other test holds
+    it shared. Around the whole protocol, so that a module fixture's setup (a reference Ray run)
+    and teardown count as its test's. A gate taken first gives a waiting serial test priority
+    over the next shared taker (flock itself is not fair)."""
+    if not WORKER:
+        yield
+        return
+    folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # the session's workers'
+    serial = item.get_closest_marker("serial") is not None
+    with open(folder / "serial.gate", "a") as gate, open(folder / "serial.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if serial:
+                fcntl.flock(gate, fcntl.LOCK_UN)
