@@ -17,14 +17,18 @@
 from __future__ import annotations
 
 import fcntl
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """In a pytest-xdist worker (its controller prints the summary and holds the budget). The
+    config says so, not the environment: a pytest run inside a worker's test inherits it."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,6 +56,7 @@ class SuiteBudget:
         self.reasons: dict[str, str] = {}
         self.ran: set[str] = set()
         self.started = time.monotonic()
+        self.worker = is_xdist_worker(config)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -83,7 +88,7 @@ class SuiteBudget:
                       key=lambda pair: -pair[1])
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int) -> None:
-        if WORKER:
+        if self.worker:
             return
         write = terminalreporter.write_line
         timed = sorted(((s, n) for n, s in self.seconds.items() if n in self.ran), reverse=True)
@@ -94,15 +99,16 @@ class SuiteBudget:
                 why = self.reasons.get(nodeid)
                 write(f"{seconds:8.1f}s {nodeid}" + (f"  [slow: {why}]" if why else ""))
         wall = time.monotonic() - self.started
-        write(f"suite: {len(self.ran)} tests ran in {wall:.0f} s wall "
-              f"({sum(self.seconds.values()):.0f} s of test time)")
+        if self.ran:
+            write(f"suite: {len(self.ran)} tests ran in {wall:.0f} s wall "
+                  f"({sum(self.seconds.values()):.0f} s of test time)")
         for nodeid, seconds in self.over_budget():
             terminalreporter.write_line(
-                f"over the {self.budget:.0f} s budget: {nodeid} took {seconds:.1f} s; make it "
+                f"over the {self.budget:g} s budget: {nodeid} took {seconds:.1f} s; make it "
                 "cheaper or mark it @pytest.mark.slow(\"why it needs the time\")", red=True)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if not WORKER and self.over_budget() and session.exitstatus == 0:
+        if not self.worker and self.over_budget() and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -121,7 +127,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     it shared. Around the whole protocol, so that a module fixture's setup (a reference Ray run)
     and teardown count as its test's. A gate taken first gives a waiting serial test priority
     over the next shared taker (flock itself is not fair)."""
-    if not WORKER:
+    if not is_xdist_worker(item.config):
         yield
         return
     folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # the session's workers'

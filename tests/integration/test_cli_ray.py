@@ -96,12 +96,14 @@ def test_the_readme_commands_one_after_the_other_leave_two_runs_and_a_clean_plot
     assert sorted(re.sub(r"-\d+$", ".pth", name) for name in reported) == kept, (reported, kept)
 
 
-def test_impossible_gpu_request_from_the_cli_is_one_line(tmp_path):
+def test_impossible_gpu_request_from_the_cli_is_one_line(ray_cluster, tmp_path):
+    """On the session's cluster (--address): the check is the driver's, whichever cluster."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(
         [sys.executable, "-m", "distributed_runner.cli", "train", "configs/digits_cnn.py",
-         "--launcher", "ray", "--num-workers", "2", "--gpu", "--work-dir", str(tmp_path)],
+         "--launcher", "ray", "--num-workers", "2", "--gpu", "--work-dir", str(tmp_path),
+         "--address", ray_cluster.get_runtime_context().gcs_address],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if line.startswith("drun: error:")]
@@ -110,7 +112,7 @@ def test_impossible_gpu_request_from_the_cli_is_one_line(tmp_path):
 
 @pytest.mark.serial("Ctrl-C sent while the workers train")
 def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continues_exactly(
-        tmp_path):
+        ray_cluster, tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to drun's process group; Ray's own processes block
     it): the workers end the iteration, save and report a checkpoint and return; drun prints one
     line with the command that continues and exits 130; that command ends with the weights of
@@ -154,8 +156,11 @@ def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continu
     done = subprocess.run(drun + again[1:], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
+    # the run never interrupted, on the session's cluster (the same 2 workers, without a
+    # local Ray's start and stop)
     whole = subprocess.run(drun + ["train", str(tmp_path / "cfg.py"), "--work-dir",
-                                   str(tmp_path / "whole")],
+                                   str(tmp_path / "whole"), "--address",
+                                   ray_cluster.get_runtime_context().gcs_address],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
     assert whole.returncode == 0, whole.stderr[-3000:]
     (run,) = (tmp_path / "wd").glob("2*")  # --resume continued the run in its own folder

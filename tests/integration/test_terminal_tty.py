@@ -38,6 +38,10 @@ def test_progress_bar_and_log_lines_on_a_real_tty(tmp_path):
                f"echo DRUN_EXIT=$?; sleep 600")
     env = dict(os.environ, TERM="xterm-256color")
     env.pop("TMUX", None)
+    # the pane's size is the terminal's: pytest-xdist's workers set COLUMNS=80 and LINES=24,
+    # which would make drun draw for an 80-column terminal inside a 200-column pane
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50",
                     command], env=env, check=True, timeout=30)
     frames = []

@@ -332,8 +332,10 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(mlflow_server, tmp_path):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("searcher", ["optuna", "hyperopt"])
-def test_the_optional_searchers_drive_a_sweep(searcher, tmp_path):
-    """``pip install -e '.[tune]'``: optuna and hyperopt suggest the trials' values."""
+def test_the_optional_searchers_drive_a_sweep(searcher, ray_cluster, tmp_path):
+    """``pip install -e '.[tune]'``: optuna and hyperopt suggest the trials' values. On the
+    session's cluster (``--address``): the searcher is what is tested, and a local Ray's start
+    is the ASHA test's."""
     pytest.importorskip(searcher)
     work_dir = tmp_path / searcher
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -347,6 +349,8 @@ def test_the_optional_searchers_drive_a_sweep(searcher, tmp_path):
             str(work_dir),
             "--search-alg",
             searcher,
+            "--address",
+            ray_cluster.get_runtime_context().gcs_address,
             "--scheduler",
             "fifo",
             "--num-samples",

@@ -175,6 +175,7 @@ def test_emas_copy_recomputes_its_own_blocks():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow("torch.compile (inductor) of the model, with and without it")
 def test_compiled_training_with_it_matches_compiled_training_without(tmp_path):
     plain = trained(tmp_path / "plain", "ddp", "ToyGPT", compile=True)
     recomputed = trained(tmp_path / "ac", dict(type="ddp", activation_checkpointing=["Block"]),

@@ -169,14 +169,17 @@ def test_two_gloo_ranks_name_the_slow_one_and_its_recovery_and_a_uniform_run_non
     assert "straggler: rank 1 at iteration 15: " in named[0]
     assert "for 3 logging windows in a row" in named[0]
     ratio = float(re.search(r"iteration 15: ([0-9.]+)x the median", named[0]).group(1))
-    assert 2.5 < ratio < 3.5, named[0]
+    assert ratio > 2, named[0]  # over watchdog.straggler_ratio; the exact figure is below
     assert "straggler: rank 1 at iteration 25: " in named[1] and named[1].endswith("recovered")
     records = json.loads((tmp_path / "episode.json").read_text())
     assert [r["step"] for r in records] == list(range(5, 40, 5))
     # per-rank seconds before the collective, in the logged scalars. The first window is left
-    # out: DDP rebuilds its buckets in the 2nd iteration's forward, a collective (module docs)
+    # out: DDP rebuilds its buckets in the 2nd iteration's forward, a collective (module docs).
+    # The spread is the ratio of the two ranks' seconds; what pins it is their difference, the
+    # 2 x base the hook sleeps longer on rank 1 (the spread itself, (3 base + c) / (base + c),
+    # falls with the step's own time c on a loaded machine: 2.37 was seen under pytest -n 2)
     for r in records[1:4]:
-        assert r["straggler/slowest_rank"] == 1.0 and 2.5 < r["straggler/spread"] < 3.5
+        assert r["straggler/slowest_rank"] == 1.0 and r["straggler/spread"] > 2
         assert r["straggler/spread"] == r["straggler/rank_1_s"] / r["straggler/rank_0_s"]
         assert 0.07 < r["straggler/rank_1_s"] - r["straggler/rank_0_s"] < 0.095  # 2 x base
     for r in records[4:]:
