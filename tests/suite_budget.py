@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 
-
 def is_xdist_worker(config: pytest.Config) -> bool:
     """In a pytest-xdist worker (its controller prints the summary and holds the budget). The
     config says so, not the environment: a pytest run inside a worker's test inherits it."""

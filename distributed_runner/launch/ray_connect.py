@@ -25,10 +25,11 @@ Three things a driver cannot leave to Ray's defaults without surprising a user:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from distributed_runner.core.errors import ConfigError
@@ -106,6 +107,25 @@ def start_local_ray() -> None:
     measured on the README's Ray command, the reports came exactly 2.0 s apart and took 12.7 s of
     its 25.6 s of training (:mod:`hooks.ray_report_hook` reports every checkpoint).
     """
+    import ray
+
+    extra = {
+        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get(
+            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(LOCAL_POLL_INTERVAL_S)
+        ),
+    }
+    with own_address_environment(**extra):
+        # the dashboard serves the State API that Ray Train's placement-group cleaner polls;
+        # without it the cleaner warns every second for the whole run
+        ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
+
+
+@contextlib.contextmanager
+def own_address_environment(**extra: str) -> Iterator[None]:
+    """While a new local Ray starts (``ray.init(address="local")`` inside): a free GCS port and
+    ``RAY_ADDRESS`` naming it, plus ``extra``, in the environment its processes inherit (see
+    :func:`start_local_ray`); this process's environment is restored afterwards."""
     import socket
 
     import ray
@@ -116,17 +136,12 @@ def start_local_ray() -> None:
     forced = {
         "RAY_GCS_SERVER_PORT": str(port),
         "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}",
-        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get(
-            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(LOCAL_POLL_INTERVAL_S)
-        ),
+        **extra,
     }
     saved = {k: os.environ.get(k) for k in forced}
     os.environ.update(forced)
     try:
-        # the dashboard serves the State API that Ray Train's placement-group cleaner polls;
-        # without it the cleaner warns every second for the whole run
-        ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
+        yield
     finally:
         for key, value in saved.items():
             if value is None:

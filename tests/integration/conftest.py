@@ -1,5 +1,6 @@
-"""One local Ray cluster for the whole test session (one per pytest-xdist worker that needs it) (4 logical CPUs: 2 training workers plus room
-for Ray Data), started lazily by the first test that needs it and stopped at the end."""
+"""One local Ray cluster for the whole test session, one per pytest-xdist worker that needs it
+(4 logical CPUs: 2 training workers plus room for Ray Data), started lazily by the first test that
+needs it and stopped at the end."""
 import os
 from pathlib import Path
 
@@ -16,27 +17,15 @@ def ray_cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    from tests.toy import free_port
+    from distributed_runner.launch.ray_connect import own_address_environment
 
     # a cluster of its own ("local"): with pytest-xdist each worker that runs a Ray test has one,
     # and a plain ray.init() would join the other worker's (the address file Ray leaves in /tmp).
-    # Its processes are started knowing its address (RAY_ADDRESS), as drun's local Ray's are
-    # (launch/ray_connect.start_local_ray): Ray Train's placement-group cleaner looks for "the"
-    # cluster otherwise, and with two on the machine dies with "Found multiple active Ray
-    # instances" in the output of a run that joined this one
-    port = free_port()
-    forced = {"RAY_GCS_SERVER_PORT": str(port),
-              "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
-    saved = {key: os.environ.get(key) for key in forced}
-    os.environ.update(forced)
-    try:
+    # Its processes are started knowing its address, as drun's local Ray's are: Ray Train's
+    # placement-group cleaner looks for "the" cluster otherwise, and with two on the machine
+    # dies with "Found multiple active Ray instances" in the output of a run that joined this one
+    with own_address_environment():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     yield ray
     ray.shutdown()
 
