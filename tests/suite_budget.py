@@ -10,9 +10,17 @@
   ``slow`` reason, then the suite's wall time and test count. Under pytest-xdist the controller
   sees every worker's reports, so the table and the budget cover the whole run.
 - ``@pytest.mark.serial("why")``: a timing-sensitive test (it measures a ratio of step times, a
-  hang caught within seconds). Under xdist it runs alone: it takes a machine-wide lock that
-  every other test takes shared, so the other worker waits between its tests while this one runs.
-  Without xdist (one process) the lock is not taken: everything is serial already.
+  hang caught within seconds). Under xdist it runs while no other *slow* test does: it takes a
+  machine-wide lock that every slow test takes shared, so a worker whose next test is slow waits
+  while this one runs. A test that is neither (the fast tier: under the budget, most of it well
+  under a second of one core) takes no lock and goes on beside it: the serial tests were set
+  apart from other Ray runs and subprocesses, which load both cores, not from these. Without
+  xdist (one process) no lock is taken: everything is serial already.
+- The order of files under xdist (``--dist loadfile --no-loadscope-reorder`` in pyproject's
+  addopts): files with slow tests first, integration before unit and more slow tests before
+  fewer, so that the longest units do not start last; then the files that hold a serial test;
+  then the rest. While a serial test runs, the other worker is then mostly on fast-tier files,
+  which it runs beside it instead of waiting.
 """
 from __future__ import annotations
 
@@ -43,6 +51,24 @@ def reason_of(mark: pytest.Mark | None) -> str | None:
     return reason if isinstance(reason, str) and reason.strip() else None
 
 
+def in_file_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` file by file, each file's own order kept: files with slow tests and no serial
+    one (integration first, most slow tests first), then files with a serial test, then the
+    rest (see the module's docstring)."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def rank(path: str) -> tuple[int, bool, int, str]:
+        tests = files[path]
+        slow = sum(item.get_closest_marker("slow") is not None for item in tests)
+        serial = any(item.get_closest_marker("serial") is not None for item in tests)
+        group = 1 if serial else (0 if slow else 2)
+        return group, "/integration/" not in f"/{path}", -slow, path
+
+    return [item for path in sorted(files, key=rank) for item in files[path]]
+
+
 class SuiteBudget:
     """Sums each test's phase durations and knows each test's ``slow`` reason."""
 
@@ -69,6 +95,8 @@ class SuiteBudget:
             slow = reason_of(item.get_closest_marker("slow"))
             if slow is not None:  # travels with the reports to xdist's controller
                 item.user_properties.append(("slow_reason", slow))
+        if self.worker:  # every worker sorts the same collection the same way
+            items[:] = in_file_order(items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
@@ -122,15 +150,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Under xdist: a ``serial`` test holds the machine-wide lock alone; every other test holds
-    it shared. Around the whole protocol, so that a module fixture's setup (a reference Ray run)
-    and teardown count as its test's. A gate taken first gives a waiting serial test priority
-    over the next shared taker (flock itself is not fair)."""
-    if not is_xdist_worker(item.config):
+    """Under xdist: a ``serial`` test holds the machine-wide lock alone; every ``slow`` test holds
+    it shared; the rest take none. Around the whole protocol, so that a module fixture's setup
+    (a reference Ray run) and teardown count as its test's. A gate taken first gives a waiting
+    serial test priority over the next shared taker (flock itself is not fair)."""
+    serial = item.get_closest_marker("serial") is not None
+    if not is_xdist_worker(item.config) or not (serial or item.get_closest_marker("slow")):
         yield
         return
     folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # the session's workers'
-    serial = item.get_closest_marker("serial") is not None
     with open(folder / "serial.gate", "a") as gate, open(folder / "serial.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)

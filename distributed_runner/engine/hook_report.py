@@ -166,8 +166,9 @@ def plan_summary(
         text += f"; log sinks: {', '.join(_sink_name(spec) for _, spec in sink_specs)}"
     if where:
         text += f". Mount points and extension points: {where}"
-    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False,
-                         break_long_words=False)
+    return textwrap.fill(
+        text, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+    )
 
 
 def timing_summary(rows: Sequence[HookTiming], where: str | None, top: int = 3) -> str:

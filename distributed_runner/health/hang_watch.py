@@ -300,21 +300,27 @@ class HangWatch(WorkerGroupCallback):
             ),
         )
 
-    def _block(
-        self,
-        culprit: RankView,
-        suspects: list[RankView],
-        stacks: dict[int, str],
-        path: Path,
-        now: float,
-    ) -> str:
-        verdict = self._verdict(culprit, now) or Verdict(
-            self._idle(culprit, now),
-            self._limit(culprit),
-            allowance(culprit.phase, culprit.carry, self.settings)[1],
-            mute=False,
-        )
-        if verdict.mute:
+    def _tripped(self, culprit: RankView, now: float) -> tuple[RankView, Verdict]:
+        """The rank whose verdict the report gives, and the verdict: the culprit's own, else
+        that of the most overdue rank that has one. A rank waiting in a collective for the
+        hung one often passes its limit first (it stopped making progress earlier); the
+        report then says so instead of quoting the culprit's figure against a limit it has
+        not reached yet."""
+        own = self._verdict(culprit, now)
+        if own is not None:
+            return culprit, own
+        judged = [(v, self._verdict(v, now)) for v in self.views if v is not culprit]
+        found = [(v, verdict) for v, verdict in judged if verdict is not None]
+        if found:
+            return max(found, key=lambda pair: pair[1].seconds - pair[1].limit)
+        key = allowance(culprit.phase, culprit.carry, self.settings)[1]
+        return culprit, Verdict(self._idle(culprit, now), self._limit(culprit), key, mute=False)
+
+    def _first_line(self, culprit: RankView, now: float) -> str:
+        """Who hung, the limit passed (and by which rank, when a peer passed it first), the
+        phase and iteration, and how the watch knows."""
+        tripped, verdict = self._tripped(culprit, now)
+        if verdict.mute and tripped is culprit:
             how = (
                 "the process is stopped, swapped out or holds the GIL (a slow phase allows slow "
                 "work, which still answers, not silence)"
@@ -327,11 +333,26 @@ class HangWatch(WorkerGroupCallback):
         else:
             how = "it answers heartbeat reads, so a thread of it is stuck (its stack is below)"
         what = "no answer to a heartbeat read" if verdict.mute else "no progress"
-        lines = [
-            f"drun hang watch: rank {culprit.rank} hung: {what} for {verdict.seconds:.1f} s "
-            f"(limit {verdict.limit:g} s, {verdict.key}) in phase '{culprit.phase}' at "
-            f"iteration {culprit.iter}; {how}"
-        ]
+        passed = f"{what} for {verdict.seconds:.1f} s (limit {verdict.limit:g} s, {verdict.key})"
+        if tripped is not culprit:
+            passed = (
+                f"no progress for {self._idle(culprit, now):.1f} s; rank {tripped.rank} passed "
+                f"its limit first: {passed}"
+            )
+        return (
+            f"drun hang watch: rank {culprit.rank} hung: {passed} in phase '{culprit.phase}' "
+            f"at iteration {culprit.iter}; {how}"
+        )
+
+    def _block(
+        self,
+        culprit: RankView,
+        suspects: list[RankView],
+        stacks: dict[int, str],
+        path: Path,
+        now: float,
+    ) -> str:
+        lines = [self._first_line(culprit, now)]
         for view in suspects:
             if view is not culprit:
                 waiting = _waits_for_peers(stacks.get(view.rank, ""))

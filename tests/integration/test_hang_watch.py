@@ -72,8 +72,9 @@ def stop_each_when_asked(work_dir, out, done):
 
 
 def detected_after(report):
-    """The seconds without progress (or without an answer) the report's first line gives."""
-    return float(re.search(r"no (?:progress|answer to a heartbeat read) for ([\d.]+) s",
+    """The seconds without progress (or without an answer) the report's first line gives against
+    the limit they passed (the culprit's, or a waiting peer's that passed its limit first)."""
+    return float(re.search(r"no (?:progress|answer to a heartbeat read) for ([\d.]+) s \(limit",
                            report).group(1))
 
 

@@ -1,6 +1,7 @@
 """The hang watch's rules on the Ray controller (issue 40), on views of ranks, without Ray:
 progress is bounded by the phase's allowance, silence by hang_timeout in every phase, and a
-report that fails still kills the rank and restarts the group."""
+report that fails still kills the rank and restarts the group; the report quotes the limit that
+was passed, by whichever rank passed it."""
 from types import SimpleNamespace
 
 import pytest
@@ -56,3 +57,18 @@ def test_a_report_that_fails_still_kills_the_rank_and_restarts(monkeypatch, caps
     assert line.startswith("drun hang watch: rank 1 hung (phase 'val', iteration 7) and the "
                            "report of it failed (RuntimeError: py-spy and the stack task both")
     assert killed == ["actor1"]
+
+
+def test_a_peer_that_passed_its_limit_first_is_named_with_the_figure_that_tripped():
+    """Rank 0 waits in a collective for rank 1, which stopped making progress later: rank 0's
+    verdict fires the watch, rank 1 is the culprit, and the report does not quote rank 1's
+    3.5 s against a 4 s limit it has not reached."""
+    watch = HangWatch(SETTINGS, "/tmp")
+    waiting, hung = view(0, "step", since=0.0), view(1, "step", since=1.0)
+    watch.views = [waiting, hung]
+    line = watch._first_line(hung, now=4.5)
+    assert line.startswith("drun hang watch: rank 1 hung: no progress for 3.5 s; rank 0 passed "
+                           "its limit first: no progress for 4.5 s (limit 4 s, "
+                           "watchdog.hang_timeout) in phase 'step' at iteration 7; it answers")
+    own = watch._first_line(hung, now=5.5)  # past its own limit: its own figure
+    assert own.startswith("drun hang watch: rank 1 hung: no progress for 4.5 s (limit 4 s, ")

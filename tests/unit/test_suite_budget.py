@@ -78,10 +78,11 @@ def test_a_slow_or_serial_mark_without_a_reason_is_refused(inner):
 
 
 @pytest.mark.slow("an inner pytest session with 2 xdist workers")
-def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
-    """Two files (loadfile: one a worker): the serial test's span overlaps no other test's."""
+def test_under_xdist_a_serial_test_runs_while_no_other_slow_one_does(inner, pytester, tmp_path):
+    """Two files under -n 2 (loadfile: one a worker): the serial test's span overlaps no slow
+    test's, and the fast-tier tests (neither mark) before them run beside it."""
     log = tmp_path / "spans.txt"
-    body = f'''
+    span = f'''
         import time
         import pytest
 
@@ -91,18 +92,45 @@ def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
             with open({str(log)!r}, "a") as f:
                 f.write(f"{{name}} {{start}} {{time.time()}}\\n")
     '''
-    result = inner(body + '''
+    pytester.makepyfile(test_others=textwrap.dedent(span + "".join(f'''
+        def test_fast_{i}():
+            span("fast_{i}", 0.4)
+    ''' for i in range(4)) + "".join(f'''
+        @pytest.mark.slow("a stand-in for a Ray run")
+        def test_slow_{i}():
+            span("slow_{i}", 0.3)
+    ''' for i in range(4))))
+    result = inner(span + '''
         @pytest.mark.serial("measures time")
         def test_serial():
             time.sleep(0.3)  # the other worker has started its first test
             span("serial", 1.0)
-    ''' + "".join(f'''
-        def test_other_{i}():
-            span("other_{i}", 0.4)
-    ''' for i in range(6)), "-n", "2", "--dist", "load")
+    ''', "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
     assert result.ret == 0, result.stdout.str()[-2000:]
     spans = {name: (float(a), float(b)) for name, a, b in
              (line.split() for line in log.read_text().splitlines())}
     start, end = spans.pop("serial")
-    assert len(spans) == 6
+    fast = {name: spans.pop(name) for name in list(spans) if name.startswith("fast")}
+    assert len(spans) == len(fast) == 4
     assert all(b <= start or a >= end for a, b in spans.values()), (start, end, spans)
+    assert any(a < end and b > start for a, b in fast.values()), (start, end, fast)
+
+
+def test_files_with_slow_tests_go_first_then_serial_ones_then_the_rest():
+    """The order xdist hands files out in: the longest units must not start last."""
+    from types import SimpleNamespace
+
+    from tests.suite_budget import in_file_order
+
+    def item(nodeid, *marks):
+        return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: (
+            object() if name in marks else None))
+
+    items = [item("tests/unit/test_a.py::t1"), item("tests/unit/test_b.py::t1", "slow"),
+             item("tests/unit/test_b.py::t2", "slow", "serial"),
+             item("tests/unit/test_c.py::t1", "slow"), item("tests/unit/test_c.py::t2", "slow"),
+             item("tests/integration/test_d.py::t1", "slow"), item("tests/unit/test_a.py::t0")]
+    assert [i.nodeid for i in in_file_order(items)] == [
+        "tests/integration/test_d.py::t1", "tests/unit/test_c.py::t1", "tests/unit/test_c.py::t2",
+        "tests/unit/test_b.py::t1", "tests/unit/test_b.py::t2",
+        "tests/unit/test_a.py::t1", "tests/unit/test_a.py::t0"]
