@@ -57,14 +57,19 @@ class NanModel(ToyModel):
 
 @HOOKS.register_module(force=True)
 class RequestHook(Hook):
-    """Calls ``runner.request_<kind>(reason)`` after iteration ``at_iter`` on rank ``rank``."""
+    """Calls ``runner.request_<kind>(reason)`` after iteration ``at_iter`` on rank ``rank``;
+    ``kind='stop_training'`` sets MMEngine's flag, ``runner.train_loop.stop_training = True``,
+    as MMEngine's hooks do."""
 
     def __init__(self, kind: str = "stop", at_iter: int = 1, rank=None) -> None:
         self.kind, self.at_iter, self.rank = kind, at_iter, rank
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         if runner.iter + 1 == self.at_iter and self.rank in (None, runner.rank):
-            getattr(runner, f"request_{self.kind}")(f"test {self.kind} at {self.at_iter}")
+            if self.kind == "stop_training":
+                runner.train_loop.stop_training = True
+            else:
+                getattr(runner, f"request_{self.kind}")(f"test {self.kind} at {self.at_iter}")
 
 
 @HOOKS.register_module(force=True)

@@ -19,7 +19,8 @@ A whole ``Runner.train()``::
             iter += 1                                       # runner.train_state advances
             act on requests                                 # agreed by all ranks every agree_every
                                                             # iters: checkpoint, val, stop, preempt
-            if stop_training: break
+            if stop_training: break                         # agreed: a hook's stop_training =
+                                                            # True is a stop request, as above
         after_train_epoch                                   # periodic checkpoints are saved here
         epoch += 1
         if validation is due:                               # every val_interval; the last too
@@ -173,7 +174,7 @@ class _TrainLoopBase:
         self.dataloader = dataloader
         self.val_begin = int(val_begin)
         self.val_interval = int(val_interval)
-        self.stop_training = False  # MMEngine's flag: set it to end training after this step
+        self._stop_agreed = False  # the ranks agreed to stop: see stop_training
         length = {"max_epochs": max_epochs} if self.by_epoch else {"max_iters": max_iters}
         check_train_cfg({**length, "agree_every": agree_every})  # also for a Runner built in Python
         if self.by_epoch:
@@ -192,6 +193,21 @@ class _TrainLoopBase:
         self._beat = HEARTBEAT  # the watchdog's view of this loop (health/heartbeat.py)
         self._async_val: Any = None  # val_cfg.mode='async': the run's AsyncValidation
         runner.requests.set_agree_every(agree_every)
+
+    @property
+    def stop_training(self) -> bool:
+        """MMEngine's flag: True once the ranks have agreed to end training after this step."""
+        return self._stop_agreed
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        """A hook's ``stop_training = True`` is a stop request (:mod:`.requests`): every rank
+        ends at the same agreement point, after this iteration or validation in one process.
+        MMEngine ends the rank that set it at once, which splits a distributed run (a hook that
+        reads a flag file or a metric on rank 0 only: the other ranks wait in a collective it
+        never enters). Setting False does not take back a request or an agreed stop."""
+        if value and not self._stop_agreed:
+            self.runner.request_stop("train_loop.stop_training = True")
 
     # MMEngine's loops expose these (read-only views of the state); hooks read the runner's
     epoch = property(lambda self: self.state.epoch)
@@ -316,7 +332,7 @@ class _TrainLoopBase:
                 self.act_on_requests(allow_val=False)  # what that validation requested
         if "stop" in agreed:
             record(done, "stop", agreed["stop"], runner.logger)
-            self.stop_training = True
+            self._stop_agreed = True
 
     def rollback(self, request: RollbackRequested) -> None:
         """Restore the newest checkpoint on every rank and let the guard adjust (LR scale)."""

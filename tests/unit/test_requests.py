@@ -344,23 +344,42 @@ def _auto_worker(rank: int, port: int, out_dir: str) -> None:
         runner = Runner.from_cfg(base_cfg(
             os.path.join(out_dir, "wd"), train_cfg=dict(by_epoch=True, max_epochs=8),
             default_hooks=dict(checkpoint=None),
-            custom_hooks=[dict(type="RequestHook", kind="stop", at_iter=27, rank=1)]))
+            custom_hooks=[dict(type="RequestHook", kind="stop_training", at_iter=27, rank=1),
+                          dict(type="RequestHook", kind="stop", at_iter=29, rank=0)]))
         runner.train()
         with open(os.path.join(out_dir, f"auto{rank}.json"), "w") as f:
             json.dump({"iter": runner.iter, "n": runner.requests.agree_n,
-                       "log": [list(e[:2]) for e in runner.requests.log]}, f)
+                       "log": [list(e[:2]) for e in runner.requests.log],
+                       "reasons": [list(e[2]) for e in runner.requests.log]}, f)
 
 
 def test_auto_agreement_interval_is_the_same_on_every_rank(tmp_path):
+    """Also MMEngine's flag set on one rank (issue 48): rank 1's hook sets
+    ``train_loop.stop_training = True`` after iteration 27 and both ranks stop at the same
+    agreement point (MMEngine's loop would end rank 1 alone, and rank 0 would die in its next
+    collective); rank 0's request_stop after 29 lands with it when the interval reaches 30."""
     mp.start_processes(_auto_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
     r0, r1 = (json.loads((tmp_path / f"auto{r}.json").read_text()) for r in (0, 1))
     assert r0["n"] == r1["n"] >= 1  # rank 0 timed 20 iterations and sent its choice along
-    assert r0["iter"] == r1["iter"] and r0["log"] == r1["log"]
+    assert r0["iter"] == r1["iter"] and r0["log"] == r1["log"] and len(r0["log"]) == 1
     stop = r0["log"][0][0]
     # acted after iteration 27 at the next agreement: a multiple of n or the epoch end (30)
     assert stop == 27 + (-27 % r0["n"]) or stop == 30
     assert r0["iter"] == stop
+    assert "train_loop.stop_training = True (rank 1)" in r0["reasons"][0]
+
+
+@pytest.mark.parametrize("by_epoch", [True, False])
+def test_mmengines_stop_training_flag_ends_training_after_that_iteration(tmp_path, by_epoch):
+    train_cfg = (dict(by_epoch=True, max_epochs=3) if by_epoch
+                 else dict(type="IterBasedTrainLoop", max_iters=30, val_interval=10))
+    runner = make_runner(tmp_path, train_cfg=train_cfg, custom_hooks=[
+        dict(type="RequestHook", kind="stop_training", at_iter=7)])
+    runner.train()
+    assert runner.iter == 7 and runner.train_loop.stop_training
+    assert runner.requests.log == [(7, "stop", ("train_loop.stop_training = True",))]
+    assert torch.load(read_pointer(tmp_path), weights_only=True)["meta"]["iter"] == 7
 
 
 def _late_worker(rank: int, port: int, out_dir: str) -> None:
