@@ -162,6 +162,26 @@ def _build_sampler(spec: Any, dataset: Dataset, seed: int, key: str) -> Any:
     return cls(**{data_arg: dataset}, **args)
 
 
+def streaming_arguments(args: dict, key: str) -> tuple[dict, str]:
+    """A StreamingLoader's arguments with ``dataset.pipeline`` moved to the loader's
+    ``pipeline``, and the key its transforms are named by in errors. MMEngine users write a
+    data set's transforms on the data set (``dataset=dict(type=..., pipeline=[...])``, and
+    MMPretrain's SwitchRecipeHook switches ``dataset.pipeline``); here the loader runs them,
+    after the position-based skip of a resume, and ParquetShards only reads. The driver's check
+    and the workers' build both go through this, so neither refuses what the other takes."""
+    dataset = args.get("dataset")
+    if not isinstance(dataset, dict) or "pipeline" not in dataset:
+        return args, f"{key}.pipeline"
+    if args.get("pipeline"):
+        raise ConfigError(
+            f"{key}.dataset.pipeline",
+            f"given with {key}.pipeline: keep one of them (the loader runs either)",
+        )
+    dataset = dict(dataset)
+    pipeline = dataset.pop("pipeline")
+    return {**args, "dataset": dataset, "pipeline": pipeline}, f"{key}.dataset.pipeline"
+
+
 def _build_streaming(args: dict, key: str, seed: int) -> StreamingLoader:
     from distributed_runner.core.errors import ArgumentError
     from distributed_runner.data.streaming import StreamingLoader
@@ -169,9 +189,10 @@ def _build_streaming(args: dict, key: str, seed: int) -> StreamingLoader:
     check_arguments(StreamingLoader, args, key)
     if "dataset" not in args:
         raise ConfigError(f"{key}.dataset", "missing: add dataset=dict(type='ParquetShards', ...)")
+    args, pipeline_key = streaming_arguments(args, key)
     args["dataset"] = DATASETS.build(args["dataset"], f"{key}.dataset")
     args["pipeline"] = [
-        TRANSFORMS.build(t, f"{key}.pipeline[{i}]")
+        TRANSFORMS.build(t, f"{pipeline_key}[{i}]")
         for i, t in enumerate(args.get("pipeline") or [])
     ]
     if args.get("seed") is None:

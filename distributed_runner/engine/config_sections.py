@@ -92,13 +92,20 @@ def _loader_on_driver(stage: str) -> Any:
         kind = loader.get("type")
         if kind == "RayDataLoader" and plan.settings.strategy.get("tp", 1) > 1:
             raise ConfigError(f"{key}.type", NOT_WITH_TP)
-        if kind != "RayDataLoader":
-            _check_spec(registry.DATASETS, loader.get("dataset"), f"{key}.dataset")
         if kind == "StreamingLoader":
+            from distributed_runner.data.loaders import streaming_arguments
             from distributed_runner.data.streaming import StreamingLoader
 
-            check_arguments(StreamingLoader, {k: v for k, v in loader.items() if k != "type"}, key)
+            args = {k: v for k, v in loader.items() if k != "type"}
+            check_arguments(StreamingLoader, args, key)
+            _check_spec(
+                registry.DATASETS,
+                streaming_arguments(args, key)[0].get("dataset"),
+                f"{key}.dataset",
+            )
             plan.remote |= stream_sources_absolute(loader, key)
+        elif kind != "RayDataLoader":
+            _check_spec(registry.DATASETS, loader.get("dataset"), f"{key}.dataset")
         if stage == "train":
             check_elastic_config(plan.cfg)  # every size of an elastic group splits the batch
         plan.say("data", _data_line(plan, key, loader))

@@ -176,6 +176,27 @@ def test_relative_paths_of_every_stage_are_made_absolute_for_the_workers(user_fo
     assert cfg["val_dataloader"]["dataset"]["paths"] == "data/digits_parquet/val"  # as given
 
 
+def test_a_streaming_datasets_pipeline_passes_the_drivers_check(user_folder, monkeypatch):
+    """MMEngine's place for transforms, ``dataset.pipeline`` (issue 48), through the Ray
+    driver's checks: accepted as the workers will take it (ParquetShards alone would refuse
+    the argument), and refused in one line when the loader has a pipeline too."""
+    from distributed_runner import Config
+    from distributed_runner.core.errors import ConfigError
+    from distributed_runner.launch.launcher_config import validate_config
+
+    monkeypatch.chdir(user_folder)
+    cfg = Config.fromfile(ROOT / "configs" / "digits_cnn_streaming.py",
+                          cfg_options=[f"work_dir={user_folder / 'w'}"])
+    cfg["custom_imports"] = dict(imports=["distributed_runner.examples.digits", "tests.stream_probe"])
+    steps = [dict(type="RecordAndDropIndex", path=str(user_folder / "seen.txt"))]
+    cfg["train_dataloader"]["dataset"]["pipeline"] = steps
+    plan = validate_config(cfg)
+    assert plan.cfg["train_dataloader"]["dataset"]["pipeline"] == steps  # as the workers get it
+    cfg["train_dataloader"]["pipeline"] = steps
+    with pytest.raises(ConfigError, match=r"^train_dataloader\.dataset\.pipeline: given with "):
+        validate_config(cfg)
+
+
 def test_settings_are_read_only(tmp_path):
     from distributed_runner.engine.config_prep import prepare_config
     from distributed_runner.engine.sections import settings_of

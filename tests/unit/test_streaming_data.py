@@ -283,3 +283,25 @@ def test_shards_lost_under_a_running_job_stop_it_in_one_line_with_its_checkpoint
     assert "unreadable after 3 tries" in str(e.value)
     saved = torch.load(tmp_path / "wd" / "iter_10.pth", weights_only=False)
     assert saved["meta"]["iter"] == 10
+
+
+def test_a_pipeline_written_on_the_dataset_as_in_mmengine_is_the_loaders(data, tmp_path):
+    """``dataset=dict(type='ParquetShards', ..., pipeline=[...])`` (issue 48): the loader runs
+    it, as it runs its own ``pipeline``; the same batches, the same random draws. Given in both
+    places, or with a transform that does not exist, it is one line naming the key written."""
+    def batches(**where):
+        ld = loader(data, num_workers=0, **where)
+        return [(b["index"].tolist(), b["noise"].tolist()) for b in ld]
+
+    steps = [dict(type="RecordIndex", path=str(tmp_path / "seen.txt"))]
+    on_dataset = batches(dataset=dict(type="ParquetShards", paths=str(data), pipeline=steps))
+    assert on_dataset == batches(pipeline=steps)
+    assert len(recorded(tmp_path / "seen.txt")) == 2 * sum(len(i) for i, _ in on_dataset)
+    with pytest.raises(ConfigError) as both:
+        loader(data, pipeline=steps,
+               dataset=dict(type="ParquetShards", paths=str(data), pipeline=steps))
+    assert str(both.value) == ("train_dataloader.dataset.pipeline: given with "
+                               "train_dataloader.pipeline: keep one of them (the loader runs either)")
+    with pytest.raises(ConfigError, match=r"^train_dataloader\.dataset\.pipeline\[0\]"):
+        loader(data, dataset=dict(type="ParquetShards", paths=str(data),
+                                  pipeline=[dict(type="NoSuchTransform")]))

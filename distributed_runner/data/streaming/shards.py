@@ -122,8 +122,8 @@ def stream_sources_absolute(loader: dict, key: str = "train_dataloader") -> bool
     items = [given] if isinstance(given, (str, Path)) else list(given)
     resolved = [str(p) if is_remote(p) else str(Path(p).expanduser().resolve()) for p in items]
     dataset["paths"] = resolved[0] if isinstance(given, (str, Path)) else resolved
-    if dataset.get("type") == "ParquetShards":
-        DATASETS.build(dataset, f"{key}.dataset")
+    if dataset.get("type") == "ParquetShards":  # its pipeline is the loader's (streaming_arguments)
+        DATASETS.build({k: v for k, v in dataset.items() if k != "pipeline"}, f"{key}.dataset")
     return any(is_remote(p) for p in resolved)
 
 
