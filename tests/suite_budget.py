@@ -16,11 +16,6 @@
   under a second of one core) takes no lock and goes on beside it: the serial tests were set
   apart from other Ray runs and subprocesses, which load both cores, not from these. Without
   xdist (one process) no lock is taken: everything is serial already.
-- The order of files under xdist (``--dist loadfile --no-loadscope-reorder`` in pyproject's
-  addopts): files with slow tests first, integration before unit and more slow tests before
-  fewer, so that the longest units do not start last; then the files that hold a serial test;
-  then the rest. While a serial test runs, the other worker is then mostly on fast-tier files,
-  which it runs beside it instead of waiting.
 """
 from __future__ import annotations
 
@@ -51,24 +46,6 @@ def reason_of(mark: pytest.Mark | None) -> str | None:
     return reason if isinstance(reason, str) and reason.strip() else None
 
 
-def in_file_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """``items`` file by file, each file's own order kept: files with slow tests and no serial
-    one (integration first, most slow tests first), then files with a serial test, then the
-    rest (see the module's docstring)."""
-    files: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        files.setdefault(item.nodeid.split("::")[0], []).append(item)
-
-    def rank(path: str) -> tuple[int, bool, int, str]:
-        tests = files[path]
-        slow = sum(item.get_closest_marker("slow") is not None for item in tests)
-        serial = any(item.get_closest_marker("serial") is not None for item in tests)
-        group = 1 if serial else (0 if slow else 2)
-        return group, "/integration/" not in f"/{path}", -slow, path
-
-    return [item for path in sorted(files, key=rank) for item in files[path]]
-
-
 class SuiteBudget:
     """Sums each test's phase durations and knows each test's ``slow`` reason."""
 
@@ -95,8 +72,6 @@ class SuiteBudget:
             slow = reason_of(item.get_closest_marker("slow"))
             if slow is not None:  # travels with the reports to xdist's controller
                 item.user_properties.append(("slow_reason", slow))
-        if self.worker:  # every worker sorts the same collection the same way
-            items[:] = in_file_order(items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration

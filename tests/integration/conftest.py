@@ -23,9 +23,18 @@ def ray_cluster():
     # and a plain ray.init() would join the other worker's (the address file Ray leaves in /tmp).
     # Its processes are started knowing its address, as drun's local Ray's are: Ray Train's
     # placement-group cleaner looks for "the" cluster otherwise, and with two on the machine
-    # dies with "Found multiple active Ray instances" in the output of a run that joined this one
+    # dies with "Found multiple active Ray instances" in the output of a run that joined this one.
+    # It has a dashboard of its own, on a free port: Ray Train's placement-group cleaner asks the
+    # state API whether the run's controller is alive and takes "not found" for dead. Without a
+    # dashboard that API is 127.0.0.1:8265, where another Ray of the session (a drun's local
+    # Ray, a `ray start` head) may listen, knows nothing of this cluster's controller, and the
+    # cleaner removed the placement group of a live run: its workers were killed mid-run
+    # ("Destroying worker since its placement group was removed", CI of 2026-12-02)
+    from tests.toy import free_port
+
     with own_address_environment():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
+                 dashboard_port=free_port(), log_to_driver=False)
     yield ray
     ray.shutdown()
 

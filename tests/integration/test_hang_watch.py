@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.integration.test_ray_train import DATA, dumps, equal_states, fit
-from tests.toy import base_cfg
+from tests.toy import base_cfg, train_on_gloo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow("Ray runs whose group restarts after each stop and hang"),
               pytest.mark.timeout(300)]
@@ -39,10 +39,13 @@ def hang_cfg(work_dir, *hooks):
 
 
 @pytest.fixture(scope="module")
-def reference(ray_cluster, tmp_path_factory):
+def reference(tmp_path_factory):
+    """The config never interrupted, trained by 2 local gloo processes (tests.toy.train_on_gloo:
+    the weights an uninterrupted Ray run of it ends with), without the watchdog's limits."""
     wd = tmp_path_factory.mktemp("hang_reference")
-    status, _, _ = fit(hang_cfg(wd))
-    assert status == 0
+    cfg = hang_cfg(wd)
+    del cfg["launcher"], cfg["watchdog"]
+    train_on_gloo(cfg)
     return wd
 
 
@@ -101,7 +104,7 @@ def stop_hooks(poll):
 @pytest.mark.parametrize("interval", sorted(INTERVALS))
 @pytest.mark.serial("each hang named within hang_timeout + poll + 3 s")
 def test_every_stop_and_hang_is_named_in_time_and_the_run_resumes_exactly(
-        reference, tmp_path, monkeypatch, interval):
+        ray_cluster, reference, tmp_path, monkeypatch, interval):
     """One run per health-check interval: rank 1 stopped at each point of STOPS in turn, and its
     training thread hung once (with the fast interval, also while its Runner is built); each
     is named within hang_timeout + the poll interval + SLACK, the group restarts, and the run

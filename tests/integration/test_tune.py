@@ -179,7 +179,9 @@ PBT = {
 
 
 @pytest.mark.timeout(240)
-def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(mlflow_server, tmp_path):
+def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(ray_cluster, mlflow_server, tmp_path):
+    """On the session's cluster (``--address``): the forks are what is tested, a local Ray's
+    start is the ASHA test's."""
     import torch
 
     work_dir = tmp_path / "pbt"
@@ -195,6 +197,8 @@ def test_pbt_forks_continue_the_donor_with_the_trials_own_lr(mlflow_server, tmp_
             str(work_dir),
             "--num-samples",
             "1",
+            "--address",
+            ray_cluster.get_runtime_context().gcs_address,
             "--cfg-options",
             "train_cfg.max_epochs=3",
             f"tune.param_space={space!r}",

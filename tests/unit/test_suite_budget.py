@@ -115,22 +115,3 @@ def test_under_xdist_a_serial_test_runs_while_no_other_slow_one_does(inner, pyte
     assert all(b <= start or a >= end for a, b in spans.values()), (start, end, spans)
     assert any(a < end and b > start for a, b in fast.values()), (start, end, fast)
 
-
-def test_files_with_slow_tests_go_first_then_serial_ones_then_the_rest():
-    """The order xdist hands files out in: the longest units must not start last."""
-    from types import SimpleNamespace
-
-    from tests.suite_budget import in_file_order
-
-    def item(nodeid, *marks):
-        return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: (
-            object() if name in marks else None))
-
-    items = [item("tests/unit/test_a.py::t1"), item("tests/unit/test_b.py::t1", "slow"),
-             item("tests/unit/test_b.py::t2", "slow", "serial"),
-             item("tests/unit/test_c.py::t1", "slow"), item("tests/unit/test_c.py::t2", "slow"),
-             item("tests/integration/test_d.py::t1", "slow"), item("tests/unit/test_a.py::t0")]
-    assert [i.nodeid for i in in_file_order(items)] == [
-        "tests/integration/test_d.py::t1", "tests/unit/test_c.py::t1", "tests/unit/test_c.py::t2",
-        "tests/unit/test_b.py::t1", "tests/unit/test_b.py::t2",
-        "tests/unit/test_a.py::t1", "tests/unit/test_a.py::t0"]
