@@ -10,12 +10,9 @@
   ``slow`` reason, then the suite's wall time and test count. Under pytest-xdist the controller
   sees every worker's reports, so the table and the budget cover the whole run.
 - ``@pytest.mark.serial("why")``: a timing-sensitive test (it measures a ratio of step times, a
-  hang caught within seconds). Under xdist it runs while no other *slow* test does: it takes a
-  machine-wide lock that every slow test takes shared, so a worker whose next test is slow waits
-  while this one runs. A test that is neither (the fast tier: under the budget, most of it well
-  under a second of one core) takes no lock and goes on beside it: the serial tests were set
-  apart from other Ray runs and subprocesses, which load both cores, not from these. Without
-  xdist (one process) no lock is taken: everything is serial already.
+  hang caught within seconds). Under xdist it runs alone: it takes a machine-wide lock that
+  every other test takes shared, so the other worker waits between its tests while this one runs.
+  Without xdist (one process) the lock is not taken: everything is serial already.
 """
 from __future__ import annotations
 
@@ -125,15 +122,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Under xdist: a ``serial`` test holds the machine-wide lock alone; every ``slow`` test holds
-    it shared; the rest take none. Around the whole protocol, so that a module fixture's setup
-    (a reference Ray run) and teardown count as its test's. A gate taken first gives a waiting
-    serial test priority over the next shared taker (flock itself is not fair)."""
-    serial = item.get_closest_marker("serial") is not None
-    if not is_xdist_worker(item.config) or not (serial or item.get_closest_marker("slow")):
+    """Under xdist: a ``serial`` test holds the machine-wide lock alone; every other test holds
+    it shared. Around the whole protocol, so that a module fixture's setup (a reference Ray run)
+    and teardown count as its test's. A gate taken first gives a waiting serial test priority
+    over the next shared taker (flock itself is not fair)."""
+    if not is_xdist_worker(item.config):
         yield
         return
     folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # the session's workers'
+    serial = item.get_closest_marker("serial") is not None
     with open(folder / "serial.gate", "a") as gate, open(folder / "serial.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
