@@ -302,17 +302,14 @@ class HangWatch(WorkerGroupCallback):
 
     def _tripped(self, culprit: RankView, now: float) -> tuple[RankView, Verdict]:
         """The rank whose verdict the report gives, and the verdict: the culprit's own, else
-        that of the most overdue rank that has one. A rank waiting in a collective for the
+        the most overdue rank's (:meth:`_most_overdue`). A rank waiting in a collective for the
         hung one often passes its limit first (it stopped making progress earlier); the
         report then says so instead of quoting the culprit's figure against a limit it has
         not reached yet."""
-        own = self._verdict(culprit, now)
-        if own is not None:
-            return culprit, own
-        judged = [(v, self._verdict(v, now)) for v in self.views if v is not culprit]
-        found = [(v, verdict) for v, verdict in judged if verdict is not None]
-        if found:
-            return max(found, key=lambda pair: pair[1].seconds - pair[1].limit)
+        for view in (culprit, self._most_overdue(now)):
+            verdict = self._verdict(view, now)
+            if verdict is not None:
+                return view, verdict
         key = allowance(culprit.phase, culprit.carry, self.settings)[1]
         return culprit, Verdict(self._idle(culprit, now), self._limit(culprit), key, mute=False)
 

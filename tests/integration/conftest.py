@@ -24,8 +24,8 @@ def ray_cluster():
     # Its processes are started knowing its address, as drun's local Ray's are: Ray Train's
     # placement-group cleaner looks for "the" cluster otherwise, and with two on the machine
     # dies with "Found multiple active Ray instances" in the output of a run that joined this one.
-    # Ray Train's placement-group cleaner asks the state API whether a run's controller lives
-    # and takes "not found" for dead. Without a dashboard that API is 127.0.0.1:8265, where
+    # The cleaner also asks the state API whether a run's controller lives and takes "not
+    # found" for dead. Without a dashboard that API is 127.0.0.1:8265, where
     # another Ray of the session (a drun's local Ray, a `ray start` head) may listen, know
     # nothing of this cluster's controller, and have the cleaner remove a live run's placement
     # group (CI of 2026-12-02: "Destroying worker since its placement group was removed"). So

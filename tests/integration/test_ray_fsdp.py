@@ -3,17 +3,14 @@ and uploaded in the background: each worker reports its own shard files and Ray 
 one checkpoint folder; a worker killed mid-run comes back from it; MLflow receives the last
 checkpoint whole. The run must end with the weights, average and optimizer state of the same
 config trained without interruption by 2 local gloo processes."""
-import os
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from benchmarks.ranks import leave_rank_process
 from tests.integration.test_ray_train import fit, ray_cfg
-from tests.toy import free_port
+from tests.toy import train_on_gloo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow("FSDP Ray runs with a dead worker and their restart"),
               pytest.mark.timeout(240)]
@@ -27,24 +24,11 @@ FSDP = dict(model=dict(type="ToyGPT"), strategy=dict(type="fsdp", shard_modules=
 EMA = dict(type="EMAHook", momentum=0.3)
 
 
-def _reference(rank: int, port: int, cfg: dict) -> None:
-    """One of the 2 local processes of the uninterrupted reference run."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)  # as a 1-CPU Ray worker: the same float summation order
-    import tests.ray_probe  # noqa: F401  (registers what the Ray workers import)
-    from distributed_runner import Runner
-    Runner.from_cfg(cfg).train()
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    leave_rank_process()
-
-
 def train_reference(work_dir: Path, parts: dict) -> None:
     """The config with EMA trained without interruption by 2 local gloo processes."""
     reference = ray_cfg(work_dir, custom_hooks=[EMA], **parts)
     del reference["launcher"]
-    mp.spawn(_reference, args=(free_port(), reference), nprocs=2, join=True)
+    train_on_gloo(reference)
 
 
 def everything(path: Path, tmp: Path) -> dict:
