@@ -7,7 +7,7 @@
   marker took more than S seconds, naming each one. A deselected or skipped test costs nothing.
 - ``--durations=N`` prints this plugin's table instead of pytest's: the N slowest *tests*
   (their phases summed, so a module fixture's setup counts where it is paid), each with its
-  ``slow`` reason, then the suite's wall time and test count. Under pytest-xdist the controller
+  ``slow`` reason, then the costliest files (their tests summed), then the suite's wall time and test count. Under pytest-xdist the controller
   sees every worker's reports, so the table and the budget cover the whole run.
 - ``@pytest.mark.serial("why")``: a timing-sensitive test (it measures a ratio of step times, a
   hang caught within seconds). Under xdist it runs alone: it takes a machine-wide lock that
@@ -97,7 +97,11 @@ class SuiteBudget:
             for seconds, nodeid in timed[:self.rows]:
                 why = self.reasons.get(nodeid)
                 write(f"{seconds:8.1f}s {nodeid}" + (f"  [slow: {why}]" if why else ""))
+            self.write_files(terminalreporter, timed)
         wall = time.monotonic() - self.started
+        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+        if cache is not None and timed:  # every test's seconds, for planning merges
+            cache.set("drun/durations", {n: round(s, 2) for s, n in timed})
         if self.ran:
             write(f"suite: {len(self.ran)} tests ran in {wall:.0f} s wall "
                   f"({sum(self.seconds.values()):.0f} s of test time)")
@@ -105,6 +109,17 @@ class SuiteBudget:
             terminalreporter.write_line(
                 f"over the {self.budget:g} s budget: {nodeid} took {seconds:.1f} s; make it "
                 "cheaper or mark it @pytest.mark.slow(\"why it needs the time\")", red=True)
+
+    def write_files(self, terminalreporter, timed: list[tuple[float, str]]) -> None:
+        """The files that cost the most, summed over their tests: where a merge or a shared
+        fixture pays off (a file's tests often start the same runs or servers)."""
+        by_file: dict[str, list[float]] = defaultdict(list)
+        for seconds, nodeid in timed:
+            by_file[nodeid.split("::")[0]].append(seconds)
+        heavy = sorted(by_file.items(), key=lambda pair: -sum(pair[1]))[:self.rows // 2]
+        terminalreporter.write_sep("=", f"costliest {len(heavy)} files (their tests summed)")
+        for path, seconds in heavy:
+            terminalreporter.write_line(f"{sum(seconds):8.1f}s {path} ({len(seconds)} tests)")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.worker and self.over_budget() and session.exitstatus == 0:

@@ -59,6 +59,9 @@ def hang_run(out_dir: Path, report: dict) -> None:
     work_dir.mkdir(parents=True)
     cfg = hang_cfg(work_dir, dict(type="StopMeOnceHook", at_iter=11, rank=1))
     cfg["launcher"] = dict(cfg["launcher"], placement_strategy="STRICT_SPREAD")
+    # no setup hang is tested here: each restarted group's build on 4 raylets and 2 cores may
+    # take longer than the hang test's 6 s (a second report, CI of 2026-12-02)
+    cfg["watchdog"] = dict(cfg["watchdog"], phase_timeouts=dict(first_iter=120))
     stopped: dict = {}
     threading.Thread(target=stop_when_asked, args=(work_dir, stopped), daemon=True).start()
     start = time.time()
@@ -70,6 +73,7 @@ def hang_run(out_dir: Path, report: dict) -> None:
         hang=status,
         hang_seconds=round(time.time() - start, 1),
         hang_reports=len(reports),
+        hang_firsts=[p.read_text().split("\n", 1)[0][:300] for p in reports],
         hang_rank1=rank1[:4000],
         hang_report_after_s=round(reports[0].stat().st_mtime - stopped["stopped_at"], 2)
         if reports and "stopped_at" in stopped else None,

@@ -61,6 +61,7 @@ def test_the_table_shows_the_slow_reason_and_the_wall_time(inner):
     (marked,) = [line for line in out.splitlines() if "test_marked_and_over" in line]
     assert marked.endswith("[slow: sleeps on purpose]")
     assert re.search(r"suite: 3 tests ran in \d+ s wall", out)
+    assert re.search(r"costliest 1 files .*\n +[\d.]+s test_cases.py \(3 tests\)", out)
     # pytest's own per-phase table is replaced, not printed beside this one
     assert "slowest durations" not in out
 
