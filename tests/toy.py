@@ -193,21 +193,23 @@ def gloo_rank(rank: int, port: int, world_size: int = 2, hang_s: float = 240) ->
     leave_rank_process()
 
 
-def _train_as_rank(rank: int, port: int, cfg: dict) -> None:
+def _train_as_rank(rank: int, port: int, cfgs: tuple[dict, ...]) -> None:
     with gloo_rank(rank, port):
         from distributed_runner import Runner
 
-        Runner.from_cfg(cfg).train()
+        for cfg in cfgs:
+            Runner.from_cfg(cfg).train()
 
 
-def train_on_gloo(cfg: dict, nprocs: int = 2) -> None:
-    """``cfg`` (without a launcher) trained by ``nprocs`` local gloo processes, one thread each
-    as a 1-CPU Ray worker: an uninterrupted Ray run of the same config ends with the same
-    weights bit for bit, for a fraction of a Ray run's processes (the reference of a run that is
-    interrupted on Ray)."""
+def train_on_gloo(*cfgs: dict, nprocs: int = 2) -> None:
+    """Each of ``cfgs`` (without a launcher), one after the other, trained by the same
+    ``nprocs`` local gloo processes, one thread each as a 1-CPU Ray worker: an uninterrupted Ray
+    run of a config ends with the same weights bit for bit, for a fraction of a Ray run's
+    processes (the reference of a run that is interrupted on Ray). Several configs share one
+    spawn: the processes' start and imports are most of a toy run's cost."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_train_as_rank, args=(free_port(), cfg), nprocs=nprocs, join=True)
+    mp.spawn(_train_as_rank, args=(free_port(), cfgs), nprocs=nprocs, join=True)
 
 
 def make_runner(work_dir: Path | str, **overrides: Any):

@@ -32,7 +32,10 @@ def ray_cluster():
     # its processes are told an API server address where nothing listens (port 1): the cleaner
     # gets "unavailable", which it waits out, and stops with its run. A dashboard of its own
     # would answer rightly but costs 0.22 of a core idle against 0.06 (measured), per worker.
-    with own_address_environment(RAY_API_SERVER_ADDRESS="http://127.0.0.1:1"):
+    # Ray Train's preemption watcher is off, as in drun's local Ray (start_local_ray): an actor
+    # process per group start, for nodes an autoscaler drains, which this cluster has none of.
+    with own_address_environment(RAY_API_SERVER_ADDRESS="http://127.0.0.1:1",
+                                 RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0"):
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -112,7 +112,7 @@ def test_impossible_gpu_request_from_the_cli_is_one_line(ray_cluster, tmp_path):
 
 @pytest.mark.serial("Ctrl-C sent while the workers train")
 def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continues_exactly(
-        ray_cluster, tmp_path):
+        tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to drun's process group; Ray's own processes block
     it): the workers end the iteration, save and report a checkpoint and return; drun prints one
     line with the command that continues and exits 130; that command ends with the weights of
@@ -123,6 +123,9 @@ def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continu
     import torch
 
     from distributed_runner.checkpoint.files import read_pointer
+    from distributed_runner.core.config import Config
+    from distributed_runner.core.run_folders import FLAT
+    from tests.toy import train_on_gloo
 
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.1",
                PYTHONPATH=str(ROOT))
@@ -156,18 +159,16 @@ def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continu
     done = subprocess.run(drun + again[1:], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
-    # the run never interrupted, on the session's cluster (the same 2 workers, without a
-    # local Ray's start and stop)
-    whole = subprocess.run(drun + ["train", str(tmp_path / "cfg.py"), "--work-dir",
-                                   str(tmp_path / "whole"), "--address",
-                                   ray_cluster.get_runtime_context().gcs_address],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    # the run never interrupted: the same config on 2 local gloo processes (tests.toy.
+    # train_on_gloo, bit for bit a Ray run's weights) instead of a drun run on Ray
+    whole = dict(Config.fromfile(str(tmp_path / "cfg.py")), work_dir=str(tmp_path / "whole"),
+                 run_name=FLAT)
+    del whole["launcher"]
+    train_on_gloo(whole)
     (run,) = (tmp_path / "wd").glob("2*")  # --resume continued the run in its own folder
     assert Path(checkpoint).parent == run
     final = torch.load(read_pointer(run), weights_only=True)
-    (whole_run,) = (tmp_path / "whole").glob("2*")
-    reference = torch.load(read_pointer(whole_run), weights_only=True)
+    reference = torch.load(read_pointer(tmp_path / "whole"), weights_only=True)
     assert final["meta"]["iter"] == reference["meta"]["iter"] == 23
     for key, value in reference["state_dict"].items():
         assert torch.equal(final["state_dict"][key], value), key

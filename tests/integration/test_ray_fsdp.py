@@ -24,11 +24,22 @@ FSDP = dict(model=dict(type="ToyGPT"), strategy=dict(type="fsdp", shard_modules=
 EMA = dict(type="EMAHook", momentum=0.3)
 
 
-def train_reference(work_dir: Path, parts: dict) -> None:
-    """The config with EMA trained without interruption by 2 local gloo processes."""
+def reference_cfg(work_dir: Path, parts: dict) -> dict:
+    """The config with EMA, without a launcher: trained without interruption by 2 local gloo
+    processes."""
     reference = ray_cfg(work_dir, custom_hooks=[EMA], **parts)
     del reference["launcher"]
-    train_on_gloo(reference)
+    return reference
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> Path:
+    """Both tests' references (FSDP and DDP) in one spawn of 2 gloo processes:
+    ``<folder>/fsdp`` and ``<folder>/ddp``."""
+    folder = tmp_path_factory.mktemp("references")
+    train_on_gloo(reference_cfg(folder / "fsdp", FSDP),
+                  reference_cfg(folder / "ddp", dict(FSDP, strategy="ddp")))
+    return folder
 
 
 def everything(path: Path, tmp: Path) -> dict:
@@ -41,10 +52,8 @@ def everything(path: Path, tmp: Path) -> dict:
 
 
 def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster, mlflow_server,
-                                                                     tmp_path):
+                                                                     references, tmp_path):
     from mlflow.tracking import MlflowClient
-
-    train_reference(tmp_path / "reference", FSDP)
 
     cfg = ray_cfg(tmp_path / "died", experiment_name=f"fsdp-{uuid.uuid4().hex[:8]}",
                   log_level="INFO",
@@ -65,7 +74,8 @@ def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster
     log = (tmp_path / "died" / "logs" / "run.log").read_text()
     assert "resumed from" in log and "iter_7.pth (epoch 1, iter 7)" in log
 
-    a, b = (everything(tmp_path / run / "last.pth", tmp_path) for run in ("reference", "died"))
+    a, b = (everything(path / "last.pth", tmp_path) for path in (references / "fsdp",
+                                                                 tmp_path / "died"))
     assert a["manifest"]["meta"]["iter"] == b["manifest"]["meta"]["iter"] == 15
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), f"model {k}"
@@ -88,21 +98,21 @@ def test_fsdp_async_shards_through_ray_survive_a_dead_worker_exactly(ray_cluster
         run_id, f"checkpoints/{shard_dir}")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
-def test_ddp_on_the_transformer_through_ray_survives_a_dead_worker_exactly(ray_cluster, tmp_path):
+def test_ddp_on_the_transformer_through_ray_survives_a_dead_worker_exactly(ray_cluster, references,
+                                                                          tmp_path):
     """The same transformer toy with DDP (one checkpoint file, written in the background): a
     worker killed after iteration 10 (or the first after it at which iteration 7's background
     save is committed and persisted) comes back from iteration 7 and the run ends with the
     weights, average and optimizer state of 2 local gloo processes that were never interrupted."""
     ddp = dict(FSDP, strategy="ddp")
-    train_reference(tmp_path / "reference", ddp)
     die = dict(type="DieOnceHook", at_iter=10, persisted=7)
     cfg = ray_cfg(tmp_path / "died", custom_hooks=[EMA, die], log_level="INFO", **ddp)
     cfg["launcher"]["max_failures"] = 1
     cfg["default_hooks"]["checkpoint"]["async_save"] = True
     assert fit(cfg)[0] == 0 and 10 <= int((tmp_path / "died" / "died_once").read_text()) < 14
     assert "iter_7.pth (epoch 1, iter 7)" in (tmp_path / "died" / "logs" / "run.log").read_text()
-    a, b = (torch.load(tmp_path / run / "last.pth", weights_only=False)
-            for run in ("reference", "died"))
+    a, b = (torch.load(path / "last.pth", weights_only=False)
+            for path in (references / "ddp", tmp_path / "died"))
     assert a["meta"]["iter"] == b["meta"]["iter"] == 15
     for part in ("state_dict", "ema_state_dict"):
         assert a[part].keys() == b[part].keys()

@@ -194,21 +194,6 @@ def test_a_killed_node_is_left_behind_and_an_elastic_group_shrinks_and_grows(uni
           f"run {report['hang_seconds']} s")
 
 
-def test_second_driver_run_with_the_same_name_resumes(ray_cluster, tmp_path):
-    hooks = [dict(type="RankDumpHook")]
-    status, first, _ = fit(ray_cfg(tmp_path, custom_hooks=hooks,
-                                   train_cfg=dict(by_epoch=True, max_epochs=2)))
-    assert status == 0
-    r0, r1 = (d["state"] for d in dumps(tmp_path))
-    # without SyncBuffersHook each rank keeps its own BN statistics
-    assert not torch.equal(r0["bn.running_mean"], r1["bn.running_mean"])
-    status, second, _ = fit(ray_cfg(tmp_path, custom_hooks=hooks,
-                                    train_cfg=dict(by_epoch=True, max_epochs=3)))
-    assert status == 0 and second.name == first.name
-    rerun = dumps(tmp_path)[0]
-    assert rerun["iter"] == 15 and len(rerun["seen"]) == 20  # only the third epoch was trained
-
-
 def test_ddp_matches_one_process_with_the_double_batch(ray_cluster, tmp_path):
     common = dict(model=dict(type="ToyLinear"), val_dataloader=None, val_evaluator=None,
                   val_cfg=None, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.5)),
@@ -252,14 +237,29 @@ def test_worker_errors_make_the_driver_fail_and_the_mlflow_run_failed(ray_cluste
     assert MlflowClient(mlflow_server.uri).get_run(run_id).info.status == "FAILED"
 
 
-def test_a_restart_resumes_from_a_newer_persisted_checkpoint_ray_did_not_register(ray_cluster,
-                                                                                   tmp_path):
-    """A worker killed right after a report can leave a checkpoint persisted under the run's
-    storage that Ray's controller never registered; Ray then hands back an older one. Made
-    deterministic here: after a finished run, Ray's checkpoint-manager snapshot forgets every
-    checkpoint after iteration 7, and the driver is rerun for one more epoch. Ray hands back
-    iter_7; the workers resume from last.pth (iteration 15), which is newer and verifies."""
-    assert fit(ray_cfg(tmp_path))[0] == 0  # 15 iterations: iter_7, iter_14, last
+@pytest.mark.timeout(360)
+def test_a_second_driver_run_resumes_and_a_newer_checkpoint_than_ray_registered_wins(ray_cluster,
+                                                                                     tmp_path):
+    """Three drivers on one run name (two tests merged, each of which trained 15 iterations
+    first; issue 47). A second driver run with the same name resumes: after 2 epochs, a run to
+    3 trains only the third. Then a worker killed right after a report can leave a checkpoint
+    persisted under the run's storage that Ray's controller never registered, and Ray hands
+    back an older one. Made deterministic: Ray's checkpoint-manager snapshot forgets every
+    checkpoint after iteration 7, and a third driver runs one more epoch. Ray hands back iter_7;
+    the workers resume from last.pth (iteration 15), which is newer and verifies."""
+    hooks = [dict(type="RankDumpHook")]
+    status, first, _ = fit(ray_cfg(tmp_path, custom_hooks=hooks,
+                                   train_cfg=dict(by_epoch=True, max_epochs=2)))
+    assert status == 0
+    r0, r1 = (d["state"] for d in dumps(tmp_path))
+    # without SyncBuffersHook each rank keeps its own BN statistics
+    assert not torch.equal(r0["bn.running_mean"], r1["bn.running_mean"])
+    status, second, _ = fit(ray_cfg(tmp_path, custom_hooks=hooks,
+                                    train_cfg=dict(by_epoch=True, max_epochs=3)))
+    assert status == 0 and second.name == first.name
+    rerun = dumps(tmp_path)[0]
+    assert rerun["iter"] == 15 and len(rerun["seen"]) == 20  # only the third epoch was trained
+
     snapshot = tmp_path / "ray_storage" / tmp_path.name / "checkpoint_manager_snapshot.json"
     state = json.loads(snapshot.read_text())
     kept = [r for r in state["checkpoint_results"] if r["metrics"]["iter"] == 7]
@@ -273,6 +273,7 @@ def test_a_restart_resumes_from_a_newer_persisted_checkpoint_ray_did_not_registe
     assert len(log) == 2, "the restart did not say which checkpoint it chose"
     assert log[1].startswith(" iter_7.pth; resuming from ") and "last.pth instead" in log[1]
     assert "(epoch 3, iter 15)" in log[1]
-    # no iteration repeated: iter_14 was not written again, only the new last.pth
+    # no iteration repeated: iter_14 was not written again, only the new last.pth (the first
+    # driver wrote iter_7 and last at 10, the second iter_14 and last at 15)
     writes = [line.split()[1] for line in (tmp_path / "writes.txt").read_text().splitlines()]
-    assert writes == ["iter_7.pth", "iter_14.pth", "last.pth", "last.pth"]
+    assert writes == ["iter_7.pth", "last.pth", "iter_14.pth", "last.pth", "last.pth"]

@@ -276,32 +276,48 @@ def _process_group(rank: int, port: int):
     leave_rank_process()  # only when the body did not raise
 
 
-def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
+def _each_body(rank: int, port: int, out_dir: str) -> None:
+    """Every two-rank body below, one after the other, in one process group: one spawn of 2
+    processes for the four tests (issue 47: a spawn's start and imports cost more than a body)."""
     with _process_group(rank, port):
-        runner = Runner.from_cfg(base_cfg(
-            os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[3], nan_rank=1),
-            train_cfg=dict(by_epoch=True, max_epochs=6),
-            val_evaluator=dict(type="SeqMetric", values=[0.5, 0.6, 0.6, 0.6, 0.6, 0.6]),
-            default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=-1)),
-            custom_hooks=[dict(type="NonFiniteLossHook", policy="skip"),
-                          dict(type="RequestHook", kind="checkpoint", at_iter=4, rank=1),
-                          dict(type="RequestHook", kind="val", at_iter=7, rank=0),
-                          dict(type="EarlyStoppingHook", monitor="score", rule="greater",
-                               patience=2,
-                               min_delta=0.01)]))
-        runner.train()
-        result = {"iter": runner.iter, "log": [list(e[:2]) for e in runner.requests.log],
-                  "reasons": [list(e[2]) for e in runner.requests.log],
-                  "events": runner.get_hook("non_finite_loss").events,
-                  "weights": {k: v.tolist() for k, v in runner.model.state_dict().items()
-                              if "weight" in k}}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
+        for body in TWO_RANK_BODIES:
+            os.makedirs(os.path.join(out_dir, body.__name__), exist_ok=True)
+            body(rank, os.path.join(out_dir, body.__name__))
 
 
-def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(tmp_path):
-    mp.start_processes(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2,
-                       join=True, start_method="spawn")
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The folder where each body left its files, under the body's name."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    mp.start_processes(_each_body, args=(_free_port(), str(folder)), nprocs=2, join=True,
+                       start_method="spawn")
+    return folder
+
+
+def _two_rank_body(rank: int, out_dir: str) -> None:
+    runner = Runner.from_cfg(base_cfg(
+        os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[3], nan_rank=1),
+        train_cfg=dict(by_epoch=True, max_epochs=6),
+        val_evaluator=dict(type="SeqMetric", values=[0.5, 0.6, 0.6, 0.6, 0.6, 0.6]),
+        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=-1)),
+        custom_hooks=[dict(type="NonFiniteLossHook", policy="skip"),
+                      dict(type="RequestHook", kind="checkpoint", at_iter=4, rank=1),
+                      dict(type="RequestHook", kind="val", at_iter=7, rank=0),
+                      dict(type="EarlyStoppingHook", monitor="score", rule="greater",
+                           patience=2,
+                           min_delta=0.01)]))
+    runner.train()
+    result = {"iter": runner.iter, "log": [list(e[:2]) for e in runner.requests.log],
+              "reasons": [list(e[2]) for e in runner.requests.log],
+              "events": runner.get_hook("non_finite_loss").events,
+              "weights": {k: v.tolist() for k, v in runner.model.state_dict().items()
+                          if "weight" in k}}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(two_ranks):
+    tmp_path = two_ranks / "_two_rank_body"
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # 20 samples / 2 ranks / batch 4 = 5 iterations per epoch; scores 0.5, 0.6 (+val request),
     # then no improvement twice -> early stop after the 4th validation (epoch 3)
@@ -316,21 +332,19 @@ def test_requests_and_nan_skip_raised_on_one_rank_are_agreed_by_both(tmp_path):
     assert (tmp_path / "wd" / "iter_4.pth").is_file()
 
 
-def _rollback_worker(rank: int, port: int, out_dir: str) -> None:
-    with _process_group(rank, port):
-        runner = Runner.from_cfg(base_cfg(
-            os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[8], nan_rank=1),
-            default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1)),
-            custom_hooks=[dict(type="NonFiniteLossHook", policy="rollback", lr_scale=0.5),
-                          dict(type="ControlDumpHook")]))
-        runner.train()
-        with open(os.path.join(out_dir, f"forwards{rank}.json"), "w") as f:
-            json.dump(runner.model.forwards, f)
+def _rollback_body(rank: int, out_dir: str) -> None:
+    runner = Runner.from_cfg(base_cfg(
+        os.path.join(out_dir, "wd"), model=dict(type="NanModel", nan_at=[8], nan_rank=1),
+        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1)),
+        custom_hooks=[dict(type="NonFiniteLossHook", policy="rollback", lr_scale=0.5),
+                      dict(type="ControlDumpHook")]))
+    runner.train()
+    with open(os.path.join(out_dir, f"forwards{rank}.json"), "w") as f:
+        json.dump(runner.model.forwards, f)
 
 
-def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(tmp_path):
-    mp.start_processes(_rollback_worker, args=(_free_port(), str(tmp_path)), nprocs=2,
-                       join=True, start_method="spawn")
+def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(two_ranks):
+    tmp_path = two_ranks / "_rollback_body"
     r0, r1 = (json.loads((tmp_path / "wd" / f"control_rank{r}.json").read_text()) for r in (0, 1))
     assert r0["events"] == r1["events"] == 1
     assert r0["lr"] == r1["lr"] == pytest.approx(0.05)
@@ -339,27 +353,25 @@ def test_rollback_on_one_rank_restores_both_from_rank_0s_checkpoint(tmp_path):
     assert [json.loads((tmp_path / f"forwards{r}.json").read_text()) for r in (0, 1)] == [18, 18]
 
 
-def _auto_worker(rank: int, port: int, out_dir: str) -> None:
-    with _process_group(rank, port):
-        runner = Runner.from_cfg(base_cfg(
-            os.path.join(out_dir, "wd"), train_cfg=dict(by_epoch=True, max_epochs=8),
-            default_hooks=dict(checkpoint=None),
-            custom_hooks=[dict(type="RequestHook", kind="stop_training", at_iter=27, rank=1),
-                          dict(type="RequestHook", kind="stop", at_iter=29, rank=0)]))
-        runner.train()
-        with open(os.path.join(out_dir, f"auto{rank}.json"), "w") as f:
-            json.dump({"iter": runner.iter, "n": runner.requests.agree_n,
-                       "log": [list(e[:2]) for e in runner.requests.log],
-                       "reasons": [list(e[2]) for e in runner.requests.log]}, f)
+def _auto_body(rank: int, out_dir: str) -> None:
+    runner = Runner.from_cfg(base_cfg(
+        os.path.join(out_dir, "wd"), train_cfg=dict(by_epoch=True, max_epochs=8),
+        default_hooks=dict(checkpoint=None),
+        custom_hooks=[dict(type="RequestHook", kind="stop_training", at_iter=27, rank=1),
+                      dict(type="RequestHook", kind="stop", at_iter=29, rank=0)]))
+    runner.train()
+    with open(os.path.join(out_dir, f"auto{rank}.json"), "w") as f:
+        json.dump({"iter": runner.iter, "n": runner.requests.agree_n,
+                   "log": [list(e[:2]) for e in runner.requests.log],
+                   "reasons": [list(e[2]) for e in runner.requests.log]}, f)
 
 
-def test_auto_agreement_interval_is_the_same_on_every_rank(tmp_path):
+def test_auto_agreement_interval_is_the_same_on_every_rank(two_ranks):
     """Also MMEngine's flag set on one rank (issue 48): rank 1's hook sets
     ``train_loop.stop_training = True`` after iteration 27 and both ranks stop at the same
     agreement point (MMEngine's loop would end rank 1 alone, and rank 0 would die in its next
     collective); rank 0's request_stop after 29 lands with it when the interval reaches 30."""
-    mp.start_processes(_auto_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    tmp_path = two_ranks / "_auto_body"
     r0, r1 = (json.loads((tmp_path / f"auto{r}.json").read_text()) for r in (0, 1))
     assert r0["n"] == r1["n"] >= 1  # rank 0 timed 20 iterations and sent its choice along
     assert r0["iter"] == r1["iter"] and r0["log"] == r1["log"] and len(r0["log"]) == 1
@@ -382,23 +394,21 @@ def test_mmengines_stop_training_flag_ends_training_after_that_iteration(tmp_pat
     assert torch.load(read_pointer(tmp_path), weights_only=True)["meta"]["iter"] == 7
 
 
-def _late_worker(rank: int, port: int, out_dir: str) -> None:
-    with _process_group(rank, port):
-        runner = Runner.from_cfg(base_cfg(
-            os.path.join(out_dir, "wd"), default_hooks=dict(checkpoint=dict(
-                type="CheckpointHook", interval=-1, save_last=False)),
-            train_cfg=dict(by_epoch=True, max_epochs=2, agree_every=4), val_dataloader=None,
-            val_evaluator=None, val_cfg=None,
-            custom_hooks=[dict(type="RequestHook", kind="checkpoint", at_iter=9, rank=1)]))
-        runner.train()
-        with open(os.path.join(out_dir, f"late{rank}.json"), "w") as f:
-            json.dump([list(e[:2]) for e in runner.requests.log], f)
+def _late_body(rank: int, out_dir: str) -> None:
+    runner = Runner.from_cfg(base_cfg(
+        os.path.join(out_dir, "wd"), default_hooks=dict(checkpoint=dict(
+            type="CheckpointHook", interval=-1, save_last=False)),
+        train_cfg=dict(by_epoch=True, max_epochs=2, agree_every=4), val_dataloader=None,
+        val_evaluator=None, val_cfg=None,
+        custom_hooks=[dict(type="RequestHook", kind="checkpoint", at_iter=9, rank=1)]))
+    runner.train()
+    with open(os.path.join(out_dir, f"late{rank}.json"), "w") as f:
+        json.dump([list(e[:2]) for e in runner.requests.log], f)
 
 
-def test_a_request_after_the_last_agreement_point_is_agreed_on_at_the_end(tmp_path):
+def test_a_request_after_the_last_agreement_point_is_agreed_on_at_the_end(two_ranks):
     # 5 iterations an epoch, 10 in all; ranks agree after 4 and 8: the request after 9 is left
-    mp.start_processes(_late_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    tmp_path = two_ranks / "_late_body"
     logs = [json.loads((tmp_path / f"late{r}.json").read_text()) for r in (0, 1)]
     assert logs == [[[10, "checkpoint"]]] * 2
     assert (tmp_path / "wd" / "iter_10.pth").is_file()
@@ -407,3 +417,6 @@ def test_a_request_after_the_last_agreement_point_is_agreed_on_at_the_end(tmp_pa
 def test_agree_every_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="train_cfg.agree_every: got 0; takes an int >= 1 or 'auto'"):
         make_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1, agree_every=0))
+
+
+TWO_RANK_BODIES = (_two_rank_body, _rollback_body, _auto_body, _late_body)

@@ -200,34 +200,49 @@ def test_the_docs_strategy_fits_a_llama_and_the_memory_table_is_what_its_code_pr
     assert printed == table and len(table) == 8
 
 
-def _pretrained_rank(rank: int, port: int, folder: str, out: str) -> None:
+def _pretrained_rank(rank: int, folder: str, out: str) -> None:
+    from distributed_runner import Runner
+    from tests.unit.test_hf_pretrained import cfg, tensors
+    runner = Runner.from_cfg(cfg(Path(out), folder, lr=0.0, strategy=dict(
+        type="fsdp", tp=2, shard_modules=["LlamaDecoderLayer"], checkpoint="full")))
+    q = runner.model.model.layers[0].self_attn.q_proj.weight
+    assert q.device_mesh.mesh_dim_names == ("dp_shard", "tp")
+    assert q.to_local().shape[0] == q.shape[0] // 2  # this rank's half of the heads
+    runner.train()
+    state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
+    source = tensors(Path(folder))
+    assert state.keys() == source.keys()
+    assert all(torch.equal(state[k], source[k]) for k in source)
+    # checkpoint='full' gathers the 2-D shards into one plain file
+    saved = torch.load(Path(out) / "iter_4.pth", weights_only=True)["state_dict"]
+    assert all(torch.equal(saved[k], source[k]) for k in source)
+
+
+def _both_ranks(rank: int, port: int, folder: str, out: str) -> None:
+    """The two 2-rank bodies below in one process group: one spawn of 2 processes (each imports
+    torch and transformers) for both tests (issue 47)."""
     with gloo_rank(rank, port):
-        from distributed_runner import Runner
-        from tests.unit.test_hf_pretrained import cfg, tensors
-        runner = Runner.from_cfg(cfg(Path(out), folder, lr=0.0, strategy=dict(
-            type="fsdp", tp=2, shard_modules=["LlamaDecoderLayer"], checkpoint="full")))
-        q = runner.model.model.layers[0].self_attn.q_proj.weight
-        assert q.device_mesh.mesh_dim_names == ("dp_shard", "tp")
-        assert q.to_local().shape[0] == q.shape[0] // 2  # this rank's half of the heads
-        runner.train()
-        state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
-        source = tensors(Path(folder))
-        assert state.keys() == source.keys()
-        assert all(torch.equal(state[k], source[k]) for k in source)
-        # checkpoint='full' gathers the 2-D shards into one plain file
-        saved = torch.load(Path(out) / "iter_4.pth", weights_only=True)["state_dict"]
-        assert all(torch.equal(saved[k], source[k]) for k in source)
+        _pretrained_rank(rank, folder, str(Path(out) / "pretrained"))
+        _qwen3_rank(rank, str(Path(out) / "qwen3"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """Where both bodies ran: ``pretrained/`` (a saved Llama loaded into split layers) and
+    ``qwen3/tp`` (Qwen3 under its own plan); a body's failed assert fails both tests."""
+    from tools.make_tiny_llama import make
+    out = tmp_path_factory.mktemp("tp_two_ranks")
+    folder = make(out / "llama", hidden=64, layers=2, heads=4, shard="60KB", seed=0)
+    mp.spawn(_both_ranks, args=(free_port(), str(folder), str(out)), nprocs=2, join=True)
+    return out
 
 
 @pytest.mark.slow("2 gloo processes load a saved model into split layers")
-def test_load_from_a_model_directory_fills_the_split_layers_exactly(tmp_path):
+def test_load_from_a_model_directory_fills_the_split_layers_exactly(two_ranks):
     """A sharded save_pretrained Llama as load_from under tp=2 (built empty, split, then each
     rank reads its slices): trained with lr=0 it is tensor for tensor the files, and so is its
-    full (gathered, one-file) checkpoint."""
-    from tools.make_tiny_llama import make
-    folder = make(tmp_path / "llama", hidden=64, layers=2, heads=4, shard="60KB", seed=0)
-    mp.spawn(_pretrained_rank, args=(free_port(), str(folder), str(tmp_path / "run")), nprocs=2,
-             join=True)
+    full (gathered, one-file) checkpoint (asserted on each rank, in _pretrained_rank)."""
+    assert (two_ranks / "pretrained" / "iter_4.pth").is_file()
 
 
 QWEN3 = dict(type="transformers.Qwen3ForCausalLM",
@@ -237,39 +252,39 @@ QWEN3 = dict(type="transformers.Qwen3ForCausalLM",
                          tie_word_embeddings=False))
 
 
-def _qwen3_rank(rank: int, port: int, out: str) -> None:
-    with gloo_rank(rank, port):
-        from distributed_runner import Runner
-        runner = Runner.from_cfg(llama_cfg(Path(out) / "tp", 8, dict(type="fsdp", tp=2),
-                                           model=QWEN3, custom_hooks=[]))
-        runner.train()
-        # a sampler splitting over the world, not the groups, would feed a group two batches
-        from distributed_runner.data.loaders import build_dataloader
-        with pytest.raises(ConfigError, match="train_dataloader.sampler: DistributedSampler "
-                                              "splits the data over 2 ranks"):
-            build_dataloader(dict(dataset=dict(type="HFToyTokens", n=8), batch_size=2,
-                                  sampler=dict(type="DistributedSampler")),
-                             "train_dataloader", 0)
-        q_norm = runner.model.model.layers[0].self_attn.q_norm.weight.full_tensor()
-        theirs = [torch.empty_like(q_norm), torch.empty_like(q_norm)]
-        torch.distributed.all_gather(theirs, q_norm)
-        assert torch.equal(theirs[0], theirs[1])  # the partial gradients were summed
-        state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
-        if rank == 0:
-            torch.save(state, Path(out) / "tp.pt")
+def _qwen3_rank(rank: int, out: str) -> None:
+    from distributed_runner import Runner
+    runner = Runner.from_cfg(llama_cfg(Path(out) / "tp", 8, dict(type="fsdp", tp=2),
+                                       model=QWEN3, custom_hooks=[]))
+    runner.train()
+    # a sampler splitting over the world, not the groups, would feed a group two batches
+    from distributed_runner.data.loaders import build_dataloader
+    with pytest.raises(ConfigError, match="train_dataloader.sampler: DistributedSampler "
+                                          "splits the data over 2 ranks"):
+        build_dataloader(dict(dataset=dict(type="HFToyTokens", n=8), batch_size=2,
+                              sampler=dict(type="DistributedSampler")),
+                         "train_dataloader", 0)
+    q_norm = runner.model.model.layers[0].self_attn.q_norm.weight.full_tensor()
+    theirs = [torch.empty_like(q_norm), torch.empty_like(q_norm)]
+    torch.distributed.all_gather(theirs, q_norm)
+    assert torch.equal(theirs[0], theirs[1])  # the partial gradients were summed
+    state = {k: v.full_tensor() for k, v in runner.model.state_dict().items()}
+    if rank == 0:
+        torch.save(state, Path(out) / "tp.pt")
 
 
 @pytest.mark.slow("a Qwen3 on 2 gloo processes beside one process")
-def test_qwen3s_own_plan_sums_the_per_head_norms_gradients_and_follows_one_process(tmp_path):
+def test_qwen3s_own_plan_sums_the_per_head_norms_gradients_and_follows_one_process(two_ranks,
+                                                                                   tmp_path):
     """Qwen3's plan has q_norm/k_norm 'replicated_with_grad_allreduce': whole on every rank,
     but each sees only its rank's heads, so their gradients are summed over the group."""
     from distributed_runner import Runner
     one = Runner.from_cfg(llama_cfg(tmp_path / "one", 8, model=QWEN3, custom_hooks=[]))
     one.train()
-    mp.spawn(_qwen3_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    print("one process", logged(tmp_path / "one"), "\ntp=2", logged(tmp_path / "tp"))
-    assert close(logged(tmp_path / "tp"), logged(tmp_path / "one"))
-    split, whole = torch.load(tmp_path / "tp.pt"), one.model.state_dict()
+    ranks = two_ranks / "qwen3"  # where the 2 ranks ran: tp/ and tp.pt
+    print("one process", logged(tmp_path / "one"), "\ntp=2", logged(ranks / "tp"))
+    assert close(logged(ranks / "tp"), logged(tmp_path / "one"))
+    split, whole = torch.load(ranks / "tp.pt"), one.model.state_dict()
     assert all(torch.allclose(split[k], whole[k], rtol=1e-4, atol=1e-5) for k in whole)
 
 
