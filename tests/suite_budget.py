@@ -7,8 +7,10 @@
   marker took more than S seconds, naming each one. A deselected or skipped test costs nothing.
 - ``--durations=N`` prints this plugin's table instead of pytest's: the N slowest *tests*
   (their phases summed, so a module fixture's setup counts where it is paid), each with its
-  ``slow`` reason, then the costliest files (their tests summed), then the suite's wall time and test count. Under pytest-xdist the controller
-  sees every worker's reports, so the table and the budget cover the whole run.
+  ``slow`` reason, then the costliest files (their tests summed), then the suite's wall time
+  and test count; every test's seconds are kept in pytest's cache (``drun/durations``). Under
+  pytest-xdist the controller sees every worker's reports, so the tables and the budget cover
+  the whole run.
 - ``@pytest.mark.serial("why")``: a timing-sensitive test (it measures a ratio of step times, a
   hang caught within seconds). Under xdist it runs alone: it takes a machine-wide lock that
   every other test takes shared, so the other worker waits between its tests while this one runs.

@@ -1,10 +1,8 @@
 """Requests with rank consensus, the interval spec, time-based and top-K checkpoints, the
 NaN/inf policy and SIGTERM preemption — in-process and over 2 local gloo processes."""
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +14,19 @@ import torch.multiprocessing as mp
 
 import distributed_runner.core.interval as interval_module
 import tests.hook_probes
-from benchmarks.ranks import leave_rank_process
 from distributed_runner import Runner
 from distributed_runner.checkpoint.files import read_pointer
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.interval import Interval
 from distributed_runner.core.preemption import TrainingPreempted
-from tests.toy import assert_state_equal, base_cfg, make_runner, params_of
+from tests.toy import (
+    assert_state_equal,
+    base_cfg,
+    free_port,
+    gloo_rank,
+    make_runner,
+    params_of,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -256,41 +260,23 @@ def test_drun_train_on_sigterm_exits_143_within_the_bound_then_resumes_exactly(t
 
 
 # -- two ranks: a request or a NaN on one rank only ----------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _process_group(rank: int, port: int):
-    """This spawned process as one of 2 gloo ranks; torn down only when both are done."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.distributed.barrier()  # neither rank tears gloo down while the other still uses it
-        torch.distributed.destroy_process_group()
-    leave_rank_process()  # only when the body did not raise
-
-
 def _each_body(rank: int, port: int, out_dir: str) -> None:
     """Every two-rank body below, one after the other, in one process group: one spawn of 2
-    processes for the four tests (issue 47: a spawn's start and imports cost more than a body)."""
-    with _process_group(rank, port):
+    processes for the four tests (issue 47: a spawn's start and imports cost more than a body).
+    A rank whose body fails exits at once (tests.toy.gloo_rank), so the other is not left
+    waiting in the next body's collective."""
+    with gloo_rank(rank, port):
         for body in TWO_RANK_BODIES:
-            os.makedirs(os.path.join(out_dir, body.__name__), exist_ok=True)
-            body(rank, os.path.join(out_dir, body.__name__))
+            folder = os.path.join(out_dir, body.__name__)
+            os.makedirs(folder, exist_ok=True)
+            body(rank, folder)
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> Path:
     """The folder where each body left its files, under the body's name."""
     folder = tmp_path_factory.mktemp("two_ranks")
-    mp.start_processes(_each_body, args=(_free_port(), str(folder)), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.spawn(_each_body, args=(free_port(), str(folder)), nprocs=2, join=True)
     return folder
 
 
