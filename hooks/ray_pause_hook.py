@@ -14,54 +14,46 @@ if TYPE_CHECKING:
 
 @HOOKS.register_module()
 class RayPauseHook(Hook):
-    """Rank 0 waits, on a thread of its own, for the run's control actor
-    (distributed_runner/launch/run_control.py) to say the driver was interrupted; the next
+    """Rank 0 reads, on a thread of its own, whether the run's driver was interrupted (the run's
+    stop key in Ray's store: distributed_runner/launch/run_control.py), every ``poll_s``; the next
     ``after_train_iter`` then requests the pause: every rank ends the iteration, saves and
     reports a checkpoint and returns. The loop pays one attribute read per iteration (no Ray
     call: a ``ray.wait`` on the training thread showed in StragglerHook's per-rank figures).
 
-    Added by ``--launcher ray`` to every worker's hooks, with the control actor's name; without
-    one (``control=None``) it does nothing. A control actor that is gone (its driver died) is one
-    warning; training goes on. Not meant for a config.
+    Added by ``--launcher ray`` to every worker's hooks, with the run's control name; without
+    one (``control=None``) it does nothing. A store that cannot be read (the head node gone) is
+    one warning; training goes on. Not meant for a config.
     """
 
     priority = "LOWEST"
 
-    def __init__(self, control: str | None = None, poll_s: float = 10.0) -> None:
+    def __init__(self, control: str | None = None, poll_s: float = 0.5) -> None:
         self.control, self.poll_s = control, float(poll_s)
         self._reason: str | None = None  # set by the watching thread
         self._done = threading.Event()
 
     def before_run(self, runner: RunnerAPI) -> None:
-        """The actor's lookup (a GCS call) and the outstanding call, here on the main thread
-        before any step is timed; the thread then only sits in ``ray.get`` (no GIL held). Done
-        in before_train, concurrently with the first steps, it made rank 0 slower in
-        StragglerHook's first window (CI of 4a4cd24)."""
         if self.control is None or runner.rank != 0:
             return
-        import ray
+        from distributed_runner.launch.run_control import RunControl
 
-        try:
-            pending: Any = ray.get_actor(str(self.control)).wait_stop.remote()
-        except ValueError:  # no such actor: its driver is gone
-            runner.logger.warning("Ctrl-C cannot reach this run: no actor %s", self.control)
-            return
         watch = threading.Thread(
-            target=self._watch, args=(pending, runner.logger), name="drun-ray-pause", daemon=True
+            target=self._watch,
+            args=(RunControl(self.control), runner.logger),
+            name="drun-ray-pause",
+            daemon=True,
         )
         watch.start()
 
-    def _watch(self, pending: Any, logger: Any) -> None:
-        import ray
-
-        while not self._done.is_set():
+    def _watch(self, control: Any, logger: Any) -> None:
+        while not self._done.wait(self.poll_s):
             try:
-                self._reason = ray.get(pending, timeout=self.poll_s)
-                return
-            except ray.exceptions.GetTimeoutError:
-                continue
-            except ray.exceptions.RayError as e:  # the driver's node is gone
+                reason = control.stop_reason()
+            except Exception as e:  # noqa: BLE001 - the store's RPC errors are Ray's own types
                 logger.warning("Ctrl-C cannot reach this run any more (%s)", type(e).__name__)
+                return
+            if reason is not None:
+                self._reason = reason
                 return
 
     def after_train_iter(

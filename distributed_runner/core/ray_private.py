@@ -15,6 +15,15 @@
 - :func:`keep_driver_sigint` (``DataParallelTrainer._register_sigint_handler``): Train V2's
   ``fit()`` replaces the driver's SIGINT handler with one that aborts the run (and never puts
   the old one back); ``drun`` makes Ctrl-C a pause instead (:mod:`~..launch.run_control`).
+- :func:`no_dataset_actor_without_datasets` (``DataParallelTrainer._create_default_callbacks``,
+  ``DatasetsCallback``): Train V2 starts a ``DatasetManager`` actor at every worker group start,
+  Ray Datasets or not: a process that imports Ray Data (about 3.5 s of CPU here) and serves
+  nothing in a run without them, again after every restart. drun leaves it out of those runs.
+- :func:`kv_put`, :func:`kv_get`, :func:`kv_delete` (``ray.experimental.internal_kv``): the
+  GCS's key-value store, which every process of a cluster reaches. The driver's Ctrl-C and where
+  the workers paused travel through it between the driver and rank 0
+  (:mod:`~..launch.run_control`); a named actor per run held them before: a process that imports
+  Ray (about 1.5 s of CPU) for two strings.
 - :func:`short_worker_errors` (``construct_user_exception_with_traceback`` as
   ``ray.train.v2._internal.execution.worker_group.thread_runner`` calls it): what the training
   function raises, Ray wraps with its traceback text, logged at ERROR on every worker ("Error in
@@ -39,6 +48,10 @@ __all__ = [
     "connect_gcs",
     "gcs_addresses_on_this_machine",
     "keep_driver_sigint",
+    "kv_delete",
+    "kv_get",
+    "kv_put",
+    "no_dataset_actor_without_datasets",
     "quiet_train_reports",
     "short_worker_errors",
 ]
@@ -88,6 +101,51 @@ def keep_driver_sigint(trainer: object) -> bool:
         return False
     trainer._register_sigint_handler = lambda controller: None  # type: ignore[attr-defined]
     return True
+
+
+def no_dataset_actor_without_datasets(trainer: object) -> bool:
+    """Without Ray Datasets, ``trainer.fit()`` starts no ``DatasetManager`` actor per worker
+    group (see the module docstring); True when it was left out, False when the trainer has
+    datasets or this Ray has no such step (then Ray starts it, as before)."""
+    if getattr(trainer, "datasets", None):
+        return False
+    try:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
+    except ImportError:  # pragma: no cover - another Ray
+        return False
+    create = getattr(trainer, "_create_default_callbacks", None)
+    if not callable(create):  # pragma: no cover
+        return False
+
+    def without_datasets() -> list[Any]:
+        return [cb for cb in create() if not isinstance(cb, DatasetsCallback)]
+
+    trainer._create_default_callbacks = without_datasets  # type: ignore[attr-defined]
+    return True
+
+
+KV_NAMESPACE = "drun"  # the keys drun writes to the GCS's store, apart from Ray's own
+
+
+def kv_put(key: str, value: str) -> None:
+    """Write ``key`` in the cluster's key-value store (this process is connected to Ray)."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def kv_get(key: str) -> str | None:
+    """``key``'s value in the cluster's key-value store, None when it was never written."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    value = _internal_kv_get(key, namespace=KV_NAMESPACE)
+    return None if value is None else value.decode()
+
+
+def kv_delete(key: str) -> None:
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    _internal_kv_del(key, namespace=KV_NAMESPACE)
 
 
 def gcs_addresses_on_this_machine() -> list[str]:

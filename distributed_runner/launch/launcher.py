@@ -56,7 +56,7 @@ from distributed_runner.launch.ray_connect import (
     resolve_address,
     start_local_ray,
 )
-from distributed_runner.launch.run_control import ctrl_c_pauses, start_control
+from distributed_runner.launch.run_control import RunControl, ctrl_c_pauses
 from distributed_runner.validation.async_validation import check_val_resources
 
 
@@ -162,6 +162,7 @@ class RayLauncher:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        from distributed_runner.core.ray_private import no_dataset_actor_without_datasets
         from distributed_runner.data.ray_data import build_ray_datasets
         from distributed_runner.health.hang_watch import hang_watch_callbacks
         from distributed_runner.launch.ray_retention import ray_checkpoint_config
@@ -182,7 +183,7 @@ class RayLauncher:
         watchdog = self.settings.watchdog  # hang watch: health/hang_watch.py
         config: dict[str, Any] = {"cfg": plain, "source": source, "env": env, "control": control}
         config["notes"] = self.plan.notes  # iMIX translations: each worker logs them
-        return TorchTrainer(
+        trainer = TorchTrainer(
             train_worker,
             train_loop_config=config,
             scaling_config=ray.train.ScalingConfig(
@@ -211,6 +212,8 @@ class RayLauncher:
             datasets=datasets,
             **trainer_kwargs(plain, self.settings.val_cfg),  # async validation's Ray tasks
         )
+        no_dataset_actor_without_datasets(trainer)  # a process less per group start
+        return trainer
 
     def fit(self) -> Any:
         """Validate, connect, check resources, run the trainer; returns Ray's ``Result``
@@ -230,16 +233,15 @@ class RayLauncher:
             f"storage {self.storage_path}/{self.name}{self._mlflow_note()}",
             flush=True,
         )
-        control_name = f"drun-control-{self.name}-{os.getpid()}-{time.time_ns()}"
-        control = start_control(control_name)
+        control = RunControl(f"drun-control-{self.name}-{os.getpid()}-{time.time_ns()}")
         try:
-            trainer = self.build_trainer(control_name)
+            trainer = self.build_trainer(control.name)
             with ctrl_c_pauses(control, keep_driver_sigint(trainer)):
                 result = trainer.fit()
-            paused = ray.get(control.paused_at.remote())
+            paused = control.paused_at()
         finally:
-            with contextlib.suppress(Exception):  # a control actor lost with its node
-                ray.kill(control)
+            with contextlib.suppress(Exception):  # the store gone with the head node
+                control.clear()
         if paused is not None:  # Ctrl-C: the workers saved a checkpoint and returned
             raise TrainingPreempted((INTERRUPT,), paused[1], iteration=paused[0])
         return result

@@ -44,6 +44,7 @@ from distributed_runner.engine.config_prep import prepare_config
 from distributed_runner.engine.hook_builder import with_launcher_hooks
 from distributed_runner.engine.sections import settings_of
 from distributed_runner.health.heartbeat import HEARTBEAT
+from distributed_runner.launch.run_control import RunControl
 
 RESTORE_DIR = "ray_restore"
 FAILURE = "drun_failure"
@@ -101,7 +102,7 @@ def run_worker(config: dict) -> None:
         os.environ.update(ray.get(config["env"]))
     cfg = Config(to_config_dict(config["cfg"])).with_source(config.get("source"))
     # every saved checkpoint is reported to Ray (RayReportHook, shown by drun hooks --launcher ray);
-    # the driver's Ctrl-C reaches rank 0 through the run's control actor (RayPauseHook)
+    # the driver's Ctrl-C reaches rank 0 through the run's keys in Ray's store (RayPauseHook)
     cfg["custom_hooks"] = [
         {**hook, "control": config.get("control")} if _is_pause_hook(hook) else hook
         for hook in with_launcher_hooks(cfg.get("custom_hooks"), "ray")
@@ -130,8 +131,7 @@ def run_worker(config: dict) -> None:
         if not stopped.interrupted or config.get("control") is None:
             raise  # a preemption signal: Ray restarts the group (max_failures)
         if ctx.get_world_rank() == 0:  # the driver reads where the run stopped
-            control = ray.get_actor(config["control"])
-            ray.get(control.paused.remote(stopped.iteration, str(stopped.checkpoint)))
+            RunControl(config["control"]).paused(stopped.iteration, str(stopped.checkpoint))
 
 
 def _is_pause_hook(hook: Any) -> bool:

@@ -1,19 +1,24 @@
-"""The driver's Ctrl-C carried to the workers of a Ray run: a tiny asyncio actor (0 CPUs) that the
-launcher creates for each run and the workers find by name.
+"""The driver's Ctrl-C carried to the workers of a Ray run, through the cluster's key-value store
+(the GCS's, which every process of the cluster reaches; ``core/ray_private.kv_*``).
 
 Ray Train runs the training function off the workers' main threads, where Python takes no signal,
 and the driver's SIGINT would otherwise only tear the group down. So the driver turns the first
-Ctrl-C into :meth:`RunControl.stop`; rank 0's ``RayPauseHook`` waits on one :meth:`wait_stop`
-call in a thread of its own (the training thread makes no Ray call for it) and at the next
-iteration requests the pause — every rank agrees on it at the end of an iteration, writes (and
-reports) its checkpoint and returns; rank 0 records where it stopped (:meth:`paused`) and the
-driver prints the same one line as a run without Ray (exit 130). A second Ctrl-C leaves at once.
+Ctrl-C into a stop request under the run's key (:meth:`RunControl.stop`); rank 0's
+``RayPauseHook`` reads that key on a thread of its own, twice a second (the training thread makes
+no Ray call for it), and at the next iteration requests the pause — every rank agrees on it at the
+end of an iteration, writes (and reports) its checkpoint and returns; rank 0 records where it
+stopped (:meth:`RunControl.paused`) and the driver prints the same one line as a run without Ray
+(exit 130). A second Ctrl-C leaves at once.
+
+The keys are the run's own (its name, the driver's pid and start time: two drivers never share
+them) and the driver deletes them when the run ends. A named actor per run held them before: a
+process of its own, which imports Ray, at every run's start.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import json
 import signal
 import sys
 import threading
@@ -24,43 +29,46 @@ from distributed_runner.core.preemption import INTERRUPT
 
 
 class RunControl:
-    """The stop request from the driver, and where the workers stopped (see the module
-    docstring)."""
+    """One run's stop request (the driver's) and where its workers paused (rank 0's), as keys
+    of the cluster's store. Every call needs this process connected to the run's Ray cluster;
+    Ray Train is imported only then (``core.ray_private``)."""
 
-    def __init__(self) -> None:
-        self._stopped = asyncio.Event()
-        self._reason: str | None = None
-        self._paused: tuple[int, str] | None = None
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def stop(self, reason: str) -> None:
-        if self._reason is None:
-            self._reason = reason
-            self._stopped.set()
+        from distributed_runner.core.ray_private import kv_put
 
-    async def wait_stop(self) -> str | None:
-        await self._stopped.wait()
-        return self._reason
+        kv_put(f"{self.name}/stop", reason)
 
-    def paused(self, iteration: int, checkpoint: str) -> None:
-        self._paused = (iteration, checkpoint)
+    def stop_reason(self) -> str | None:
+        from distributed_runner.core.ray_private import kv_get
 
-    def paused_at(self) -> tuple[int, str] | None:
-        return self._paused
+        return kv_get(f"{self.name}/stop")
 
+    def paused(self, iteration: int | None, checkpoint: str) -> None:
+        from distributed_runner.core.ray_private import kv_put
 
-def start_control(name: str) -> Any:
-    """The run's control actor, named ``name``: 0 CPUs (it must never wait for a slot), on the
-    driver's node (as Ray Train's controller), so that losing a worker's node never loses it."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        kv_put(f"{self.name}/paused", json.dumps([iteration, checkpoint]))
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = ray.remote(num_cpus=0)(RunControl)
-    return actor.options(name=name, scheduling_strategy=here).remote()
+    def paused_at(self) -> tuple[int | None, str] | None:
+        from distributed_runner.core.ray_private import kv_get
+
+        value = kv_get(f"{self.name}/paused")
+        if value is None:
+            return None
+        iteration, checkpoint = json.loads(value)
+        return (None if iteration is None else int(iteration)), str(checkpoint)
+
+    def clear(self) -> None:
+        from distributed_runner.core.ray_private import kv_delete
+
+        for key in ("stop", "paused"):
+            kv_delete(f"{self.name}/{key}")
 
 
 @contextlib.contextmanager
-def ctrl_c_pauses(control: Any, active: bool = True) -> Iterator[None]:
+def ctrl_c_pauses(control: RunControl, active: bool = True) -> Iterator[None]:
     """On the driver's main thread, while the workers train: the first Ctrl-C asks them to stop
     after their iteration, the second raises ``KeyboardInterrupt`` (Ray then tears down).
     Inactive (Ray's own handler in charge) when ``active`` is False."""
@@ -80,7 +88,7 @@ def ctrl_c_pauses(control: Any, active: bool = True) -> Iterator[None]:
             file=sys.stderr,
             flush=True,
         )
-        control.stop.remote(INTERRUPT)
+        control.stop(INTERRUPT)
 
     old = signal.signal(signal.SIGINT, handler)
     try:

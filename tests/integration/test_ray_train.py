@@ -67,15 +67,33 @@ def equal_states(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def actors_started(class_name: str) -> int:
+    """How many actors of ``class_name`` this cluster has started, alive or dead (the GCS's
+    actor table: there is no dashboard to ask)."""
+    from ray._private import state
+
+    return sum(a["ActorClassName"] == class_name for a in state.actors().values())
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(ray_cluster, tmp_path_factory):
-    """3 epochs on 2 workers with SyncBuffersHook; a checkpoint every 7 iterations."""
+    """3 epochs on 2 workers with SyncBuffersHook; a checkpoint every 7 iterations (DieOnceHook
+    without ``at_iter`` never fires: the config is the death test's, uninterrupted)."""
     wd = tmp_path_factory.mktemp("uninterrupted")
+    dataset_actors = actors_started("DatasetManager")
     status, launcher, result = fit(ray_cfg(wd, custom_hooks=[dict(type="SyncBuffersHook"),
                                                         dict(type="DieOnceHook"),
                                                         dict(type="RankDumpHook")]))
     assert status == 0
+    launcher.dataset_actors = actors_started("DatasetManager") - dataset_actors
     return wd, (launcher, result)
+
+
+def test_a_run_without_ray_datasets_starts_no_dataset_actor(uninterrupted):
+    """Ray Train starts a DatasetManager actor (a process importing Ray Data) at each group
+    start; drun leaves it out of a run without Ray Datasets (core/ray_private.py)."""
+    _, (launcher, _) = uninterrupted
+    assert launcher.dataset_actors == 0
 
 
 def test_ranks_see_disjoint_covering_shards_reshuffled_each_epoch(uninterrupted):

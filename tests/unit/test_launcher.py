@@ -103,3 +103,26 @@ def test_cli_flags_override_the_config_launcher():
     apply_launcher_flags(cfg, plain)
     assert cfg == {}
     assert isinstance(plain, argparse.Namespace)
+
+
+def test_a_trainer_without_ray_datasets_leaves_out_the_dataset_actor():
+    """Ray Train's DatasetsCallback starts a DatasetManager actor at every worker group start;
+    drun keeps it only where there are Ray Datasets to serve (core/ray_private.py)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+
+    from distributed_runner.core.ray_private import no_dataset_actor_without_datasets
+
+    def names(trainer):
+        return [type(cb).__name__ for cb in trainer._create_default_callbacks()]
+
+    scaling = ray.train.ScalingConfig(num_workers=2)
+    plain = TorchTrainer(lambda config: None, scaling_config=scaling)
+    assert "DatasetsCallback" in names(plain)  # what Ray does on its own
+    assert no_dataset_actor_without_datasets(plain)
+    assert "DatasetsCallback" not in names(plain) and "BackendSetupCallback" in names(plain)
+    fed = TorchTrainer(lambda config: None, scaling_config=scaling,
+                       datasets={"train": lambda: None})  # a dataset factory, built by Ray
+    assert not no_dataset_actor_without_datasets(fed)
+    assert any(isinstance(cb, DatasetsCallback) for cb in fed._create_default_callbacks())

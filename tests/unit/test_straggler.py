@@ -95,7 +95,9 @@ def test_the_clock_times_from_one_step_to_the_next_forward_and_pauses():
         loss.backward()
         optimizer.step()
     seconds, steps = clock.take()
-    assert steps == 3 and 0.02 <= seconds < 0.045
+    # the 0.02 s wait, not the 0.05 s after the forward (that would be 0.07): slack for a
+    # loaded machine's sleeps (the tighter bounds failed once, on a machine just done with CI)
+    assert steps == 3 and 0.02 <= seconds < 0.065
     clock.pause()  # validation or a save: forwards are not timed, nor the next step counted
     with torch.no_grad():
         model(**batch, mode="predict")
@@ -106,7 +108,7 @@ def test_the_clock_times_from_one_step_to_the_next_forward_and_pauses():
     model(**batch, mode="loss")["loss"].backward()  # measured again from that step's end
     optimizer.step()
     seconds, steps = clock.take()
-    assert steps == 1 and seconds < 0.02
+    assert steps == 1 and seconds < 0.04  # not the 0.05 s sleep before the pause
     clock.detach()
     assert not clock.attached and not model._forward_hooks
 
@@ -139,15 +141,15 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         from distributed_runner import Runner
         from tests.toy import ListSink
 
-        for name, until in (("episode", 20), ("uniform", 0)):
+        for name, until in (("episode", 25), ("uniform", 0)):
             sink = ListSink()
             runner = Runner.from_cfg(base_cfg(
-                f"{out_dir}/{name}", train_cfg=dict(by_epoch=False, max_iters=35 if until else 20),
+                f"{out_dir}/{name}", train_cfg=dict(by_epoch=False, max_iters=40 if until else 20),
                 val_dataloader=None, val_evaluator=None, val_cfg=None,
                 default_hooks=dict(logger=dict(type="LoggerHook", interval=5, sinks=[sink]),
                                    checkpoint=None),
                 custom_hooks=[dict(type="SlowRankHook", rank=1, base=0.04, factor=3.0,
-                                   until_iter=until)]))
+                                   from_iter=5, until_iter=until)]))
             runner.train()
             if rank == 0:
                 records = [{"step": r.step, **r.scalars} for r in sink.records
@@ -163,26 +165,28 @@ def test_two_gloo_ranks_name_the_slow_one_and_its_recovery_and_a_uniform_run_non
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     log = (tmp_path / "episode" / "logs" / "run.log").read_text()
     named = [line for line in log.splitlines() if "straggler: rank" in line]
-    # rank 1 slow for iterations 1-20: named at the 3rd record (iteration 15), recovered at the
-    # first uniform one (iteration 25); one line each
+    # rank 1 slow for iterations 6-25, from the second logging window on: the first holds DDP's
+    # bucket rebuild (a collective in the 2nd iteration's forward, where rank 0 waits for rank 1
+    # and its own figure grows: CI of 2026-12-02 saw that window under the ratio, and the rank
+    # named a window late when the episode began at iteration 1). Named at the 3rd slow record
+    # (iteration 20), recovered at the first uniform one (iteration 30); one line each
     assert len(named) == 2, named
-    assert "straggler: rank 1 at iteration 15: " in named[0]
+    assert "straggler: rank 1 at iteration 20: " in named[0]
     assert "for 3 logging windows in a row" in named[0]
-    ratio = float(re.search(r"iteration 15: ([0-9.]+)x the median", named[0]).group(1))
+    ratio = float(re.search(r"iteration 20: ([0-9.]+)x the median", named[0]).group(1))
     assert ratio > 2, named[0]  # over watchdog.straggler_ratio; the exact figure is below
-    assert "straggler: rank 1 at iteration 25: " in named[1] and named[1].endswith("recovered")
+    assert "straggler: rank 1 at iteration 30: " in named[1] and named[1].endswith("recovered")
     records = json.loads((tmp_path / "episode.json").read_text())
-    assert [r["step"] for r in records] == list(range(5, 40, 5))
-    # per-rank seconds before the collective, in the logged scalars. The first window is left
-    # out: DDP rebuilds its buckets in the 2nd iteration's forward, a collective (module docs).
-    # The spread is the ratio of the two ranks' seconds; what pins it is their difference, the
-    # 2 x base the hook sleeps longer on rank 1 (the spread itself, (3 base + c) / (base + c),
-    # falls with the step's own time c on a loaded machine: 2.37 was seen under pytest -n 2)
-    for r in records[1:4]:
+    assert [r["step"] for r in records] == list(range(5, 45, 5))
+    # per-rank seconds before the collective, in the logged scalars. The spread is the ratio of
+    # the two ranks' seconds; what pins it is their difference, the 2 x base the hook sleeps
+    # longer on rank 1 (the spread itself, (3 base + c) / (base + c), falls with the step's own
+    # time c on a loaded machine: 2.37 was seen under pytest -n 2)
+    for r in records[1:5]:
         assert r["straggler/slowest_rank"] == 1.0 and r["straggler/spread"] > 2
         assert r["straggler/spread"] == r["straggler/rank_1_s"] / r["straggler/rank_0_s"]
         assert 0.07 < r["straggler/rank_1_s"] - r["straggler/rank_0_s"] < 0.095  # 2 x base
-    for r in records[4:]:
+    for r in records[5:]:
         assert r["straggler/spread"] < 1.5
     uniform = json.loads((tmp_path / "uniform.json").read_text())
     assert len(uniform) == 4 and all(r["straggler/spread"] < 1.5 for r in uniform)
