@@ -17,6 +17,43 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow("drun subprocesses, each
 ROOT = Path(__file__).resolve().parents[2]
 
 
+RAY_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\(\w+ pid=\d+(?:, ip=[\d.]+)?\)(?:\x1b\[0m)? ?")
+BLOCK_LINE = ("Traceback", "  ", "ray.exceptions.", "During handling", "The above exception")
+
+
+def without_ray_overload_notes(text: str) -> str:
+    """``text`` without Ray Train's controller warnings that a resource request to its
+    autoscaling coordinator took over 5 s ("Failed to send resource request for train-...: ...
+    CPU being overloaded, it's safe to ignore"), each logged with its traceback: Ray's note on a
+    loaded machine (CI of 2026-12-02), not the run's. Only those blocks are cut."""
+    kept, in_note = [], False
+    for line in text.splitlines():
+        body = RAY_PREFIX.sub("", line)
+        if "Failed to send resource request for train-" in body:
+            in_note = True
+            continue
+        if in_note and (body == "" or body.startswith(BLOCK_LINE)):
+            continue
+        in_note = False
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def test_only_rays_overload_note_is_cut_from_a_runs_output():
+    tag = "\x1b[36m(TrainController pid=23287)\x1b[0m"
+    note = [f"{tag} 2026 WARNING autoscaling_coordinator_client.py:71 -- Failed to send resource "
+            "request for train-abc. If this only happens transiently during network partition or"
+            " CPU being overloaded, it's safe to ignore this error.",
+            f"{tag} Traceback (most recent call last):",
+            f'{tag}   File "autoscaling_coordinator_client.py", line 58, in send_resource_request',
+            f"{tag}     ray.get(",
+            f"{tag} ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready."]
+    other = [f"{tag} Traceback (most recent call last):", f"{tag} ValueError: the run's own"]
+    text = "\n".join(["drun: epoch 1", *note, "drun: epoch 2", *other])
+    assert without_ray_overload_notes(text).splitlines() == ["drun: epoch 1", "drun: epoch 2",
+                                                             *other]
+
+
 def run_cli(argv: list[str], work_dir: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "distributed_runner.cli", *argv[1:], "--work-dir", str(work_dir),
@@ -71,7 +108,8 @@ def test_the_readme_commands_one_after_the_other_leave_two_runs_and_a_clean_plot
     assert "finished" in out.stdout
     # a clean run is quiet: no traceback, none of Ray Train's placement-group cleaner polling a
     # State API that a dashboard-less Ray lacks, no hook-time warning for the example's hooks
-    text = out.stdout + out.stderr
+    # (Ray's own note of an overloaded machine aside: without_ray_overload_notes)
+    text = without_ray_overload_notes(out.stdout + out.stderr)
     assert "Traceback" not in text and "GetTimeoutError" not in text
     assert "Failed to query Ray Train Controller" not in text
     assert "took" not in "".join(line for line in text.splitlines() if "WARNING" in line)
