@@ -57,8 +57,8 @@ class RunControl:
         value = kv_get(f"{self.name}/paused")
         if value is None:
             return None
-        iteration, checkpoint = json.loads(value)
-        return (None if iteration is None else int(iteration)), str(checkpoint)
+        iteration, checkpoint = json.loads(value)  # as paused() wrote them: int or None, str
+        return iteration, checkpoint
 
     def clear(self) -> None:
         from distributed_runner.core.ray_private import kv_delete
