@@ -148,13 +148,16 @@ def test_impossible_gpu_request_from_the_cli_is_one_line(ray_cluster, tmp_path):
     assert errors == [errors[0]] and "launcher.use_gpu: 2 workers x 1 GPU" in errors[0]
 
 
-@pytest.mark.serial("Ctrl-C sent while the workers train")
 def test_ctrl_c_on_the_driver_pauses_the_workers_and_the_printed_command_continues_exactly(
         tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to drun's process group; Ray's own processes block
     it): the workers end the iteration, save and report a checkpoint and return; drun prints one
     line with the command that continues and exits 130; that command ends with the weights of
-    the run that was never interrupted."""
+    the run that was never interrupted.
+
+    Not ``serial``: nothing in it is timed. The stop must land between iterations 5 and 23,
+    and every iteration sleeps 0.2 s, so the request has at least 3.6 s to travel (rank 0 reads
+    it twice a second); a busy machine makes iterations slower, which widens that window."""
     import signal
     import time
 
