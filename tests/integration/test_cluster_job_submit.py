@@ -150,19 +150,32 @@ def live_processes(fragment: str) -> list[str]:
             if fragment in line and not line.lstrip().startswith("Z")]
 
 
+def head_agents(session: str) -> dict[int, str]:
+    """Pid -> command line of the agents the head's raylet started (its children: their own
+    command lines do not name the session). Counting agents machine-wide instead was flaky:
+    another test's local Ray may start or stop beside this one (CI of 2026-12-02)."""
+    ps = subprocess.run(["ps", "-eww", "-o", "pid=,ppid=,args="], capture_output=True,
+                        text=True).stdout
+    rows = [line.split(None, 2) for line in ps.splitlines() if len(line.split(None, 2)) == 3]
+    raylets = {pid for pid, _, args in rows if session in args and "raylet/raylet" in args}
+    return {int(pid): args for pid, ppid, args in rows
+            if ppid in raylets and args.startswith("ray::") and "Agent" in args}
+
+
 def test_stop_script_stops_this_cluster_completely_and_only_it(head_node, ray_cluster):
     import ray
 
     session = str(Path(head_node["RAY_TEMP_DIR"], "session_latest").resolve())
-    agents_before = len(live_processes("ray::DashboardAgent"))
-    assert live_processes(session) and agents_before >= 1
+    agents = head_agents(session)  # by pid: other tests start and stop Rays meanwhile
+    assert live_processes(session) and "ray::DashboardAgent" in agents.values()
     out = subprocess.run(["bash", str(ROOT / "cluster/local/stop.sh")], env=head_node,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "stopped the Ray cluster of" in out.stdout
     assert live_processes(session) == []
     # the head's agents (their command lines no longer name the session) went with it
-    assert len(live_processes("ray::DashboardAgent")) == agents_before - 1
+    assert not [pid for pid in agents if Path(f"/proc/{pid}").exists()
+                and not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")]
     assert not [p for p in live_processes("ray.util.client.server")
                 if f":{head_node['RAY_PORT']} " in p]
     # the other cluster (this session's) still runs work
