@@ -27,18 +27,24 @@ from hooks import HOOKS, MOUNT_POINTS, Hook
 class ToyDataset(Dataset):
     """``n`` samples of 4 features; the label is whether their sum is positive."""
 
-    def __init__(self, n: int = 40, seed: int = 0, with_index: bool = False) -> None:
+    def __init__(
+        self, n: int = 40, seed: int = 0, with_index: bool = False, record: str | None = None
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, 4, generator=g)
         self.y = (self.x.sum(1) > 0).long()
         self.with_index = with_index
         self.fetched = 0  # __getitem__ calls: a resumed epoch must not fetch consumed samples
+        self.record = record  # a file each fetch appends "pid index" to (any process, any rank)
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i: int) -> dict:
         self.fetched += 1
+        if self.record is not None:
+            with open(self.record, "a") as f:
+                f.write(f"{os.getpid()} {i}\n")
         item = {"inputs": self.x[i], "labels": self.y[i]}
         if self.with_index:
             item["index"] = torch.tensor(i)

@@ -68,6 +68,9 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
         "seed": s.seed,
         "world_size": s.world_size,
         "mesh": list(dist.mesh_layout()),  # (dp_replicate, dp_shard, tp): per-rank parts fit it
+        # samples an iteration trained, all ranks together: a resume at another world size keeps
+        # it (data/world_change.py); None when the loader does not say
+        "global_batch": s.global_batch,
         "experiment_name": s.experiment_name,
         "time": time.time(),
         "config": dumps_json(redact(s.cfg)),
@@ -298,7 +301,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "meta",
         "epoch, iter, iter_in_epoch, val_pending, seed, world_size, mesh, "
-        "experiment_name, "
+        "global_batch, experiment_name, "
         "time, config (JSON text), versions; the saver's additions: best, async_save, "
         "ema_in_state_dict",
         "always",

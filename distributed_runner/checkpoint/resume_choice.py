@@ -49,7 +49,7 @@ from distributed_runner.checkpoint.files import (
     peek_meta,
     read_pointer,
 )
-from distributed_runner.checkpoint.parts import missing_for_training
+from distributed_runner.checkpoint.parts import missing_for_training, saved_mesh
 from distributed_runner.checkpoint.sharded import SHARDED, manifest_of
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
@@ -311,23 +311,28 @@ def choose_run(work_dir: str | Path, run_name: str | None, resume: Any) -> str:
     return new_run_name(work_dir)
 
 
-def seed_to_resume(resume: Any, run_dir: Path) -> int | None:
-    """The seed of the checkpoint a ``resume`` will continue (None: a fresh start, or a
-    checkpoint that records none), read by rank 0 from its metadata alone and broadcast.
+def meta_to_resume(resume: Any, run_dir: Path) -> dict:
+    """What the run being resumed fixed before anything is built (``{}``: a fresh start), read
+    by rank 0 from the checkpoint's metadata alone and broadcast: its ``seed``, its
+    ``global_batch`` (samples of one iteration over all data-parallel ranks) and its ``mesh``.
 
     Why before anything is built: the samplers order every epoch by ``seed + epoch``, so a run
     whose config draws a new seed (no ``randomness.seed``) must take the one it was started
-    with, or the resumed epoch visits other samples (MMEngine's resume adopts it as well)."""
-    seed: int | None = None
+    with, or the resumed epoch visits other samples (MMEngine's resume adopts it as well); and a
+    resume at another world size keeps the global batch (data/world_change.py), which fixes how
+    the training loader is cut and the length of an epoch."""
+    found: dict = {}
     if dist.get_rank() == 0:
         path = (
             Path(resume).expanduser()
             if isinstance(resume, (str, Path))
             else (_newest_checkpoint(run_dir) if resume else None)
         )
-        found = peek_meta(path).get("seed") if path is not None else None
-        seed = int(found) if found is not None else None
-    return dist.broadcast_object(seed)
+        meta = peek_meta(path) if path is not None else {}
+        if meta:
+            found = {key: meta.get(key) for key in ("seed", "global_batch", "world_size")}
+            found["mesh"] = saved_mesh(meta)
+    return dist.broadcast_object(found)
 
 
 def _newest_checkpoint(run_dir: Path) -> Path | None:

@@ -53,6 +53,7 @@ class CheckpointSubject:
     cfg: Any
     strategy: Any  # checkpoint.sharded.writes_shards reads its 'checkpoint'
     pretrained_from: str | None  # the model directory load_from filled the model from
+    global_batch: int | None  # samples an iteration trains over all ranks (Runner.global_batch)
 
     def optimizer(self) -> Any:
         """The torch optimizer inside the wrapper, or None when nothing trains."""
@@ -78,6 +79,7 @@ class CheckpointSubject:
             cfg=runner.cfg,
             strategy=runner.strategy,
             pretrained_from=runner.pretrained_from,
+            global_batch=runner.global_batch,
         )
 
     def position(self) -> dict:

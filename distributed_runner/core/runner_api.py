@@ -54,7 +54,8 @@ class RunnerAPI(Protocol):
     seed: int
     strategy: Any  # 'ddp' or FSDP's options (distributed_runner.model.sharding)
     settings: Any  # the config's sections, parsed once (distributed_runner.engine.sections)
-    elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run, else None
+    elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run (or resized resume)
+    global_batch: int | None  # samples one iteration trains over all data-parallel ranks
     pretrained_from: str | None  # the model directory load_from filled the model from (absolute)
 
     # -- services -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ the batch (the usual), or the ``1/c`` scaling is not the global mean.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from itertools import islice
@@ -42,6 +43,7 @@ from torch.utils.data import DataLoader
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches
 from distributed_runner.data.loaders import DefaultSampler, epoch_order
+from distributed_runner.data.world_change import kept_global_batch
 
 
 def elastic_range(launcher: Any) -> tuple[int, int] | None:
@@ -233,14 +235,33 @@ def regroup(loader: Any, plan: GlobalBatchPlan) -> GlobalBatchLoader:
 
 
 def elastic_training(
-    loader: Any, optim_wrapper: Any, launcher: Any, world_size: int, rank: int
+    loader: Any,
+    optim_wrapper: Any,
+    launcher: Any,
+    world_size: int,
+    rank: int,
+    resumed: dict | None = None,
+    logger: logging.Logger | None = None,
 ) -> tuple[Any, Any, GlobalBatchPlan | None]:
-    """The train loader and optim_wrapper config as an elastic run uses them (re-cut into
-    global batches; accumulation done by the step, engine/step.py's ElasticStep), and the plan;
-    unchanged and None when the launcher is not elastic."""
+    """The train loader and optim_wrapper config as the run uses them, and the plan: an elastic
+    run's (re-cut into global batches; accumulation done by the step, engine/step.py's
+    ElasticStep), or a fixed-size run's resumed at another world size (``resumed``: the
+    checkpoint's meta; its global batch is kept, see :mod:`.world_change`); unchanged and None
+    otherwise."""
     sizes = elastic_range(launcher)
     if sizes is None:
-        return loader, optim_wrapper, None
+        plan = kept_global_batch(
+            loader, world_size, rank, resumed or {}, logger or logging.getLogger(__name__)
+        )
+        return (
+            (loader, optim_wrapper, None)
+            if plan is None
+            else (
+                recut(loader, plan),
+                optim_wrapper,
+                plan,
+            )
+        )
     accumulation = _accumulation(optim_wrapper)
     batch_size = getattr(loader, "batch_size", None)
     if not isinstance(batch_size, int):
@@ -259,7 +280,12 @@ def elastic_training(
             )
         optim_wrapper = {**optim_wrapper, "accumulative_counts": 1}
     plan = GlobalBatchPlan.build(global_batch, batch_size, world_size, rank)
+    return recut(loader, plan), optim_wrapper, plan
+
+
+def recut(loader: Any, plan: GlobalBatchPlan) -> Any:
+    """``loader`` yielding this rank's share of ``plan``'s global batches as MicroBatches."""
     use_global_batches = getattr(loader, "use_global_batches", None)  # StreamingLoader
     if use_global_batches is not None:
-        return use_global_batches(plan), optim_wrapper, plan
-    return regroup(loader, plan), optim_wrapper, plan
+        return use_global_batches(plan)
+    return regroup(loader, plan)

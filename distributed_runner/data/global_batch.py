@@ -1,10 +1,12 @@
-"""The global batch of an elastic group and how one rank takes its share of it (see
-:mod:`.elastic` for the rule): shared by the map-style path (``elastic.GlobalBatchSampler``) and
-the streamed one (``streaming.StreamingLoader``)."""
+"""The global batch of an elastic group, or of a run resumed at another world size, and how one
+rank takes its share of it (see :mod:`.elastic` for the rule, :mod:`.world_change` for the
+resume): shared by the map-style path (``elastic.GlobalBatchSampler``) and the streamed one
+(``streaming.StreamingLoader``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -16,23 +18,44 @@ class GlobalBatchPlan:
     rank: int
     micro_batch: int  # samples per forward pass
     micro_batches: int  # forward passes per rank per step
+    # a resume at another world size (data/world_change.py): the data-parallel ranks of the run
+    # whose global batch is kept; None for an elastic group (launcher.num_workers=(min, max))
+    kept_from: int | None = None
 
     @classmethod
     def build(
-        cls, global_batch: int, batch_size: int, world_size: int, rank: int
+        cls,
+        global_batch: int,
+        batch_size: int,
+        world_size: int,
+        rank: int,
+        kept_from: int | None = None,
     ) -> GlobalBatchPlan:
         share = global_batch // world_size
         count = -(-share // batch_size)  # the fewest passes of at most batch_size samples...
         while share % count:  # ...that split the share evenly
             count += 1
-        return cls(global_batch, world_size, rank, share // count, count)
+        return cls(global_batch, world_size, rank, share // count, count, kept_from)
 
     def describe(self) -> str:
+        kept = (
+            f", kept from the checkpoint's {self.kept_from} ranks"
+            if self.kept_from is not None
+            else ""
+        )
         return (
             f"global batch {self.global_batch} = {self.world_size} workers x "
-            f"{self.micro_batches} micro-batches x {self.micro_batch} samples"
+            f"{self.micro_batches} micro-batches x {self.micro_batch} samples{kept}"
         )
 
 
 class MicroBatches(list):
-    """One rank's share of one global batch: engine/step.py's ElasticStep trains it as one step."""
+    """One rank's share of one global batch: engine/step.py's ElasticStep trains it as one step.
+
+    ``weights``: each micro-batch's loss factor, for a share that is not ``c`` equal parts (the
+    epoch's last, smaller global batch: see ``streaming.StreamingLoader``); None for ``1 / c``
+    each."""
+
+    def __init__(self, batches: Any = (), weights: list[float] | None = None) -> None:
+        super().__init__(batches)
+        self.weights = weights

@@ -44,10 +44,10 @@ from distributed_runner.checkpoint.resume_choice import (
     checkpoint_file_of,
     choose_run,
     choose_start,
+    meta_to_resume,
     newest_everywhere,
     require_training_checkpoint,
     resume_path,
-    seed_to_resume,
 )
 from distributed_runner.checkpoint.state import load_model_weights, restore_training_state
 from distributed_runner.checkpoint.types import CheckpointSubject
@@ -66,6 +66,7 @@ from distributed_runner.core.run_folders import run_dir, run_name_of
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.data.elastic import GlobalBatchPlan, elastic_training
 from distributed_runner.data.loaders import build_dataloader, seeded_dataloader
+from distributed_runner.data.world_change import confirm_global_batch, iteration_samples
 from distributed_runner.engine.config_prep import RUNNER_KEYS, prepare_config
 from distributed_runner.engine.hook_builder import build_dispatcher
 from distributed_runner.engine.hook_report import plan_summary
@@ -395,8 +396,11 @@ class Runner(RunnerSurface):
                 self.strategy["tp"],
                 self.strategy["dp_replicate"],
             )
-        resumed = seed_to_resume(self._resume, self.work_dir)  # a resume keeps its seed
-        self.seed = set_random_seed(with_resumed_seed(randomness, resumed, self.logger))
+        # a resume keeps its seed, and its global batch at another world size (data/world_change)
+        self._resumed = meta_to_resume(self._resume, self.work_dir)
+        seed = self._resumed.get("seed")
+        resumed_seed = int(seed) if seed is not None else None
+        self.seed = set_random_seed(with_resumed_seed(randomness, resumed_seed, self.logger))
         self.device = torch.device(device) if device is not None else default_device()
         weights = (
             PretrainedWeights(self.pretrained_from, self._load_strict, self.seed, self.logger)
@@ -424,6 +428,7 @@ class Runner(RunnerSurface):
         self.val_dataloader = self.test_dataloader = None
         self.train_loop: Any = None  # a LOOPS class's loop (EpochBasedTrainLoop by default)
         self.elastic_plan: GlobalBatchPlan | None = None
+        self.global_batch: int | None = None  # samples an iteration trains, all ranks together
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
@@ -501,13 +506,17 @@ class Runner(RunnerSurface):
                     "set without training: add train_dataloader, train_cfg and optim_wrapper",
                 )
             return
+        world = dist.get_data_parallel_world_size()  # tp stays; the replicas vary
         loader, optim_wrapper, self.elastic_plan = elastic_training(  # data/elastic.py, else as is
             build_dataloader(dataloader, "train_dataloader", self.seed),
             optim_wrapper,
             self.launcher,
-            dist.get_data_parallel_world_size(),  # tp stays; the replicas vary
+            world,
             dist.get_data_parallel_rank(),
+            self._resumed,  # a resume at another world size keeps the global batch
+            self.logger,
         )
+        self.global_batch = iteration_samples(loader, self.elastic_plan, world)
         self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)
         self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)
@@ -664,6 +673,7 @@ class Runner(RunnerSurface):
         and verified) and continue exactly where it stopped."""
         ckpt = load_file(path, "resume") if checkpoint is None else checkpoint
         require_training_checkpoint(ckpt, path)
+        confirm_global_batch(ckpt["meta"], self._resumed, path)  # what the loader was cut for
         self._restore(ckpt, path)
         meta = ckpt["meta"]
         self.logger.info(

@@ -4,18 +4,22 @@ Which step a run takes is decided once, when training starts (after ``before_tra
 may still change the model or the OptimWrapper), by ``step_choice.choose_step``. Every step takes
 one batch and returns the iteration's ``outputs``, the values to log (``loss`` ...), detached:
 
-==============  ================================================================================
-PlainStep       a plain model, a plain OptimWrapper (``OptimWrapper.is_plain()``) and no step
-                guards: forward, parse, backward, ``optimizer.step()``, ``zero_grad`` and nothing
-                else. The common case, so the cheapest: its lines are the iteration's Python cost
-GuardedStep     the general step: the forward pass under the OptimWrapper's context (after the
-                model's ``data_preprocessor``, if it has one), the losses parsed, the step
-                guards' verdict agreed over the ranks, the update, the gradient norm logged
-OwnTrainStep    a model's own ``train_step(data, optim_wrapper)`` (MMEngine's), its gradients
-                averaged over the ranks under DDP
-ElasticStep     an elastic run (data/elastic.py): one optimizer step over this rank's
-                micro-batches of one global batch
-==============  ================================================================================
+==================  ==============================================================================
+PlainStep           a plain model, a plain OptimWrapper (``OptimWrapper.is_plain()``) and no
+                    step guards: forward, parse, backward, ``optimizer.step()``, ``zero_grad``
+                    and nothing else. The common case, so the cheapest: its lines are the
+                    iteration's Python cost
+GuardedStep         the general step: the forward pass under the OptimWrapper's context (after the
+                    model's ``data_preprocessor``, if it has one), the losses parsed, the step
+                    guards' verdict agreed over the ranks, the update, the gradient norm logged
+OwnTrainStep        a model's own ``train_step(data, optim_wrapper)`` (MMEngine's), its gradients
+                    averaged over the ranks under DDP
+ElasticStep         an elastic run (data/elastic.py), or one resumed at another world size
+                    (data/world_change.py): one update over this rank's micro-batches of one
+                    global batch, their losses weighted when the shares are unequal
+WithWeightedTail    another step, and ElasticStep for a StreamingLoader's last, smaller global
+                    batch of an epoch on several ranks (the ranks' shares differ by a sample)
+==================  ==============================================================================
 
 How a batch reaches the model and how its losses are read is
 :mod:`distributed_runner.model.calling`.
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from distributed_runner.core import dist
+from distributed_runner.data.global_batch import MicroBatches
 from distributed_runner.model.calling import (
     call_for_loss,
     call_model,
@@ -201,20 +206,48 @@ class ElasticStep(GuardedStep):
         runner = self.runner
         model, optim_wrapper = runner.wrapped_model, runner.optim_wrapper
         count, logged = len(data_batch), dict[str, Any]()
+        weights = getattr(data_batch, "weights", None)  # an epoch's last, smaller batch's
+        shares = _log_shares(weights, count)
         for i, data in enumerate(data_batch):
             last = i == count - 1
             context = optim_wrapper.micro_batch_context(model, sync=last)
             loss, log_vars = self.forward(model, context, data)
             for key, value in log_vars.items():
-                logged[key] = logged.get(key, 0) + value / count
+                logged[key] = logged.get(key, 0) + (
+                    value / count if shares is None else value * shares[i]
+                )
             if self.rejected(loss, optim_wrapper):
                 logged["skipped_steps"] = 1.0
                 return logged
+            loss = loss / count if weights is None else loss * weights[i]
             if last:
-                optim_wrapper.update_params(loss / count)
-            else:
-                optim_wrapper.backward(loss / count)
+                optim_wrapper.update_params(loss)
+            else:  # scaled for accumulation too: a resumed run may keep accumulative_counts
+                optim_wrapper.accumulate(loss)
         return with_grad_norm(optim_wrapper, logged)
+
+
+def _log_shares(weights: list[float] | None, count: int) -> list[float] | None:
+    """What each micro-batch counts for in the logged values: its part of this rank's samples
+    (the weight-0 passes of a padded share count for nothing, unless there is nothing else)."""
+    if weights is None:
+        return None
+    total = sum(weights)
+    return [w / total for w in weights] if total > 0 else [1 / count] * count
+
+
+class WithWeightedTail:
+    """A run's step, and the elastic step for the epoch's last, smaller global batch on several
+    ranks (a StreamingLoader's weighted MicroBatches: the ranks' shares differ, so each loss is
+    weighted to make the averaged gradient the batch mean)."""
+
+    def __init__(self, step: StepStrategy, tail: ElasticStep) -> None:
+        self.step, self.tail = step, tail
+
+    def __call__(self, data_batch: Any) -> dict:
+        if type(data_batch) is MicroBatches:
+            return self.tail(data_batch)
+        return self.step(data_batch)
 
 
 class OwnTrainStep:

@@ -27,8 +27,10 @@ in evaluation the predictions are the returned tensor or the returned ``logits``
   result goes to the evaluator — except under PrepareTTAHook, whose wrapper calls ``forward``
   for each view (after the preprocessor), where MMEngine's calls ``test_step`` per view.
 
-An elastic run (``launcher.num_workers=(min, max)``) trains with the elastic step, which calls
-``forward`` itself for each micro-batch: a data_preprocessor or an own train_step is refused.
+An elastic run (``launcher.num_workers=(min, max)``), or one resumed at another world size
+(data/world_change.py), trains with the elastic step, which runs the data_preprocessor and
+``forward`` for each micro-batch of a global batch: an own train_step (one batch per call) is
+refused.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from distributed_runner.engine.step import (
     OwnTrainStep,
     PlainStep,
     StepStrategy,
+    WithWeightedTail,
     detaching,
 )
 from distributed_runner.model.base import BaseModel
@@ -99,6 +102,27 @@ def _as_is(module: Any) -> tuple[Callable, Callable] | None:
     return call_as_is, LossOf(type(module).__name__)
 
 
+def _own_parse(module: Any, as_is: Any, parse: Callable) -> Callable:
+    """An MMEngine model's own ``parse_losses``, if it has one, else ``parse``."""
+    own_parse = getattr(module, "parse_losses", None)
+    return own_parse if as_is is None and callable(own_parse) else parse
+
+
+def _no_own_step(plan: Any, model: str) -> tuple[str, str]:
+    """Why a run that trains global batches as micro-batches refuses a model's own train_step
+    (it trains one batch per call, forward and backward together)."""
+    if plan.kept_from is not None:  # data/world_change.py
+        return "resume", (
+            f"the checkpoint was trained on {plan.kept_from} data-parallel ranks and this run "
+            f"keeps its global batch as micro-batches, which {model}.train_step cannot take: "
+            f"resume on {plan.kept_from} ranks"
+        )
+    return "launcher.num_workers", (
+        f"an elastic range splits each global batch into micro-batches and calls forward "
+        f"itself, so {model}.train_step would not run: use a fixed number of workers"
+    )
+
+
 def choose_step(runner: RunnerAPI) -> StepStrategy:
     """The training step of this run (step.py), chosen once when training starts, after
     ``before_train``; see the module docstring for which one."""
@@ -106,39 +130,44 @@ def choose_step(runner: RunnerAPI) -> StepStrategy:
     preprocess, own_train_step = _preprocessor(module), _overrides(module, "train_step")
     as_is = _as_is(module)
     call, parse = as_is or (call_for_loss, parse_losses)
-    if getattr(runner, "elastic_plan", None) is not None:
-        if preprocess is not None or own_train_step:
-            raise ConfigError(
-                "launcher.num_workers",
-                f"an elastic range splits each global "
-                f"batch into micro-batches and calls forward itself, so "
-                f"{type(module).__name__}'s data_preprocessor / train_step would "
-                f"not run: use a fixed number of workers",
-            )
-        return ElasticStep(runner, parse=parse, call=call)
-    if own_train_step:
-        guards = runner.step_guards
-        if guards:
-            names = ", ".join(type(g).__name__ for g in guards)
-            raise ConfigError(
-                "custom_hooks",
-                f"{names} checks the loss between forward and "
-                f"backward, but {type(module).__name__}.train_step does both in "
-                f"one call: remove the hook, or let the Runner run the step "
-                f"(drop the train_step override)",
-            )
-        average = (
-            isinstance(runner.wrapped_model, DistributedDataParallel) and dist.is_distributed()
-        )
-        return OwnTrainStep(runner, module, average)
     if preprocess is not None:
-        own_parse = getattr(module, "parse_losses", None)
-        if as_is is None and callable(own_parse):
-            parse = own_parse
-        return GuardedStep(runner, preprocess, detaching(parse), call)
-    if runner.step_guards or not runner.optim_wrapper.is_plain():
-        return GuardedStep(runner, parse=parse, call=call)
-    return PlainStep(runner) if as_is is None else PlainStep(runner, call, parse)
+        parse = detaching(_own_parse(module, as_is, parse))
+    plan = getattr(runner, "elastic_plan", None)
+    if plan is not None:
+        if own_train_step:
+            raise ConfigError(*_no_own_step(plan, type(module).__name__))
+        return ElasticStep(runner, preprocess, parse, call)
+    if own_train_step:
+        step: StepStrategy = _own_train_step(runner, module)
+    elif preprocess is not None or runner.step_guards or not runner.optim_wrapper.is_plain():
+        step = GuardedStep(runner, preprocess, parse, call)
+    else:
+        step = PlainStep(runner) if as_is is None else PlainStep(runner, call, parse)
+    if not getattr(runner.train_dataloader, "weighted_tail", False):
+        return step
+    if own_train_step:
+        raise ConfigError(
+            "train_dataloader.drop_last",
+            f"{type(module).__name__}.train_step trains one batch per call, so the epoch's "
+            f"last, smaller global batch cannot be weighted over the ranks' unequal shares: "
+            f"set drop_last=True",
+        )
+    return WithWeightedTail(step, ElasticStep(runner, preprocess, parse, call))
+
+
+def _own_train_step(runner: RunnerAPI, module: Any) -> OwnTrainStep:
+    guards = runner.step_guards
+    if guards:
+        names = ", ".join(type(g).__name__ for g in guards)
+        raise ConfigError(
+            "custom_hooks",
+            f"{names} checks the loss between forward and "
+            f"backward, but {type(module).__name__}.train_step does both in "
+            f"one call: remove the hook, or let the Runner run the step "
+            f"(drop the train_step override)",
+        )
+    average = isinstance(runner.wrapped_model, DistributedDataParallel) and dist.is_distributed()
+    return OwnTrainStep(runner, module, average)
 
 
 def _under_tta(model: Any) -> bool:

@@ -152,12 +152,18 @@ class OptimWrapper:
 
     def update_params(self, loss: torch.Tensor) -> None:
         """Backward (the loss scaled for accumulation), and at a window's end the step."""
-        factor = self._loss_factor()
-        self.backward(loss / factor if factor != 1 else loss)
+        self.accumulate(loss)
         self._inner_count += 1
         if self._steps_after(self._inner_count):
             self.step()
             self.zero_grad()
+
+    def accumulate(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch of the update in progress (engine/step.py's ElasticStep:
+        all but the last of a global batch's), its loss scaled for accumulation as
+        :meth:`update_params` scales its own; nothing counted, no step."""
+        factor = self._loss_factor()
+        self.backward(loss / factor if factor != 1 else loss)
 
     def skip_update(self) -> None:
         """Count this iteration but drop its update (a rejected step): no backward, no step, and

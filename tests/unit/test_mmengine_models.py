@@ -117,13 +117,24 @@ def test_an_own_train_step_and_val_step_are_called_and_their_effect_kept(tmp_pat
             custom_hooks=[dict(type="NonFiniteLossHook", policy="skip")])
 
 
-def test_an_elastic_range_refuses_a_model_whose_steps_it_would_bypass(tmp_path):
-    runner = make_runner(tmp_path, model=dict(type="MMEngineMlp"),
-                         launcher=dict(type="ray", num_workers=(1, 2)))
+def test_an_elastic_range_preprocesses_each_micro_batch_and_refuses_an_own_train_step(tmp_path):
+    """Alone, an elastic (1, 2) group trains each global batch of 8 as 2 micro-batches of 4, each
+    through the data_preprocessor: as the plain model with batch 8 (to float tolerance)."""
+    elastic = dict(type="ray", num_workers=(1, 2))
+    torch.manual_seed(0)
+    plain = run(tmp_path / "plain", dict(type="Mlp"), train_dataloader=dict(
+        dataset=dict(type="ToyDataset", n=40), batch_size=8,
+        sampler=dict(type="DefaultSampler", shuffle=True)))
+    styled = run(tmp_path / "styled", dict(type="MMEngineMlp"), launcher=elastic)
+    for key, value in net_params(plain).items():
+        torch.testing.assert_close(net_params(styled)[key], value, rtol=1e-5, atol=1e-6)
+    # 3 epochs x 5 global batches x 2 micro-batches (training=True), 3 validations x 3 (False)
+    calls = styled.model.data_preprocessor.calls
+    assert calls.count(True) == 30 and calls.count(False) == 9
     with pytest.raises(ConfigError, match=r"^launcher.num_workers: an elastic range .* so "
-                                          r"MMEngineMlp's data_preprocessor / train_step would "
-                                          r"not run: use a fixed number of workers$"):
-        runner.train()
+                                          r"OwnStepMlp.train_step would not run: use a fixed "
+                                          r"number of workers$"):
+        run(tmp_path / "own", dict(type="OwnStepMlp"), launcher=elastic)
 
 
 def test_base_model_is_mmengines_contract():

@@ -22,6 +22,7 @@ from distributed_runner.data.loaders import build_dataloader
 from distributed_runner.data.streaming import EpochOrder, ParquetShards, ShardReadError
 from distributed_runner.data.streaming import shards as shards_module
 from tests.toy import ToyDataset, assert_state_equal, params_of
+from tests.unit.test_elastic import on_two_ranks, relative_gap
 
 ROWS = 997  # prime: streams and batches never divide it
 
@@ -58,18 +59,31 @@ def loader(folder, world=1, rank=0, batch_size=8, **extra):
     return build_dataloader(spec, "train_dataloader", seed=7)
 
 
+def counted(batch):
+    """The batches in what a loader yields: itself, or of a share of micro-batches those that
+    count (the epoch's last, smaller global batch on several ranks pads with weight-0 passes)."""
+    if isinstance(batch, MicroBatches):
+        weights = batch.weights or [1] * len(batch)
+        return [micro for micro, w in zip(batch, weights, strict=True) if w > 0]
+    return [batch]
+
+
+def indices(batch):
+    return [i for part in counted(batch) for i in part["index"].tolist()]
+
+
 def global_batches(folder, world, batch_size, start=0, epoch=0, **extra):
     """The epoch's global batches as the ranks of a ``world``-sized group take them (rank r
-    holds every world-th sample of each, from r)."""
+    holds every world-th sample of each, from r; of the last, smaller one, those below the end)."""
     per_rank = []
     for rank in range(world):
         ld = loader(folder, world, rank, batch_size, **extra)
         ld.sampler.set_epoch(epoch)
         ld.sampler.resume_at(start * batch_size)
-        per_rank.append([b["index"].tolist() for b in ld])
+        per_rank.append([indices(b) for b in ld])
     out = []
     for g in range(len(per_rank[0])):
-        batch = [0] * (batch_size * world)
+        batch = [0] * sum(len(per_rank[rank][g]) for rank in range(world))
         for rank in range(world):
             batch[rank::world] = per_rank[rank][g]
         out.append(batch)
@@ -80,8 +94,8 @@ def global_batches(folder, world, batch_size, start=0, epoch=0, **extra):
 def test_every_sample_once_an_epoch_and_the_same_global_batches_at_any_size(data):
     alone = global_batches(data, 1, 8)
     flat = [i for batch in alone for i in batch]
-    assert len(alone) == 8 * (ROWS // 8) // 8 == 124
-    assert len(set(flat)) == len(flat)  # nothing twice; 997 - 992 rows are this epoch's drop
+    assert len(alone) == 125 and len(alone[-1]) == ROWS - 124 * 8  # the last: the 5 left
+    assert sorted(flat) == list(range(ROWS))  # every row once: none left out, none twice
     assert global_batches(data, 2, 4) == alone
     assert global_batches(data, 4, 2, num_workers=2) == alone  # and with loader workers
     assert global_batches(data, 1, 8, num_workers=2) == alone
@@ -150,7 +164,8 @@ def test_random_transforms_draw_the_same_numbers_at_any_size_and_after_a_resume(
                         pipeline=[dict(type="RecordIndex", path=str(tmp_path / "x"))])
             ld.sampler.resume_at(start * (8 // world))
             for b in ld:
-                out.update(zip(b["index"].tolist(), b["noise"].tolist()))
+                for part in counted(b):
+                    out.update(zip(part["index"].tolist(), part["noise"].tolist()))
         return out
 
     alone, pair = noise(1, 0), noise(2, 100)
@@ -158,21 +173,36 @@ def test_random_transforms_draw_the_same_numbers_at_any_size_and_after_a_resume(
 
 
 def test_an_elastic_plan_yields_each_ranks_share_in_micro_batches(data):
+    """Global batches of 8 in micro-batches of 2; the epoch's last, of the 5 samples left, as
+    weighted micro-batches: as many on every rank, the weights w x rows / 5 (0 for padding),
+    so that the ranks' mean of the weighted losses is the mean over the 5."""
     whole = global_batches(data, 1, 8)
     for world in (1, 2):
-        shares = []
+        shares, lasts = [], []
         for rank in range(world):
             ld = loader(data, world, rank, batch_size=2)
             ld.use_global_batches(GlobalBatchPlan.build(8, 2, world, rank))
             ld.sampler.resume_at(3)  # global batches, as for any elastic loader
-            groups = list(ld)
+            *groups, last = list(ld)
             assert all(isinstance(g, MicroBatches) and len(g) == 4 // world for g in groups)
-            shares.append([[i for micro in g for i in micro["index"].tolist()] for g in groups])
-        rebuilt = [[0] * 8 for _ in shares[0]]
+            assert all(g.weights is None for g in groups)
+            shares.append([indices(g) for g in [*groups, last]])
+            lasts.append(last)
+        assert len({len(last) for last in lasts}) == 1  # as many forward passes on each rank
+        assert sum(sum(last.weights) for last in lasts) == pytest.approx(world)
+        expected = {1: [0.4, 0.4, 0.2], 2: [0.8, 0.4, 0.8, 0.0]}[world]  # rank 0's, rank 1's
+        assert [w for last in lasts for w in last.weights] == pytest.approx(expected)
+        rebuilt = [[0] * sum(len(share[g]) for share in shares) for g in range(len(shares[0]))]
         for rank, share in enumerate(shares):
             for g, part in enumerate(share):
                 rebuilt[g][rank::world] = part
         assert rebuilt == whole[3:]
+
+
+def test_drop_last_leaves_the_last_smaller_global_batch_out(data):
+    dropped = global_batches(data, 2, 4, drop_last=True)
+    assert dropped == global_batches(data, 1, 8)[:124]
+    assert len(loader(data, 2, 0, 4, drop_last=True)) == 124
 
 
 # -- a Runner trained on it ----------------------------------------------------------------------
@@ -195,12 +225,36 @@ def runner_cfg(work_dir, folder, **extra):
 def test_a_run_resumed_mid_epoch_ends_with_the_uninterrupted_runs_weights(data, tmp_path):
     whole = Runner.from_cfg(runner_cfg(tmp_path / "whole", data))
     whole.train()
-    assert whole.iter == 2 * 62 and len(whole.model.seen) == 2 * 62 * 16
+    # 62 global batches of 16 and the last of 5 an epoch: every one of the 997 rows, once
+    assert whole.iter == 2 * 63 and sorted(whole.model.seen[:ROWS]) == list(range(ROWS))
+    assert len(whole.model.seen) == 2 * ROWS
     resumed = Runner.from_cfg(runner_cfg(tmp_path / "resumed", data,
                                          resume=str(tmp_path / "whole" / "iter_75.pth")))
     resumed.train()
-    assert resumed.model.seen == whole.model.seen[75 * 16:]
+    assert resumed.model.seen == whole.model.seen[ROWS + (75 - 63) * 16:]
     assert_state_equal(params_of(resumed.model), params_of(whole.model))
+
+
+@pytest.mark.slow("a group of 2 gloo processes trains an epoch")
+def test_on_two_ranks_the_last_batch_of_one_sample_trains_as_one_process_would(data, tmp_path):
+    """997 rows in global batches of 12: 83, then one of the 1 sample left, which is rank 0's;
+    rank 1 passes one of its samples weighted 0 (DDP's all-reduce needs it). The 2-rank epoch
+    ends within 1e-5 of the one-process epoch with batch 12, which trains that sample alone."""
+    def cfg(name, batch_size):  # TinyBlocks: LayerNorm, no batch statistics
+        spec = runner_cfg(tmp_path, data)["train_dataloader"]
+        spec["dataset"]["columns"] = ["inputs", "labels"]
+        return runner_cfg(tmp_path / name, data, model=dict(type="TinyBlocks"),
+                          train_cfg=dict(by_epoch=True, max_epochs=1),
+                          train_dataloader={**spec, "batch_size": batch_size})
+
+    alone = Runner.from_cfg(cfg("alone", 12))
+    alone.train()
+    assert alone.iter == 84 == len(alone.train_dataloader)
+    on_two_ranks(tmp_path, cfg("pair", 6))
+    final = torch.load(tmp_path / "pair" / "final.pt", weights_only=True)
+    assert relative_gap(final, params_of(alone.model)) < 1e-5
+    before = torch.load(tmp_path / "pair" / "iter_75.pth", weights_only=False)["state_dict"]
+    assert relative_gap(before, final) > 1e-3  # the iterations after it trained
 
 
 # -- bad input, one line -------------------------------------------------------------------------

@@ -125,9 +125,16 @@ class _ShareReader(IterableDataset):
     """One item per chunk: ``[(local stream, first row, columns), ...]`` for the streams this
     worker owns (all of them without workers)."""
 
-    def __init__(self, loader: StreamingLoader, share: RankShare, rounds_per_chunk: int) -> None:
+    def __init__(
+        self,
+        loader: StreamingLoader,
+        share: RankShare,
+        rounds_per_chunk: int,
+        from_start: bool = False,
+    ) -> None:
         self.loader, self.share, self.rounds_per_chunk = loader, share, rounds_per_chunk
         self.order = loader.epoch_order()
+        self.from_start = from_start  # packed: each stream from its start, not its cursor
 
     def chunk_rounds(self) -> list[tuple[int, int]]:
         share = self.share
@@ -154,7 +161,7 @@ class _ShareReader(IterableDataset):
         loader = self.loader
         if loader.pack is None:
             return _StreamReader(loader.dataset, self.order, stream)
-        cursor = tuple(loader.cursors.get(stream, START))
+        cursor = START if self.from_start else tuple(loader.cursors.get(stream, START))
         return PackedStream(loader.dataset, self.order, stream, loader.pack, cursor)  # type: ignore[arg-type]
 
     def _columns(self, reader: _StreamReader | PackedStream, local: int, lo: int, hi: int) -> dict:
@@ -259,6 +266,7 @@ class StreamingLoader:
         num_streams: int = 64,
         shuffle_window: int = 1024,
         prefetch_factor: int = 2,
+        drop_last: bool = False,
         seed: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -271,6 +279,9 @@ class StreamingLoader:
         self.num_streams = _positive(num_streams, "num_streams")
         self.shuffle_window = _positive(shuffle_window, "shuffle_window")
         self.prefetch_factor = _positive(prefetch_factor, "prefetch_factor")
+        if not isinstance(drop_last, bool):
+            raise ArgumentError("drop_last", f"must be True or False, got {drop_last!r}")
+        self.drop_last = drop_last
         self.rank = dist.get_data_parallel_rank() if rank is None else int(rank)
         self.world_size = (
             dist.get_data_parallel_world_size() if world_size is None else int(world_size)
@@ -318,8 +329,7 @@ class StreamingLoader:
         if self.steps < 1:
             raise ConfigError(
                 "train_dataloader",
-                f"the data has {rows} rows ({streams * (rows // streams)} used by "
-                f"{streams} streams), fewer than one global batch ({self.plan.global_batch})",
+                f"the data has {rows} rows, fewer than one global batch ({self.plan.global_batch})",
             )
 
     def _worker_count(self, asked: int) -> int:
@@ -345,11 +355,12 @@ class StreamingLoader:
         return [t + b.rows for t, b in zip(counts, self.dataset.blocks, strict=True)]
 
     def _count_rounds(self) -> int:
-        """Rows every stream yields each epoch. Unpacked: ``N // C``. Packed: the rows of the
+        """Rounds of an epoch (a round: one row of each stream). Unpacked: ``ceil(N / C)``, the
+        last round only the ``N % C`` longer streams' last rows. Packed: the rows of the
         shortest stream any block order can give (at least ``T / C - 1`` minus the largest
         block's tokens, see order.py), so every epoch has the same length."""
         if self._block_tokens is None or self.pack is None:
-            return len(self.dataset) // self.num_streams
+            return _ceil_div(len(self.dataset), self.num_streams)
         if not self.shuffle or self.num_streams == 1:  # one block order: count it exactly
             order = self.epoch_order()
             return min(order.stream_tokens) // self.pack.seq_len
@@ -357,12 +368,31 @@ class StreamingLoader:
         return max(0, total // self.num_streams - 1 - largest) // self.pack.seq_len
 
     @property
+    def positions(self) -> int:
+        """Samples in an epoch: every row unpacked; ``C x`` the rounds packed."""
+        if self.pack is None:
+            return len(self.dataset)
+        return self.num_streams * self.rounds
+
+    @property
     def steps(self) -> int:
-        """Global batches per epoch (the last, incomplete one is dropped)."""
-        return self.num_streams * self.rounds // self.plan.global_batch
+        """Full global batches per epoch."""
+        return self.positions // self.plan.global_batch
+
+    @property
+    def tail(self) -> int:
+        """Samples of the epoch's last global batch when it is not full and is trained (0 when
+        the positions divide into global batches, or with ``drop_last``)."""
+        return 0 if self.drop_last else self.positions % self.plan.global_batch
+
+    @property
+    def weighted_tail(self) -> bool:
+        """Whether the last, smaller global batch comes as weighted MicroBatches in a run whose
+        other steps are plain batches (several ranks: their shares differ; engine/step.py)."""
+        return self.tail > 0 and self.plan.world_size > 1 and not self.grouped
 
     def __len__(self) -> int:
-        return self.steps
+        return self.steps + (self.tail > 0)
 
     def epoch_order(self) -> EpochOrder:
         rows = [b.rows for b in self.dataset.blocks]
@@ -386,15 +416,15 @@ class StreamingLoader:
         torch.manual_seed(value)
 
     def share(self, start_step: int) -> RankShare:
+        """This rank's samples from global batch ``start_step`` to the epoch's end: rank sample
+        ``k`` is position ``k * w + rank``, so the last, smaller global batch gives each rank
+        the positions below the epoch's end that are its own (some ranks one fewer, or none)."""
         plan = self.plan
         per_rank = plan.global_batch // plan.world_size
-        return RankShare(
-            plan.rank,
-            plan.world_size,
-            self.num_streams,
-            start_step * per_rank,
-            self.steps * per_rank,
-        )
+        stop = self.steps * per_rank
+        if self.tail:
+            stop += _ceil_div(max(0, self.tail - plan.rank), plan.world_size)
+        return RankShare(plan.rank, plan.world_size, self.num_streams, start_step * per_rank, stop)
 
     def __iter__(self) -> Iterator[Any]:
         start, self.start_step = self.start_step, 0
@@ -403,22 +433,64 @@ class StreamingLoader:
         self.cursors = (
             {int(c): v for c, v in loaded.get("cursors", {}).items()} if same_epoch else {}
         )
-        share = self.share(start)
-        # a chunk of about CHUNK_ROWS rows: Arrow's per-call costs are paid per stream and chunk
-        rounds = max(1, math.ceil(max(self.plan.micro_batch, CHUNK_ROWS) / share.per_round))
-        reader = _ShareReader(self, share, rounds)
-        batcher = _Batcher(self.plan.micro_batch)
+        full = max(0, self.steps - start) * self.plan.micro_batches  # micro-batches before the tail
         group: list = []
-        for items in self._chunks(reader):
-            for columns in batcher.add(_merge(items, share.per_round)):
-                batch = self._hand_out(columns)
-                if not self.grouped:
-                    yield batch
-                    continue
+        tail: list[tuple[dict, int]] = []
+        for index, (columns, rows) in enumerate(self._micro_batches(self.share(start))):
+            batch = self._hand_out(columns)
+            if index >= full:
+                tail.append((batch, rows))
+            elif not self.grouped:
+                yield batch
+            else:
                 group.append(batch)
                 if len(group) == self.plan.micro_batches:
                     yield MicroBatches(group)
                     group = []
+        if self.tail and start <= self.steps:
+            yield self._tail_step(tail)
+
+    def _micro_batches(self, share: RankShare) -> Iterator[tuple[dict, int]]:
+        """The share's rows cut into micro-batches (the last one of the epoch may be shorter),
+        with their row counts."""
+        # a chunk of about CHUNK_ROWS rows: Arrow's per-call costs are paid per stream and chunk
+        rounds = max(1, math.ceil(max(self.plan.micro_batch, CHUNK_ROWS) / share.per_round))
+        batcher = _Batcher(self.plan.micro_batch)
+        for items in self._chunks(_ShareReader(self, share, rounds)):
+            for columns in batcher.add(_merge(items, share.per_round)):
+                yield columns, self.plan.micro_batch
+        rest = batcher.rest
+        if rest is not None:
+            yield rest, len(next(iter(rest.values())))
+
+    def _tail_step(self, tail: list[tuple[dict, int]]) -> Any:
+        """The epoch's last, smaller global batch of ``S`` samples: alone, one smaller batch (or
+        its micro-batches); on ``w`` ranks, MicroBatches whose losses are weighted ``w x rows /
+        S`` so that the ranks' averaged gradient is the mean over the ``S`` samples, padded with
+        weight-0 micro-batches to the count of the largest share (every rank makes as many
+        forward passes: DDP and FSDP run collectives in them; a rank with no sample left passes
+        one of its own, weighted 0)."""
+        plan, size = self.plan, self.tail
+        if plan.world_size == 1 and not self.grouped:
+            return tail[0][0]
+        most = _ceil_div(_ceil_div(size, plan.world_size), plan.micro_batch)  # rank 0's count
+        batches = [batch for batch, _ in tail]
+        weights = [plan.world_size * rows / size for _, rows in tail]
+        if len(batches) < most:
+            pad = _first_row(batches[-1]) if batches else self._one_sample()
+            batches += [pad] * (most - len(batches))
+            weights += [0.0] * (most - len(weights))
+        return MicroBatches(batches, weights)
+
+    def _one_sample(self) -> dict:
+        """This rank's first sample of the epoch (rank sample 0), read apart from the pass: the
+        weight-0 pass of a rank whose streams have no sample left for the last global batch."""
+        plan = self.plan
+        share = RankShare(plan.rank, plan.world_size, self.num_streams, 0, 1)
+        (item,) = _ShareReader(self, share, 1, from_start=True)
+        columns = _merge([item], share.per_round)
+        columns.pop(STREAM, None), columns.pop(CURSOR, None)  # not trained: no cursor moves
+        return to_batch(columns)
 
     def _hand_out(self, columns: dict) -> dict:
         """The batch the model gets; for packed rows, the streams' cursors move past it."""
@@ -491,6 +563,15 @@ class StreamingLoader:
 
 def _identity(item: Any) -> Any:
     return item
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _first_row(batch: dict) -> dict:
+    """A one-sample batch of ``batch``'s first row (tensors and lists alike)."""
+    return {key: value[:1] for key, value in batch.items()}
 
 
 def _positive(value: Any, key: str) -> int:

@@ -4,15 +4,16 @@ Three steps, each drawn from its own seeded generator (never the global RNG):
 
 1. **Blocks** (row groups) are permuted.
 2. The blocks, in that order, are one sequence of ``N`` rows, cut into ``num_streams`` (``C``)
-   contiguous **streams** of ``L = N // C`` rows (the at most ``C - 1`` rows left over are this
-   epoch's drop; which ones changes with the block order).
+   contiguous **streams**: the first ``N % C`` of ``N // C + 1`` rows, the others of ``N // C``,
+   so that every row is in one stream.
 3. Each stream is shuffled inside **windows** of ``shuffle_window`` (``W``) consecutive rows.
 
-Global position ``p`` of the epoch is row ``p // C`` of stream ``p % C``: the streams are
-interleaved, so consecutive samples come from ``C`` places far apart in the data. Global batch
-``g`` is positions ``g*G .. (g+1)*G - 1``; rank ``r`` of ``w`` takes every ``w``-th of them,
-starting at ``r`` — with ``w`` dividing ``C`` those are exactly the rows of streams
-``r, r + w, r + 2w ...``: a rank reads its own ``C / w`` streams and no other rank's blocks.
+Global position ``p`` (``0 <= p < N``) of the epoch is row ``p // C`` of stream ``p % C``: the
+streams are interleaved, so consecutive samples come from ``C`` places far apart in the data, and
+the longer streams' last rows are the epoch's last positions. Global batch ``g`` is positions
+``g*G .. (g+1)*G - 1``; rank ``r`` of ``w`` takes every ``w``-th of them, starting at ``r`` —
+with ``w`` dividing ``C`` those are exactly the rows of streams ``r, r + w, r + 2w ...``: a rank
+reads its own ``C / w`` streams and no other rank's blocks.
 
 Nothing here depends on the world size, the loader's workers or where a run was resumed, so
 position ``p`` is the same sample in every run with the same data, seed, ``C`` and ``W``.
@@ -58,9 +59,9 @@ class EpochOrder:
         self.block_starts = np.concatenate([[0], np.cumsum(sizes)])
         rows = int(self.block_starts[-1])
         if block_tokens is None:
-            length = rows // self.num_streams
-            self.stream_first = [c * rows // self.num_streams for c in range(self.num_streams)]
-            self.stream_length = [length] * self.num_streams
+            length, longer = divmod(rows, self.num_streams)  # the first `longer` take a row more
+            self.stream_first = [c * length + min(c, longer) for c in range(self.num_streams)]
+            self.stream_length = [length + (c < longer) for c in range(self.num_streams)]
             self.stream_tokens: list[int] = []
         else:
             self._cut_by_tokens(np.asarray(block_tokens, dtype=np.int64)[self.block_order])
@@ -80,14 +81,9 @@ class EpochOrder:
         self.stream_tokens = [int(sums[b] - sums[a]) for a, b in itertools.pairwise(cuts)]
 
     @property
-    def stream_rows(self) -> int:
-        """Rows of the shortest stream: the rounds of an unpacked epoch."""
-        return min(self.stream_length)
-
-    @property
     def samples(self) -> int:
-        """Positions in an unpacked epoch: ``C x L``."""
-        return self.num_streams * self.stream_rows
+        """Positions in an unpacked epoch: every row, ``N``."""
+        return sum(self.stream_length)
 
     def pieces(self, stream: int, first: int, stop: int) -> list[tuple[int, int, int]]:
         """Rows ``first .. stop - 1`` of ``stream`` (before the window shuffle) as
