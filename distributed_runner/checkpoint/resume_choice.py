@@ -330,7 +330,7 @@ def meta_to_resume(resume: Any, run_dir: Path) -> dict:
         )
         meta = peek_meta(path) if path is not None else {}
         if meta:
-            found = {key: meta.get(key) for key in ("seed", "global_batch", "world_size")}
+            found = {"seed": meta.get("seed"), "global_batch": meta.get("global_batch")}
             found["mesh"] = saved_mesh(meta)
     return dist.broadcast_object(found)
 

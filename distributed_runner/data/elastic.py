@@ -253,15 +253,9 @@ def elastic_training(
         plan = kept_global_batch(
             loader, world_size, rank, resumed or {}, logger or logging.getLogger(__name__)
         )
-        return (
-            (loader, optim_wrapper, None)
-            if plan is None
-            else (
-                recut(loader, plan),
-                optim_wrapper,
-                plan,
-            )
-        )
+        if plan is None:
+            return loader, optim_wrapper, None
+        return recut(loader, plan), optim_wrapper, plan
     accumulation = _accumulation(optim_wrapper)
     batch_size = getattr(loader, "batch_size", None)
     if not isinstance(batch_size, int):

@@ -39,9 +39,10 @@ from distributed_runner.data.loaders import DefaultSampler
 
 
 def saved_data_parallel(resumed: dict) -> int:
-    """Data-parallel ranks of the run that wrote the checkpoint (``mesh``: replicate x shard)."""
-    mesh = resumed.get("mesh") or (1, int(resumed.get("world_size") or 1), 1)
-    return int(mesh[0]) * int(mesh[1])
+    """Data-parallel ranks of the run that wrote the checkpoint (``mesh``: replicate x shard, as
+    checkpoint.parts.saved_mesh reads it, older checkpoints included)."""
+    replicate, shard = resumed["mesh"][:2]
+    return int(replicate) * int(shard)
 
 
 def kept_global_batch(

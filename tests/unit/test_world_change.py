@@ -16,23 +16,18 @@ from distributed_runner.core.errors import ConfigError
 from distributed_runner.data.loaders import build_dataloader, epoch_order
 from distributed_runner.data.world_change import kept_global_batch
 from tests.toy import ToyDataset
+from tests.unit.test_elastic import cfg as elastic_cfg
 from tests.unit.test_elastic import on_two_ranks, relative_gap, weights
 
 
 def cfg(work_dir: Path, record: Path | None = None, batch_size: int = 4, **extra) -> dict:
-    """TinyBlocks, AdamW with a warm-up by iteration, accumulation over 2 iterations; 64 samples,
-    a fixed launcher: global batches of 4 x ranks, 12 iterations, checkpoints every 4."""
-    dataset = dict(type="ToyDataset", n=64, record=str(record) if record else None)
-    out = dict(
-        work_dir=str(work_dir), run_name=".", model=dict(type="TinyBlocks"),
-        train_dataloader=dict(dataset=dataset, batch_size=batch_size,
-                              sampler=dict(type="DefaultSampler", shuffle=True)),
-        train_cfg=dict(by_epoch=False, max_iters=12),
-        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.01), accumulative_counts=2),
-        param_scheduler=dict(type="LinearLR", start_factor=0.5, by_epoch=False, end=6),
-        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=4, by_epoch=False),
-                           logger=dict(type="LoggerHook", interval=2, sinks=["jsonl"])),
-        randomness=dict(seed=0), log_level="WARNING")
+    """test_elastic's run (TinyBlocks, AdamW with a warm-up by iteration, 64 samples, 12
+    iterations, checkpoints every 4) with a fixed launcher, accumulation over 2 iterations and
+    the fetched samples recorded: global batches of 4 x ranks."""
+    out = elastic_cfg(work_dir, batch_size=batch_size)
+    del out["launcher"]
+    out["train_dataloader"]["dataset"]["record"] = str(record) if record else None
+    out["optim_wrapper"]["accumulative_counts"] = 2
     out.update(extra)
     return out
 
