@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from distributed_runner.core import dist
 from distributed_runner.core.registry import HOOKS
+from distributed_runner.data.global_batch import MicroBatches
 from distributed_runner.engine.hook import DataBatch, Hook
 from distributed_runner.engine.message_hub import MISSING
 from distributed_runner.model.build import get_ori_model
@@ -126,7 +127,7 @@ class IterTimerHook(Hook):
         self._t = now
         self._record_eta(runner, now)
         if self._meter is not None:
-            self._meter.record(runner.message_hub, data_batch, seconds)
+            self._meter.record(runner.message_hub, data_batch, seconds, trained_parts(data_batch))
 
     def _record_eta(self, runner: RunnerAPI, now: float) -> None:
         """The ETA's inputs of this step (a new tuple: also the provider's stamp)."""
@@ -176,3 +177,13 @@ def _after_train_iter_with_eta(
         runner, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs, mode="train"
     )
     self._record_eta(runner, perf_counter())
+
+
+def trained_parts(data_batch: DataBatch) -> list | None:
+    """The micro-batches a step trained when its batch is several (MicroBatches), without the
+    weight-0 passes that pad a rank's short share of an epoch's last global batch (they train no
+    sample); None for a plain batch."""
+    if type(data_batch) is not MicroBatches:
+        return None
+    weights = data_batch.weights or [1.0] * len(data_batch)
+    return [part for part, weight in zip(data_batch, weights, strict=True) if weight]

@@ -170,6 +170,11 @@ def sample_counter(batch: Any, key: str | None) -> Callable[[Any], Any] | None:
     return None
 
 
+def _count(counter: Callable[[Any], Any], batch: Any, parts: list | None) -> Any:
+    """``counter`` of a step's batch, or the sum over the micro-batches it trained."""
+    return counter(batch) if parts is None else sum(counter(part) for part in parts)
+
+
 def _rows(value: Any) -> int:
     """``len(value)``; for a tensor its first dimension read directly (``len`` of a tensor goes
     through Python-level torch-function checks, a microsecond and a half every step)."""
@@ -298,17 +303,25 @@ class ThroughputMeter:
                 getattr(self, name),
             )
 
-    def record(self, hub: Any, batch: Any, seconds: float) -> None:
+    def record(self, hub: Any, batch: Any, seconds: float, parts: list | None = None) -> None:
         """One iteration of ``seconds`` on ``batch``. Only its counts are written here: the rates
         are computed when the hub's histories are read (:func:`per_second`), every figure as it
-        would have been at once."""
+        would have been at once. ``parts``: the micro-batches the step trained, when it trained
+        several (an elastic or resized step's, or an epoch's weighted last one beside plain
+        steps): each counted as a plain batch, and summed."""
         if not self._chosen:
-            self._choose(batch)
+            if parts == []:
+                return  # nothing of this rank's to learn the batches' shape from
+            self._choose(batch if parts is None else parts[0])
             self._start_recording(hub)
         try:
             # both counted before either is written: a batch that cannot be counted writes none
-            samples = self._samples(batch) if self._write_samples is not None else None  # type: ignore[misc]
-            tokens = self._tokens(batch) if self._write_tokens is not None else None  # type: ignore[misc]
+            samples = (
+                _count(self._samples, batch, parts) if self._write_samples is not None else None  # type: ignore[arg-type]
+            )
+            tokens = (
+                _count(self._tokens, batch, parts) if self._write_tokens is not None else None  # type: ignore[arg-type]
+            )
             if self._write_samples is not None:
                 self._write_samples((samples, seconds))
             if self._write_tokens is not None:

@@ -252,6 +252,34 @@ def test_a_batch_that_cannot_be_counted_records_nothing_and_ends_the_counting(ca
     assert "cannot count this batch" in caplog.text
 
 
+def test_micro_batches_are_counted_each_and_a_weight_0_pass_not_at_all(caplog):
+    """A step of several micro-batches (an elastic step's, or a StreamingLoader's weighted last
+    global batch beside plain steps) counts the samples and tokens of each, not the number of
+    micro-batches or of their keys; a weight-0 pass that pads a short share trains no sample."""
+    from distributed_runner.data.global_batch import MicroBatches
+    from distributed_runner.engine.message_hub import MessageHub
+
+    def part(rows):
+        return {"inputs": torch.zeros(rows, 3), "input_ids": torch.zeros(rows, 5, dtype=torch.long)}
+
+    record = ThroughputMeter()
+    record.start(nn.Linear(1, 1), torch.device("cpu"), world_size=1)
+    hub = MessageHub()
+    for batch in (part(4), MicroBatches([part(3), part(1)], [1.5, 0.0]), part(4)):
+        record.record(hub, batch, 0.5, timer_module.trained_parts(batch))
+    assert hub.get_scalar("train/samples_per_s").values() == pytest.approx([8.0, 6.0, 8.0])
+    assert hub.get_scalar("train/tokens_per_s").values() == pytest.approx([40.0, 30.0, 40.0])
+    assert "cannot count" not in caplog.text
+
+    grouped = ThroughputMeter()  # an elastic run: MicroBatches from its first step
+    grouped.start(nn.Linear(1, 1), torch.device("cpu"), world_size=1)
+    hub = MessageHub()
+    batch = MicroBatches([part(2), part(2)])
+    grouped.record(hub, batch, 0.5, timer_module.trained_parts(batch))
+    assert hub.get_scalar("train/samples_per_s").values() == pytest.approx([8.0])
+    assert timer_module.trained_parts(part(2)) is None
+
+
 def test_a_tensor_parallel_group_counts_its_batches_once_and_each_rank_its_share_of_flops():
     """tp=2 on 4 ranks: 2 groups read data, each rank of a group does half of every matmul."""
     from distributed_runner.engine.message_hub import MessageHub
