@@ -14,16 +14,29 @@
 - ``@pytest.mark.serial("why")``: a timing-sensitive test (it measures a ratio of step times, a
   hang caught within seconds). Under xdist it runs alone: it takes a machine-wide lock that
   every other test takes shared, so the other worker waits between its tests while this one runs.
-  Without xdist (one process) the lock is not taken: everything is serial already.
+  Serial tests that follow one another in a worker keep the lock between them (the other worker
+  would otherwise start a test in each gap, and the next serial test wait for its end). The
+  seconds each worker waited for them are printed with the wall time. Without xdist (one
+  process) the lock is not taken: everything is serial already.
+- Under xdist the files run costliest first (their seconds in ``tests/durations.json``, written
+  by ``--store-durations``; a file not in it yet is guessed from its tests and ``slow`` marks), so
+  that the last files to run are quick ones and both workers end together. pyproject's addopts
+  pass ``--no-loadscope-reorder``: xdist would otherwise order the files by their number of
+  tests, which puts the heavy files of one or two tests last.
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+DURATIONS = Path(__file__).with_name("durations.json")  # each file's seconds, from a whole run
+# a file not in DURATIONS yet: seconds guessed per slow-marked test and per other test
+SLOW_GUESS, QUICK_GUESS = 30.0, 0.3
 
 
 def is_xdist_worker(config: pytest.Config) -> bool:
@@ -36,6 +49,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow-budget", type=float, default=None, metavar="S",
                      help="fail the session if a test not marked slow('why') takes over S "
                           "seconds (setup + call + teardown)")
+    parser.addoption("--store-durations", action="store_true", default=False,
+                     help=f"write each file's seconds in this run to {DURATIONS.name} (the "
+                          "files that did not run keep theirs): the order xdist runs them in")
+
+
+def known_costs(path: Path = DURATIONS) -> dict[str, float]:
+    """Each file's seconds as last stored; none when the file is absent or unreadable (the order
+    then comes from the guesses alone: a stale or broken table costs time, never a test)."""
+    try:
+        costs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in costs.items()} if isinstance(costs, dict) else {}
+
+
+def costliest_files_first(items: list[pytest.Item], known: dict[str, float]) -> list[pytest.Item]:
+    """``items`` with whole files ordered by their expected seconds, most first, each file's
+    tests in their own order (a module fixture is set up once, for its first test)."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def expected(path: str) -> float:
+        if path in known:
+            return known[path]
+        return sum(SLOW_GUESS if item.get_closest_marker("slow") else QUICK_GUESS
+                   for item in by_file[path])
+
+    ordered = sorted(by_file, key=lambda path: -expected(path))  # stable: ties keep their order
+    return [item for path in ordered for item in by_file[path]]
 
 
 def reason_of(mark: pytest.Mark | None) -> str | None:
@@ -56,6 +99,7 @@ class SuiteBudget:
         self.seconds: dict[str, float] = defaultdict(float)
         self.reasons: dict[str, str] = {}
         self.ran: set[str] = set()
+        self.waited: dict[str, float] = defaultdict(float)  # per xdist worker, for serial tests
         self.started = time.monotonic()
         self.worker = is_xdist_worker(config)
 
@@ -71,15 +115,21 @@ class SuiteBudget:
             slow = reason_of(item.get_closest_marker("slow"))
             if slow is not None:  # travels with the reports to xdist's controller
                 item.user_properties.append(("slow_reason", slow))
+        if self.worker:  # every worker orders alike: xdist checks that their collections agree
+            items[:] = costliest_files_first(items, known_costs())
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             if report.outcome != "skipped":
                 self.ran.add(report.nodeid)
-        reason = dict(report.user_properties).get("slow_reason")
+        properties = dict(report.user_properties)
+        reason = properties.get("slow_reason")
         if reason:
             self.reasons[report.nodeid] = reason
+        node = getattr(report, "node", None)  # xdist's controller: the worker that ran it
+        if report.when == "setup" and node is not None:
+            self.waited[node.workerinput["workerid"]] += properties.get("serial_wait", 0.0)
 
     def over_budget(self) -> list[tuple[str, float]]:
         if self.budget is None:
@@ -105,8 +155,12 @@ class SuiteBudget:
         if cache is not None and timed:  # every test's seconds, for planning merges
             cache.set("drun/durations", {n: round(s, 2) for s, n in timed})
         if self.ran:
+            waits = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(self.waited.items()))
             write(f"suite: {len(self.ran)} tests ran in {wall:.0f} s wall "
-                  f"({sum(self.seconds.values()):.0f} s of test time)")
+                  f"({sum(self.seconds.values()):.0f} s of test time)"
+                  + (f"; waited for serial tests: {waits}" if waits else ""))
+        if self.config.option.store_durations and timed:
+            self.store_durations(timed)
         for nodeid, seconds in self.over_budget():
             terminalreporter.write_line(
                 f"over the {self.budget:g} s budget: {nodeid} took {seconds:.1f} s; make it "
@@ -123,6 +177,15 @@ class SuiteBudget:
         for path, seconds in heavy:
             terminalreporter.write_line(f"{sum(seconds):8.1f}s {path} ({len(seconds)} tests)")
 
+    def store_durations(self, timed: list[tuple[float, str]]) -> None:
+        """Merge this run's per-file seconds into DURATIONS (sorted, one file a line)."""
+        costs = known_costs()
+        by_file: dict[str, float] = defaultdict(float)
+        for seconds, nodeid in timed:
+            by_file[nodeid.split("::")[0]] += seconds
+        costs.update({path: round(seconds, 1) for path, seconds in by_file.items()})
+        DURATIONS.write_text(json.dumps(dict(sorted(costs.items())), indent=0) + "\n")
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.worker and self.over_budget() and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -137,25 +200,61 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SuiteBudget(config), "suite_budget")
 
 
+class MachineLock:
+    """This worker's side of the machine-wide lock: ``serial.lock``, which a serial test holds
+    alone and every other test shared, and ``serial.gate``, taken first, so that a waiting serial
+    test goes before the next shared taker (flock itself is not fair). A serial test followed by
+    another in this worker keeps both (see :func:`pytest_runtest_protocol`)."""
+
+    def __init__(self, folder: Path) -> None:
+        # open for the worker's life: a flock lives with its open file, released at exit
+        self.gate = open(folder / "serial.gate", "a")  # noqa: SIM115
+        self.lock = open(folder / "serial.lock", "a")  # noqa: SIM115
+        self.alone = False  # held exclusively, by a serial test or a chain of them
+
+    def enter(self, serial: bool) -> float:
+        """Take the lock for the next test; returns the seconds it waited."""
+        if serial and self.alone:
+            return 0.0
+        started = time.monotonic()
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        fcntl.flock(self.lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+        self.alone = serial
+        return time.monotonic() - started
+
+    def leave(self, next_is_serial: bool) -> None:
+        if self.alone and next_is_serial:
+            return
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+        if self.alone:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+        self.alone = False
+
+
+MACHINE_LOCK = pytest.StashKey[MachineLock]()
+
+
+def is_serial(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("serial") is not None
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Under xdist: a ``serial`` test holds the machine-wide lock alone; every other test holds
     it shared. Around the whole protocol, so that a module fixture's setup (a reference Ray run)
-    and teardown count as its test's. A gate taken first gives a waiting serial test priority
-    over the next shared taker (flock itself is not fair)."""
+    and teardown count as its test's. The seconds a test waited for the lock travel with its
+    reports (``serial_wait``) to the controller's summary."""
     if not is_xdist_worker(item.config):
         yield
         return
-    folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # the session's workers'
-    serial = item.get_closest_marker("serial") is not None
-    with open(folder / "serial.gate", "a") as gate, open(folder / "serial.lock", "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
-        if not serial:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if serial:
-                fcntl.flock(gate, fcntl.LOCK_UN)
+    if MACHINE_LOCK not in item.config.stash:
+        folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # the session's workers'
+        item.config.stash[MACHINE_LOCK] = MachineLock(folder)
+    lock = item.config.stash[MACHINE_LOCK]
+    item.user_properties.append(("serial_wait", round(lock.enter(is_serial(item)), 2)))
+    try:
+        yield
+    finally:
+        lock.leave(next_is_serial=is_serial(item) and is_serial(nextitem))

@@ -107,3 +107,79 @@ def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
     start, end = spans.pop("serial")
     assert len(spans) == 6
     assert all(b <= start or a >= end for a, b in spans.values()), (start, end, spans)
+
+
+@pytest.mark.slow("an inner pytest session with 2 xdist workers")
+def test_serial_tests_in_a_row_keep_the_machine_and_the_waits_are_printed(inner, tmp_path):
+    """Two serial tests one after the other in a file: no other test starts between them (the
+    lock is kept, not handed to the other worker for a test in the gap); the summary says how
+    long each worker waited for serial tests."""
+    log = tmp_path / "spans.txt"
+    body = f'''
+        import time
+        import pytest
+
+        def span(name, seconds):
+            start = time.time()
+            time.sleep(seconds)
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{name}} {{start}} {{time.time()}}\\n")
+
+        @pytest.mark.serial("measures time")
+        def test_serial_1():
+            time.sleep(0.3)  # the other worker has started its first test
+            span("serial_1", 0.5)
+
+        @pytest.mark.serial("measures time")
+        def test_serial_2():
+            span("serial_2", 0.5)
+    ''' + "".join(f'''
+        def test_other_{i}():
+            span("other_{i}", 0.3)
+    ''' for i in range(8))
+    result = inner(body, "-n", "2", "--dist", "load")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    spans = {name: (float(a), float(b)) for name, a, b in
+             (line.split() for line in log.read_text().splitlines())}
+    first_start, _ = spans.pop("serial_1")
+    _, last_end = spans.pop("serial_2")
+    assert all(b <= first_start or a >= last_end for a, b in spans.values()), spans
+    assert re.search(r"; waited for serial tests: gw0 \d+ s, gw1 \d+ s$",
+                     result.stdout.str(), re.MULTILINE)
+
+
+class Listed:
+    """What costliest_files_first reads of a pytest item."""
+
+    def __init__(self, nodeid: str, slow: bool = False) -> None:
+        self.nodeid, self.slow = nodeid, slow
+
+    def get_closest_marker(self, name: str):
+        return object() if name == "slow" and self.slow else None
+
+
+def test_files_run_costliest_first_from_the_table_or_the_guess():
+    from tests.suite_budget import QUICK_GUESS, SLOW_GUESS, costliest_files_first
+
+    items = [Listed("a.py::t1"), Listed("a.py::t2"), Listed("b.py::t1"),
+             Listed("c.py::t1", slow=True), Listed("c.py::t2"), Listed("d.py::t1")]
+    # b.py is known to cost 100 s; c.py (not in the table) is guessed from its slow mark; the
+    # quick files a and d keep their order after them, each file's tests in theirs
+    known = {"b.py": 100.0, "d.py": 2 * QUICK_GUESS + 0.1}
+    order = [item.nodeid for item in costliest_files_first(items, known)]
+    assert SLOW_GUESS < 100.0
+    assert order == ["b.py::t1", "c.py::t1", "c.py::t2", "d.py::t1", "a.py::t1", "a.py::t2"]
+
+
+def test_store_durations_writes_each_files_seconds_that_the_order_reads(tmp_path, monkeypatch):
+    import tests.suite_budget as budget
+
+    table = tmp_path / "durations.json"
+    table.write_text('{"gone.py": 5.0, "a.py": 1.0}\n')
+    monkeypatch.setattr(budget, "DURATIONS", table)
+    monkeypatch.setattr(budget.known_costs, "__defaults__", (table,))
+    plugin = budget.SuiteBudget.__new__(budget.SuiteBudget)
+    plugin.store_durations([(2.5, "a.py::t1"), (0.25, "a.py::t2"), (7.0, "b.py::t1")])
+    assert budget.known_costs() == {"a.py": 2.8, "b.py": 7.0, "gone.py": 5.0}
+    table.write_text("not json")
+    assert budget.known_costs() == {}  # a broken table orders by the guesses, never fails a run
