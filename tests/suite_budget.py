@@ -18,25 +18,16 @@
   would otherwise start a test in each gap, and the next serial test wait for its end). The
   seconds each worker waited for them are printed with the wall time. Without xdist (one
   process) the lock is not taken: everything is serial already.
-- Under xdist the files run costliest first (their seconds in ``tests/durations.json``, written
-  by ``--store-durations``; a file not in it yet is guessed from its tests and ``slow`` marks), so
-  that the last files to run are quick ones and both workers end together. pyproject's addopts
-  pass ``--no-loadscope-reorder``: xdist would otherwise order the files by their number of
-  tests, which puts the heavy files of one or two tests last.
 """
 from __future__ import annotations
 
 import fcntl
-import json
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-DURATIONS = Path(__file__).with_name("durations.json")  # each file's seconds, from a whole run
-# a file not in DURATIONS yet: seconds guessed per slow-marked test and per other test
-SLOW_GUESS, QUICK_GUESS = 30.0, 0.3
 
 
 def is_xdist_worker(config: pytest.Config) -> bool:
@@ -49,36 +40,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow-budget", type=float, default=None, metavar="S",
                      help="fail the session if a test not marked slow('why') takes over S "
                           "seconds (setup + call + teardown)")
-    parser.addoption("--store-durations", action="store_true", default=False,
-                     help=f"write each file's seconds in this run to {DURATIONS.name} (the "
-                          "files that did not run keep theirs): the order xdist runs them in")
-
-
-def known_costs(path: Path = DURATIONS) -> dict[str, float]:
-    """Each file's seconds as last stored; none when the file is absent or unreadable (the order
-    then comes from the guesses alone: a stale or broken table costs time, never a test)."""
-    try:
-        costs = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {k: float(v) for k, v in costs.items()} if isinstance(costs, dict) else {}
-
-
-def costliest_files_first(items: list[pytest.Item], known: dict[str, float]) -> list[pytest.Item]:
-    """``items`` with whole files ordered by their expected seconds, most first, each file's
-    tests in their own order (a module fixture is set up once, for its first test)."""
-    by_file: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
-
-    def expected(path: str) -> float:
-        if path in known:
-            return known[path]
-        return sum(SLOW_GUESS if item.get_closest_marker("slow") else QUICK_GUESS
-                   for item in by_file[path])
-
-    ordered = sorted(by_file, key=lambda path: -expected(path))  # stable: ties keep their order
-    return [item for path in ordered for item in by_file[path]]
 
 
 def reason_of(mark: pytest.Mark | None) -> str | None:
@@ -115,8 +76,6 @@ class SuiteBudget:
             slow = reason_of(item.get_closest_marker("slow"))
             if slow is not None:  # travels with the reports to xdist's controller
                 item.user_properties.append(("slow_reason", slow))
-        if self.worker:  # every worker orders alike: xdist checks that their collections agree
-            items[:] = costliest_files_first(items, known_costs())
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
@@ -159,8 +118,6 @@ class SuiteBudget:
             write(f"suite: {len(self.ran)} tests ran in {wall:.0f} s wall "
                   f"({sum(self.seconds.values()):.0f} s of test time)"
                   + (f"; waited for serial tests: {waits}" if waits else ""))
-        if self.config.option.store_durations and timed:
-            self.store_durations(timed)
         for nodeid, seconds in self.over_budget():
             terminalreporter.write_line(
                 f"over the {self.budget:g} s budget: {nodeid} took {seconds:.1f} s; make it "
@@ -176,15 +133,6 @@ class SuiteBudget:
         terminalreporter.write_sep("=", f"costliest {len(heavy)} files (their tests summed)")
         for path, seconds in heavy:
             terminalreporter.write_line(f"{sum(seconds):8.1f}s {path} ({len(seconds)} tests)")
-
-    def store_durations(self, timed: list[tuple[float, str]]) -> None:
-        """Merge this run's per-file seconds into DURATIONS (sorted, one file a line)."""
-        costs = known_costs()
-        by_file: dict[str, float] = defaultdict(float)
-        for seconds, nodeid in timed:
-            by_file[nodeid.split("::")[0]] += seconds
-        costs.update({path: round(seconds, 1) for path, seconds in by_file.items()})
-        DURATIONS.write_text(json.dumps(dict(sorted(costs.items())), indent=0) + "\n")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.worker and self.over_budget() and session.exitstatus == 0:

@@ -17,11 +17,14 @@ the run the config describes, what the optimizer sees must not depend on the siz
   ``param_scheduler`` positions, logging, validation and checkpoint intervals and the learning
   rate are the same at every size.
 * **The sample order is fixed**: an epoch is the permutation ``DefaultSampler`` draws from
-  ``(seed, epoch)``, cut into consecutive global batches (the last one completed by wrapping
-  around, or dropped with ``drop_last=True``); rank ``r`` takes every ``w``-th sample of each,
-  starting at ``r``. At full size with ``accumulative_counts=1`` that is what ``DefaultSampler``
-  gives each rank, but for an epoch's last, shorter batch. A resumed run starts at the first
-  global batch not yet trained, whatever size wrote the checkpoint.
+  ``(seed, epoch)``, cut into consecutive global batches; rank ``r`` takes every ``w``-th sample
+  of each, starting at ``r``. The epoch's last global batch, when the data set does not divide
+  into whole ones, is the rest: the ranks' shares of it differ by a sample (or a rank has none
+  and makes a weight-0 pass), and each loss is weighted so that the step is the mean over its
+  samples (``drop_last=True`` drops it). So every sample is trained once an epoch, at every
+  size, and a fixed-size run of ``DefaultSampler`` trains the same global batches
+  (:func:`exact_epochs`). A resumed run starts at the first global batch not yet trained,
+  whatever size wrote the checkpoint.
 
 What still depends on the size: the float summation order of the gradient (a resized run ends
 within about 1e-5, relative, of one that never resized, not bit-equal); batch statistics
@@ -124,8 +127,13 @@ def check_elastic_config(cfg: dict) -> None:
 class GlobalBatchSampler:
     """A ``batch_sampler``: this rank's micro-batches of each global batch, epoch after epoch.
 
-    ``set_epoch`` and ``resume_at(steps)`` as :class:`DefaultSampler` (``resume_at`` counts
-    global batches: the loader's ``batch_size`` is None, as for any batch sampler)."""
+    Every sample of the epoch once: the full global batches, then (unless ``drop_last``) the
+    epoch's last, smaller one of ``tail`` samples, in which rank ``r`` takes the samples at
+    ``r, r + w, ...`` below the epoch's end, in micro-batches of at most ``micro_batch``
+    (:class:`GlobalBatchLoader` pads a short share with weight-0 passes, :meth:`tail_weights`).
+    ``set_epoch`` and ``resume_at`` as :class:`DefaultSampler`; ``resume_at`` counts global
+    batches, or this rank's samples when ``unit`` is its batch size (a loader that yields plain
+    batches: :func:`exact_epochs`)."""
 
     def __init__(
         self,
@@ -134,77 +142,133 @@ class GlobalBatchSampler:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        unit: int = 1,
     ) -> None:
         self.dataset, self.plan, self.shuffle, self.seed = dataset, plan, shuffle, seed
         n, size = len(dataset), plan.global_batch
-        self.steps = n // size if drop_last else math.ceil(n / size)
+        self.full_steps = n // size
+        self.tail = 0 if drop_last else n % size
+        self.steps = self.full_steps + (self.tail > 0)
         if self.steps < 1:
             raise ConfigError(
                 "train_dataloader",
                 f"the dataset has {n} samples, fewer than one global batch ({size})",
             )
+        self.unit = unit
         self.epoch = 0
         self._start = 0
 
+    @property
+    def start_step(self) -> int:
+        """The global batch the next ``__iter__`` starts at (a resume's; else 0)."""
+        return self._start
+
     def order(self) -> list[int]:
-        """The epoch's sample order, as ``DefaultSampler`` draws it, wrapped to whole batches."""
-        n = len(self.dataset)
-        order = epoch_order(n, self.shuffle, self.seed, self.epoch)
-        total = self.steps * self.plan.global_batch
-        return (order * math.ceil(total / n))[:total]
+        """The epoch's sample order, as ``DefaultSampler`` draws it."""
+        return epoch_order(len(self.dataset), self.shuffle, self.seed, self.epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        plan, order = self.plan, self.order()
+        # the resume position is taken now, not at the first batch: a pass that starts at the
+        # epoch's end asks for none, and the next epoch must start at its beginning
         start, self._start = self._start, 0
-        for step in range(start, self.steps):
+        return self._indices(start, self.order())
+
+    def _indices(self, start: int, order: list[int]) -> Iterator[list[int]]:
+        plan = self.plan
+        for step in range(start, self.full_steps):
             first = step * plan.global_batch
             share = order[first + plan.rank : first + plan.global_batch : plan.world_size]
             for j in range(plan.micro_batches):
                 yield share[j * plan.micro_batch : (j + 1) * plan.micro_batch]
+        share = order[self.full_steps * plan.global_batch + plan.rank :: plan.world_size]
+        for i in range(0, len(share) if self.tail else 0, plan.micro_batch):
+            yield share[i : i + plan.micro_batch]
+
+    def tail_sizes(self) -> list[int]:
+        """This rank's micro-batch sizes in the epoch's last, smaller global batch, then a 0 for
+        each padding pass up to rank 0's count (the most any rank has): every rank makes as
+        many forward passes, as DDP and FSDP run collectives in them."""
+        plan = self.plan
+        rows = len(range(plan.rank, self.tail, plan.world_size))
+        sizes = [min(plan.micro_batch, rows - i) for i in range(0, rows, plan.micro_batch)]
+        most = math.ceil(math.ceil(self.tail / plan.world_size) / plan.micro_batch)
+        return sizes + [0] * (most - len(sizes))
+
+    def tail_weights(self) -> list[float]:
+        """Each tail pass's loss factor, ``w x rows / tail``: the ranks' averaged gradient is the
+        mean over the tail's samples; 0 for a padding pass."""
+        return [self.plan.world_size * size / self.tail for size in self.tail_sizes()]
 
     def __len__(self) -> int:
-        return self.steps * self.plan.micro_batches
+        own_tail = sum(1 for size in self.tail_sizes() if size) if self.tail else 0
+        return self.full_steps * self.plan.micro_batches + own_tail
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def resume_at(self, steps_consumed: int) -> None:
-        self._start = int(steps_consumed)
+    def resume_at(self, consumed: int) -> None:
+        self._start = int(consumed) // self.unit
 
 
 class GlobalBatchLoader:
-    """Yields one :class:`MicroBatches` per global batch; ``len()`` is global batches per
-    epoch. ``sampler`` is the :class:`GlobalBatchSampler` (for DistSamplerSeedHook and
-    resume)."""
+    """Yields one :class:`MicroBatches` per global batch (``grouped``), or, for a fixed-size
+    run, a plain batch per full global batch and weighted MicroBatches for the epoch's last,
+    smaller one (``weighted_tail``: engine/step.py's WithWeightedTail trains it); ``len()`` is
+    global batches per epoch. ``sampler`` is the :class:`GlobalBatchSampler` (for
+    DistSamplerSeedHook and resume)."""
 
-    batch_size = None
-
-    def __init__(self, loader: DataLoader, plan: GlobalBatchPlan) -> None:
+    def __init__(self, loader: DataLoader, plan: GlobalBatchPlan, grouped: bool = True) -> None:
         if not isinstance(loader.batch_sampler, GlobalBatchSampler):
             raise TypeError(
                 "GlobalBatchLoader needs a DataLoader whose batch_sampler is a "
                 "GlobalBatchSampler (see regroup)"
             )
-        self.loader, self.plan = loader, plan
+        self.loader, self.plan, self.grouped = loader, plan, grouped
         self.sampler: GlobalBatchSampler = loader.batch_sampler
         self.dataset = loader.dataset
+        # a plain batch per step: the batch size the loop counts samples with, as a DataLoader's
+        self.batch_size: int | None = None if grouped else plan.micro_batch
+
+    @property
+    def weighted_tail(self) -> bool:
+        """Whether the epoch's last, smaller global batch comes as weighted MicroBatches in a
+        run whose other steps are plain batches (engine/step_choice.py reads it)."""
+        return not self.grouped and self.sampler.tail > 0
 
     def __len__(self) -> int:
         return self.sampler.steps
 
-    def __iter__(self) -> Iterator[MicroBatches]:
+    def __iter__(self) -> Iterator[Any]:
+        sampler, count = self.sampler, self.plan.micro_batches
+        start = sampler.start_step
         batches = iter(self.loader)
-        while True:
-            group = MicroBatches(islice(batches, self.plan.micro_batches))
-            if not group:
-                return
-            yield group
+        last = None  # the batch a padding pass repeats (weight 0: it trains nothing)
+        for _ in range(start, sampler.full_steps):
+            group = list(islice(batches, count))
+            last = group[-1]
+            yield MicroBatches(group) if self.grouped else group[0]
+        if sampler.tail:
+            yield self._tail_step(list(batches), last)
+
+    def _tail_step(self, parts: list, last: Any) -> MicroBatches:
+        """This rank's share of the epoch's last global batch, padded to rank 0's count with
+        its own last batch again (none decoded twice), or, with no batch of this pass yet (a
+        resume at the tail) and no sample in the tail, one sample of its own read for it."""
+        sizes = self.sampler.tail_sizes()
+        if len(parts) < len(sizes):
+            pad = parts[-1] if parts else last
+            if pad is None:
+                first = self.sampler.order()[self.plan.rank]
+                pad = self.loader.collate_fn([self.dataset[first]])
+            parts += [pad] * (len(sizes) - len(parts))
+        return MicroBatches(parts, self.sampler.tail_weights())
 
 
-def regroup(loader: Any, plan: GlobalBatchPlan) -> GlobalBatchLoader:
+def regroup(loader: Any, plan: GlobalBatchPlan, grouped: bool = True) -> GlobalBatchLoader:
     """``loader`` (built from ``train_dataloader``) re-cut into global batches: the same
     dataset, collate function, workers and generator; a :class:`GlobalBatchSampler` in place of
-    its ``DefaultSampler``."""
+    its ``DefaultSampler``. ``grouped=False``: plain batches (one micro-batch a step), see
+    :func:`exact_epochs`."""
     sampler = getattr(loader, "sampler", None)
     if not isinstance(loader, DataLoader) or not isinstance(sampler, DefaultSampler):
         raise ConfigError(
@@ -216,7 +280,8 @@ def regroup(loader: Any, plan: GlobalBatchPlan) -> GlobalBatchLoader:
         plan,
         sampler.shuffle,
         sampler.seed,
-        drop_last=loader.drop_last or not sampler.round_up,
+        drop_last=loader.drop_last,
+        unit=1 if grouped else plan.micro_batch,
     )
     keep = (
         "num_workers",
@@ -231,7 +296,45 @@ def regroup(loader: Any, plan: GlobalBatchPlan) -> GlobalBatchLoader:
     args = {key: getattr(loader, key) for key in keep}
     if loader.num_workers > 0:
         args["prefetch_factor"] = loader.prefetch_factor
-    return GlobalBatchLoader(DataLoader(loader.dataset, batch_sampler=batches, **args), plan)
+    return GlobalBatchLoader(
+        DataLoader(loader.dataset, batch_sampler=batches, **args), plan, grouped
+    )
+
+
+def exact_epochs(
+    loader: Any, world_size: int, rank: int, trains_itself: bool, logger: logging.Logger
+) -> Any:
+    """A fixed-size run's ``DefaultSampler`` DataLoader on several ranks whose data set they
+    cannot split evenly, re-cut so that an epoch trains every sample once: ``DefaultSampler``
+    (like torch's ``DistributedSampler`` and MMEngine's) pads the epoch with its first samples
+    to a multiple of the ranks, so up to ``w - 1`` of them trained twice an epoch. The full
+    global batches are the same ones, each rank's the same samples; the last, smaller one is
+    trained as weighted MicroBatches (:class:`GlobalBatchSampler`). ``loader`` as it is
+    otherwise, and for a model with its own ``train_step`` (one batch per call: it cannot
+    weight the ranks' unequal shares), which keeps the padding, as MMEngine does."""
+    sampler = getattr(loader, "sampler", None)
+    if (
+        world_size == 1
+        or not isinstance(loader, DataLoader)
+        or not isinstance(sampler, DefaultSampler)
+        or not isinstance(loader.batch_size, int)
+    ):
+        return loader
+    samples = len(sampler.dataset)  # DefaultSampler's data set is Sized; the loader's the same
+    if samples % world_size == 0:
+        return loader
+    if trains_itself:
+        logger.info(
+            "train_dataloader: the model's own train_step trains one batch per call, so "
+            "DefaultSampler pads each epoch's %d samples to a multiple of %d ranks as MMEngine "
+            "does (%d of them trained twice)",
+            samples,
+            world_size,
+            -samples % world_size,
+        )
+        return loader
+    plan = GlobalBatchPlan(loader.batch_size * world_size, world_size, rank, loader.batch_size, 1)
+    return regroup(loader, plan, grouped=False)
 
 
 def elastic_training(
@@ -242,19 +345,20 @@ def elastic_training(
     rank: int,
     resumed: dict | None = None,
     logger: logging.Logger | None = None,
+    trains_itself: bool = False,
 ) -> tuple[Any, Any, GlobalBatchPlan | None]:
     """The train loader and optim_wrapper config as the run uses them, and the plan: an elastic
     run's (re-cut into global batches; accumulation done by the step, engine/step.py's
     ElasticStep), or a fixed-size run's resumed at another world size (``resumed``: the
-    checkpoint's meta; its global batch is kept, see :mod:`.world_change`); unchanged and None
-    otherwise."""
+    checkpoint's meta; its global batch is kept, see :mod:`.world_change`); otherwise no plan,
+    and the loader as it is or re-cut to train every sample once an epoch (:func:`exact_epochs`;
+    ``trains_itself``: the model has its own ``train_step``)."""
     sizes = elastic_range(launcher)
+    log = logger or logging.getLogger(__name__)
     if sizes is None:
-        plan = kept_global_batch(
-            loader, world_size, rank, resumed or {}, logger or logging.getLogger(__name__)
-        )
+        plan = kept_global_batch(loader, world_size, rank, resumed or {}, log)
         if plan is None:
-            return loader, optim_wrapper, None
+            return exact_epochs(loader, world_size, rank, trains_itself, log), optim_wrapper, None
         return recut(loader, plan), optim_wrapper, plan
     accumulation = _accumulation(optim_wrapper)
     batch_size = getattr(loader, "batch_size", None)

@@ -74,6 +74,7 @@ from distributed_runner.engine.loops import TestLoop, ValLoop
 from distributed_runner.engine.message_hub import MessageHub
 from distributed_runner.engine.requests import ControlRequests
 from distributed_runner.engine.sections import Settings, parse_sections, settings_of
+from distributed_runner.engine.step_choice import trains_itself
 from distributed_runner.engine.train_state import TrainState
 from distributed_runner.evaluation.evaluator import Evaluator
 from distributed_runner.health.watchdog import watched
@@ -515,6 +516,7 @@ class Runner(RunnerSurface):
             dist.get_data_parallel_rank(),
             self._resumed,  # a resume at another world size keeps the global batch
             self.logger,
+            trains_itself=trains_itself(self._model),
         )
         self.global_batch = iteration_samples(loader, self.elastic_plan, world)
         self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)

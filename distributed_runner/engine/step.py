@@ -17,8 +17,9 @@ OwnTrainStep        a model's own ``train_step(data, optim_wrapper)`` (MMEngine'
 ElasticStep         an elastic run (data/elastic.py), or one resumed at another world size
                     (data/world_change.py): one update over this rank's micro-batches of one
                     global batch, their losses weighted when the shares are unequal
-WithWeightedTail    another step, and ElasticStep for a StreamingLoader's last, smaller global
-                    batch of an epoch on several ranks (the ranks' shares differ by a sample)
+WithWeightedTail    another step, and ElasticStep for the last, smaller global batch of an epoch
+                    on several ranks (StreamingLoader's, or DefaultSampler's re-cut by
+                    data/elastic.py's exact_epochs: the ranks' shares differ by a sample)
 ==================  ==============================================================================
 
 How a batch reaches the model and how its losses are read is
@@ -238,8 +239,9 @@ def _log_shares(weights: list[float] | None, count: int) -> list[float] | None:
 
 class WithWeightedTail:
     """A run's step, and the elastic step for the epoch's last, smaller global batch on several
-    ranks (a StreamingLoader's weighted MicroBatches: the ranks' shares differ, so each loss is
-    weighted to make the averaged gradient the batch mean)."""
+    ranks (weighted MicroBatches from a StreamingLoader or a re-cut DefaultSampler loader: the
+    ranks' shares differ, so each loss is weighted to make the averaged gradient the batch
+    mean)."""
 
     def __init__(self, step: StepStrategy, tail: ElasticStep) -> None:
         self.step, self.tail = step, tail

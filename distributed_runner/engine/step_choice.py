@@ -74,6 +74,12 @@ def _overrides(module: Any, name: str) -> bool:
     return callable(method) and method is not getattr(BaseModel, name, None)
 
 
+def trains_itself(model: Any) -> bool:
+    """Whether ``model`` (wrapped or not) has its own ``train_step``: one batch per call, which
+    the Runner cannot split into weighted micro-batches (data/elastic.py's exact_epochs)."""
+    return _overrides(get_ori_model(model), "train_step")
+
+
 def _preprocessor(module: Any) -> Callable | None:
     pre = getattr(module, "data_preprocessor", None)
     return pre if callable(pre) else None

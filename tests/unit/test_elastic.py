@@ -68,13 +68,15 @@ def test_every_size_trains_the_same_global_batches_in_the_same_order(world):
         sampler = GlobalBatchSampler(data, GlobalBatchPlan.build(16, 4, world, rank), seed=3)
         sampler.set_epoch(1)
         micro = list(sampler)
-        per_step = len(micro) // sampler.steps
-        steps.append([sum(micro[i:i + per_step], []) for i in range(0, len(micro), per_step)])
+        per_step = sampler.plan.micro_batches
+        full = [sum(micro[i:i + per_step], []) for i in range(0, 3 * per_step, per_step)]
+        steps.append(full + [sum(micro[3 * per_step:], [])])  # the tail: what is left
     union = [sorted(sum((s[t] for s in steps), [])) for t in range(len(steps[0]))]
     g = torch.Generator().manual_seed(3 + 1)
     order = torch.randperm(50, generator=g).tolist()
-    order = (order * 2)[:64]  # 4 global batches of 16, the last completed by wrapping around
+    # 3 global batches of 16, then the 2 samples left (each once: nothing wraps around)
     assert union == [sorted(order[t * 16:(t + 1) * 16]) for t in range(4)]
+    assert len(union[3]) == 2
 
 
 def test_at_full_size_each_rank_gets_what_default_sampler_gives_it():

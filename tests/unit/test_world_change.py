@@ -20,12 +20,16 @@ from tests.unit.test_elastic import cfg as elastic_cfg
 from tests.unit.test_elastic import on_two_ranks, relative_gap, weights
 
 
+N = 67  # samples: a prime, so that no number of ranks or global batch divides it
+
+
 def cfg(work_dir: Path, record: Path | None = None, batch_size: int = 4, **extra) -> dict:
-    """test_elastic's run (TinyBlocks, AdamW with a warm-up by iteration, 64 samples, 12
-    iterations, checkpoints every 4) with a fixed launcher, accumulation over 2 iterations and
-    the fetched samples recorded: global batches of 4 x ranks."""
+    """test_elastic's run (TinyBlocks, AdamW with a warm-up by iteration, 12 iterations,
+    checkpoints every 4) over N samples, with a fixed launcher, accumulation over 2 iterations
+    and the fetched samples recorded: global batches of 4 x ranks."""
     out = elastic_cfg(work_dir, batch_size=batch_size)
     del out["launcher"]
+    out["train_dataloader"]["dataset"]["n"] = N
     out["train_dataloader"]["dataset"]["record"] = str(record) if record else None
     out["optim_wrapper"]["accumulative_counts"] = 2
     out.update(extra)
@@ -50,14 +54,16 @@ def test_stopped_at_one_world_size_and_resumed_at_another_each_sample_once_same_
 
     plan = resumed.elastic_plan  # 2 -> 1: each global batch of 8 as 2 micro-batches of 4
     assert (plan.kept_from, plan.micro_batches, plan.micro_batch) == (2, 2, 4)
-    assert resumed.iter == 12 and len(resumed.train_dataloader) == 8  # 64 / 8 an epoch
-    epoch0, epoch1 = epoch_order(64, True, 0, 0), epoch_order(64, True, 0, 1)
-    # iterations 4..11: the rest of epoch 0 from sample 32, then epoch 1's first 32, in order
-    assert fetched(shrunk) == epoch0[32:] + epoch1[:32]
+    # 67 = 8 global batches of 8 and one of 3 an epoch: 9 iterations, every sample once
+    assert resumed.iter == 12 and len(resumed.train_dataloader) == 9
+    epoch0, epoch1 = epoch_order(N, True, 0, 0), epoch_order(N, True, 0, 1)
+    # iterations 4..11: the rest of epoch 0 from sample 32 (its last 3 as iteration 8), then
+    # epoch 1's first 24, in order: none fetched twice
+    assert fetched(shrunk) == epoch0[32:] + epoch1[:24]
     assert relative_gap(weights(resumed), torch.load(two / "final.pt", weights_only=True)) < 1e-5
 
     # 1 -> 2: global batches of 4 as 2 samples a rank; iterations 4..11 are samples 16..47
-    by_rank = fetched(grown)
+    by_rank = fetched(grown)  # (67 = 16 global batches of 4 and one of 3 an epoch)
     assert len(by_rank) == 32 and sorted(by_rank) == sorted(epoch0[16:48])
     final = torch.load(tmp_path / "grown" / "final.pt", weights_only=True)
     assert relative_gap(final, reference_one) < 1e-5
