@@ -78,11 +78,10 @@ def test_a_slow_or_serial_mark_without_a_reason_is_refused(inner):
     assert "@pytest.mark.slow needs a reason" in result.stderr.str()
 
 
-@pytest.mark.slow("an inner pytest session with 2 xdist workers")
-def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
-    """Two files (loadfile: one a worker): the serial test's span overlaps no other test's."""
-    log = tmp_path / "spans.txt"
-    body = f'''
+def span_module(log: Path) -> str:
+    """The head of an inner test file whose tests call ``span(name, seconds)``: a sleep whose
+    start and end are appended to ``log``."""
+    return f'''
         import time
         import pytest
 
@@ -92,7 +91,18 @@ def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
             with open({str(log)!r}, "a") as f:
                 f.write(f"{{name}} {{start}} {{time.time()}}\\n")
     '''
-    result = inner(body + '''
+
+
+def read_spans(log: Path) -> dict[str, tuple[float, float]]:
+    return {name: (float(a), float(b)) for name, a, b in
+            (line.split() for line in log.read_text().splitlines())}
+
+
+@pytest.mark.slow("an inner pytest session with 2 xdist workers")
+def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
+    """Two files (loadfile: one a worker): the serial test's span overlaps no other test's."""
+    log = tmp_path / "spans.txt"
+    result = inner(span_module(log) + '''
         @pytest.mark.serial("measures time")
         def test_serial():
             time.sleep(0.3)  # the other worker has started its first test
@@ -102,8 +112,7 @@ def test_under_xdist_a_serial_test_runs_while_no_other_does(inner, tmp_path):
             span("other_{i}", 0.4)
     ''' for i in range(6)), "-n", "2", "--dist", "load")
     assert result.ret == 0, result.stdout.str()[-2000:]
-    spans = {name: (float(a), float(b)) for name, a, b in
-             (line.split() for line in log.read_text().splitlines())}
+    spans = read_spans(log)
     start, end = spans.pop("serial")
     assert len(spans) == 6
     assert all(b <= start or a >= end for a, b in spans.values()), (start, end, spans)
@@ -115,16 +124,7 @@ def test_serial_tests_in_a_row_keep_the_machine_and_the_waits_are_printed(inner,
     lock is kept, not handed to the other worker for a test in the gap); the summary says how
     long each worker waited for serial tests."""
     log = tmp_path / "spans.txt"
-    body = f'''
-        import time
-        import pytest
-
-        def span(name, seconds):
-            start = time.time()
-            time.sleep(seconds)
-            with open({str(log)!r}, "a") as f:
-                f.write(f"{{name}} {{start}} {{time.time()}}\\n")
-
+    body = span_module(log) + '''
         @pytest.mark.serial("measures time")
         def test_serial_1():
             time.sleep(0.3)  # the other worker has started its first test
@@ -139,8 +139,7 @@ def test_serial_tests_in_a_row_keep_the_machine_and_the_waits_are_printed(inner,
     ''' for i in range(8))
     result = inner(body, "-n", "2", "--dist", "load")
     assert result.ret == 0, result.stdout.str()[-2000:]
-    spans = {name: (float(a), float(b)) for name, a, b in
-             (line.split() for line in log.read_text().splitlines())}
+    spans = read_spans(log)
     first_start, _ = spans.pop("serial_1")
     _, last_end = spans.pop("serial_2")
     assert all(b <= first_start or a >= last_end for a, b in spans.values()), spans
