@@ -44,7 +44,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from distributed_runner.core.errors import ConfigError
-from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches
+from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches, tail_step
 from distributed_runner.data.loaders import DefaultSampler, epoch_order
 from distributed_runner.data.world_change import kept_global_batch
 
@@ -130,7 +130,7 @@ class GlobalBatchSampler:
     Every sample of the epoch once: the full global batches, then (unless ``drop_last``) the
     epoch's last, smaller one of ``tail`` samples, in which rank ``r`` takes the samples at
     ``r, r + w, ...`` below the epoch's end, in micro-batches of at most ``micro_batch``
-    (:class:`GlobalBatchLoader` pads a short share with weight-0 passes, :meth:`tail_weights`).
+    (:class:`GlobalBatchLoader` weights them and pads a short share: global_batch.tail_step).
     ``set_epoch`` and ``resume_at`` as :class:`DefaultSampler`; ``resume_at`` counts global
     batches, or this rank's samples when ``unit`` is its batch size (a loader that yields plain
     batches: :func:`exact_epochs`)."""
@@ -185,23 +185,14 @@ class GlobalBatchSampler:
             yield share[i : i + plan.micro_batch]
 
     def tail_sizes(self) -> list[int]:
-        """This rank's micro-batch sizes in the epoch's last, smaller global batch, then a 0 for
-        each padding pass up to rank 0's count (the most any rank has): every rank makes as
-        many forward passes, as DDP and FSDP run collectives in them."""
+        """This rank's micro-batch sizes in the epoch's last, smaller global batch (none for a
+        rank past its end)."""
         plan = self.plan
         rows = len(range(plan.rank, self.tail, plan.world_size))
-        sizes = [min(plan.micro_batch, rows - i) for i in range(0, rows, plan.micro_batch)]
-        most = math.ceil(math.ceil(self.tail / plan.world_size) / plan.micro_batch)
-        return sizes + [0] * (most - len(sizes))
-
-    def tail_weights(self) -> list[float]:
-        """Each tail pass's loss factor, ``w x rows / tail``: the ranks' averaged gradient is the
-        mean over the tail's samples; 0 for a padding pass."""
-        return [self.plan.world_size * size / self.tail for size in self.tail_sizes()]
+        return [min(plan.micro_batch, rows - i) for i in range(0, rows, plan.micro_batch)]
 
     def __len__(self) -> int:
-        own_tail = sum(1 for size in self.tail_sizes() if size) if self.tail else 0
-        return self.full_steps * self.plan.micro_batches + own_tail
+        return self.full_steps * self.plan.micro_batches + len(self.tail_sizes())
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -251,17 +242,18 @@ class GlobalBatchLoader:
             yield self._tail_step(list(batches), last)
 
     def _tail_step(self, parts: list, last: Any) -> MicroBatches:
-        """This rank's share of the epoch's last global batch, padded to rank 0's count with
-        its own last batch again (none decoded twice), or, with no batch of this pass yet (a
-        resume at the tail) and no sample in the tail, one sample of its own read for it."""
-        sizes = self.sampler.tail_sizes()
-        if len(parts) < len(sizes):
-            pad = parts[-1] if parts else last
-            if pad is None:
-                first = self.sampler.order()[self.plan.rank]
-                pad = self.loader.collate_fn([self.dataset[first]])
-            parts += [pad] * (len(sizes) - len(parts))
-        return MicroBatches(parts, self.sampler.tail_weights())
+        """This rank's share of the epoch's last global batch (global_batch.tail_step), padded
+        with its own last batch again (none decoded twice), or, with no batch of this pass yet
+        (a resume at the tail) and no sample in the tail, one sample of its own read for it."""
+
+        def pad() -> Any:
+            if parts or last is not None:
+                return parts[-1] if parts else last
+            first = self.sampler.order()[self.plan.rank]
+            return self.loader.collate_fn([self.dataset[first]])
+
+        sampler = self.sampler
+        return tail_step(parts, sampler.tail_sizes(), self.plan, sampler.tail, pad)
 
 
 def regroup(loader: Any, plan: GlobalBatchPlan, grouped: bool = True) -> GlobalBatchLoader:

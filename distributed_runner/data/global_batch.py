@@ -5,6 +5,8 @@ resume): shared by the map-style path (``elastic.GlobalBatchSampler``) and the s
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,3 +61,21 @@ class MicroBatches(list):
     def __init__(self, batches: Any = (), weights: list[float] | None = None) -> None:
         super().__init__(batches)
         self.weights = weights
+
+
+def tail_step(
+    parts: list, rows: list[int], plan: GlobalBatchPlan, tail: int, pad: Callable[[], Any]
+) -> MicroBatches:
+    """This rank's share of an epoch's last, smaller global batch of ``tail`` samples (``parts``,
+    of ``rows`` samples each) as MicroBatches weighted ``w x rows / tail``, so that the ranks'
+    averaged gradient is the mean over the tail's samples; padded to rank 0's count (the largest
+    share) with ``pad()``'s batch, weighted 0: every rank makes as many forward passes, as DDP
+    and FSDP run collectives in them. Shared by the map-style (elastic.GlobalBatchLoader) and
+    the streamed (streaming.StreamingLoader) paths."""
+    most = math.ceil(math.ceil(tail / plan.world_size) / plan.micro_batch)
+    weights = [plan.world_size * count / tail for count in rows]
+    batches = list(parts)
+    if len(batches) < most:
+        batches += [pad()] * (most - len(batches))
+        weights += [0.0] * (most - len(weights))
+    return MicroBatches(batches, weights)

@@ -41,7 +41,7 @@ from distributed_runner.core import dist
 from distributed_runner.core.errors import ArgumentError, ConfigError
 from distributed_runner.core.log import current_logger
 from distributed_runner.core.registry import DATASETS, TRANSFORMS
-from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches
+from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches, tail_step
 from distributed_runner.data.streaming.columns import columnize, table_columns, to_batch
 from distributed_runner.data.streaming.order import EpochOrder
 from distributed_runner.data.streaming.pack import START, PackedStream, PackSpec
@@ -473,14 +473,14 @@ class StreamingLoader:
         plan, size = self.plan, self.tail
         if plan.world_size == 1 and not self.grouped:
             return tail[0][0]
-        most = _ceil_div(_ceil_div(size, plan.world_size), plan.micro_batch)  # rank 0's count
         batches = [batch for batch, _ in tail]
-        weights = [plan.world_size * rows / size for _, rows in tail]
-        if len(batches) < most:
-            pad = _first_row(batches[-1]) if batches else self._one_sample()
-            batches += [pad] * (most - len(batches))
-            weights += [0.0] * (most - len(weights))
-        return MicroBatches(batches, weights)
+        return tail_step(
+            batches,
+            [rows for _, rows in tail],
+            plan,
+            size,
+            lambda: _first_row(batches[-1]) if batches else self._one_sample(),
+        )
 
     def _one_sample(self) -> dict:
         """This rank's first sample of the epoch (rank sample 0), read apart from the pass: the
