@@ -3,6 +3,7 @@ Parquet rows, side by side in one run.
 
     python benchmarks/streaming_data.py [--rows 1000000] [--memory-rows 1000000,4000000]
         [--mosaic-python PATH] [--skip-ray-data] [--work-dir DIR]
+        [--startup-files 1000,10000,100000] [--latency-ms 5]
 
 Data (written once under ``--work-dir``): ``features`` — ``inputs`` (16 float32, a fixed-size
 list) and ``labels`` (int64), files of 100k rows in row groups of 10k — and ``tokens`` — rows of
@@ -20,6 +21,14 @@ largest child's, so a forked worker's shared pages count twice, alike for all th
   ``resume_at``, Mosaic's ``StreamingDataLoader.load_state_dict``, and for Ray Data what
   ``RayDataLoader`` does (iterate over the consumed batches);
 * **peak memory** of the reader at ``--memory-rows`` rows (flat in the data size is the goal).
+
+**Startup at scale** (``--startup-files``; ``0`` leaves it out): one rank of 8 starting over
+``N`` files of one row group each, on a filesystem that answers every request after
+``--latency-ms`` (object storage's per-request latency; the files are synthetic: one small
+Parquet file's bytes behind every name). Today's reader (every rank lists and reads every
+footer) against the index a Ray run's driver writes (data/streaming/index.py): requests before
+the rank's first batch and seconds to it. And the first batch's wait: the rank's streams'
+first windows read side by side (the loader's default) against one after another.
 
 Mosaic ``streaming`` pins its own dependencies: make a virtualenv with
 ``bash benchmarks/streaming_mosaic_venv.sh DIR`` and pass ``--mosaic-python DIR/bin/python``
@@ -135,7 +144,21 @@ def measure_ray_data(folder: Path, resume: bool) -> dict:
     return out
 
 
-def child(reader: str, folder: str, resume: bool) -> None:
+def run_startup(files: int, latency_ms: float, work: Path) -> dict:
+    argv = [sys.executable, __file__, "--child", "startup", str(work), "--startup-files",
+            str(files), "--latency-ms", str(latency_ms)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=3600,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if out.returncode:
+        raise SystemExit(out.stderr.strip().splitlines()[-1][:300])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child(reader: str, folder: str, resume: bool, args: argparse.Namespace | None = None) -> None:
+    if reader == "startup" and args is not None:
+        print(json.dumps(startup_figures(int(args.startup_files), args.latency_ms / 1000,
+                                         Path(folder))))
+        return
     measure = {"streaming": measure_streaming, "ray_data": measure_ray_data}[reader]
     out = measure(Path(folder), resume)
     out["peak_rss_mib"] = peak_rss_mib()
@@ -158,6 +181,94 @@ def run_child(reader: str, folder: Path, resume: bool, python: str = sys.executa
     if out.returncode:
         return {"error": out.stderr.strip().splitlines()[-1][:200]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class SyntheticStore:
+    """A pyarrow-like filesystem: the folder ``bucket`` lists ``names`` (one request, as one
+    page of an object store's listing), every name holds ``payload``, and every request waits
+    ``latency_s``; counts the requests."""
+
+    def __init__(self, names: list[str], payload: bytes, latency_s: float) -> None:
+        import threading
+
+        self.names, self.payload, self.latency_s, self.requests = names, payload, latency_s, 0
+        self._lock = threading.Lock()
+
+    def _request(self) -> None:
+        with self._lock:
+            self.requests += 1
+        time.sleep(self.latency_s)
+
+    def get_file_info(self, path):
+        import pyarrow.fs as pafs
+
+        self._request()
+        if isinstance(path, pafs.FileSelector):
+            return [pafs.FileInfo(name, pafs.FileType.File) for name in self.names]
+        kind = pafs.FileType.Directory if path == "bucket" else pafs.FileType.File
+        return pafs.FileInfo(path, kind)
+
+    def open_input_file(self, path):
+        import pyarrow as pa
+
+        self._request()
+        return pa.BufferReader(self.payload)
+
+
+def startup_figures(files: int, latency_s: float, work: Path) -> dict:
+    """One rank (of 8) over ``files`` synthetic files: requests and seconds to its first batch,
+    footers read by the rank (today) or the driver's index; and the first batch with the
+    windows read one after another."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from distributed_runner.data.streaming import ParquetShards, StreamingLoader
+    from distributed_runner.data.streaming import loader as loader_module
+    from distributed_runner.data.streaming import shards as shards_module
+
+    rows = 100
+    table = pa.table({"inputs": pa.FixedSizeListArray.from_arrays(
+        pa.array(np.zeros(rows * 16, np.float32)), 16), "labels": pa.array(np.arange(rows))})
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    names = [f"bucket/part-{i:06d}.parquet" for i in range(files)]
+    index_uri = str(work / f"index-{files}.arrow")
+    result: dict = {"files": files}
+    for mode in ("footers", "index", "index, windows one by one"):
+        store = SyntheticStore(names, out.getvalue(), latency_s)
+        shards_module._open_filesystem = lambda path, options, store=store: (store, path)
+        loader_module.READ_THREADS = 1 if mode.endswith("one by one") else 16
+        start = time.perf_counter()
+        if mode == "footers":
+            shards = ParquetShards("bucket")
+            shards.index().write(index_uri)  # what the driver writes, once per run
+            store.requests = 0  # the driver's part aside: count the rank's own below
+            start = time.perf_counter()
+            shards = ParquetShards("bucket")
+        else:
+            shards = ParquetShards(names[0], index=index_uri)
+        opened = time.perf_counter() - start
+        metadata = store.requests
+        loader = StreamingLoader(shards, batch_size=32, shuffle_window=256, rank=0, world_size=8)
+        next(iter(loader))
+        result[mode] = {"metadata_requests": metadata, "requests": store.requests,
+                        "open_s": opened, "first_batch_s": time.perf_counter() - start}
+    return result
+
+
+def startup_table(results: list[dict], latency_ms: float) -> list[str]:
+    lines = [f"startup: one rank of 8, {latency_ms:g} ms a request, files of 100 rows",
+             "| files | reader | metadata requests | requests to the first batch | "
+             "open s | first batch s |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        for mode in ("footers", "index", "index, windows one by one"):
+            f = r[mode]
+            lines.append(f"| {r['files']:,} | {mode} | {f['metadata_requests']:,} | "
+                         f"{f['requests']:,} | {f['open_s']:.2f} | {f['first_batch_s']:.2f} |")
+    return lines
 
 
 def fmt(figures: dict, key: str, digits: int = 2) -> str:
@@ -189,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mosaic-python", default=None)
     p.add_argument("--skip-ray-data", action="store_true")
     p.add_argument("--work-dir", default="/tmp/drun_bench_streaming")
+    p.add_argument("--startup-files", default="1000,10000,100000")
+    p.add_argument("--latency-ms", type=float, default=5.0)
     p.add_argument("--child", nargs=2, metavar=("READER", "FOLDER"))
     p.add_argument("--resume", action="store_true")
     return p.parse_args(argv)
@@ -197,9 +310,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.child:
-        child(*args.child, args.resume)
+        child(*args.child, args.resume, args)
         return
     work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     sizes = [int(n) for n in args.memory_rows.split(",") if n]
     readers = ["streaming"] + ([] if args.skip_ray_data else ["ray_data"])
     readers += ["mosaic"] if args.mosaic_python else []
@@ -218,6 +332,10 @@ def main(argv: list[str] | None = None) -> None:
                 reader, folder, resume=False, python=python)
     print(f"streaming_data: batch {BATCH}, one loader worker (Ray Data: its read tasks on 2 CPUs)")
     print("\n".join(table(results, sizes)))
+    counts = [int(n) for n in args.startup_files.split(",") if n and int(n)]
+    if counts:  # each in a child: it replaces the shards' filesystem
+        print("\n".join(startup_table(
+            [run_startup(n, args.latency_ms, work) for n in counts], args.latency_ms)))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ them (key, what it holds [when it is there]; a "per rank" part is ``{"ranks": [r
 rank 1's, ...]}``; a test checks this text against the table)::
 
     meta               epoch, iter, iter_in_epoch, val_pending, seed, world_size, mesh,
-                       global_batch, experiment_name, time, config (JSON text), versions; the
-                       saver's additions: best, async_save, ema_in_state_dict [always]
+                       global_batch, num_streams, experiment_name, time, config (JSON text),
+                       versions; the saver's additions: best, async_save, ema_in_state_dict
+                       [always]
     state_dict         the model's weights (unwrapped) [unless sharded]
     sharded            the shards' manifest: their folder, keys and files with sizes [sharded
                        FSDP checkpoints; written by the checkpoint writer

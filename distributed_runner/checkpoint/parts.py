@@ -71,6 +71,7 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
         # samples an iteration trained, all ranks together: a resume at another world size keeps
         # it (data/world_change.py); None when the loader does not say
         "global_batch": s.global_batch,
+        "num_streams": s.num_streams,  # a streamed order's C: a resume keeps it
         "experiment_name": s.experiment_name,
         "time": time.time(),
         "config": dumps_json(redact(s.cfg)),
@@ -301,7 +302,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "meta",
         "epoch, iter, iter_in_epoch, val_pending, seed, world_size, mesh, "
-        "global_batch, experiment_name, "
+        "global_batch, num_streams, experiment_name, "
         "time, config (JSON text), versions; the saver's additions: best, async_save, "
         "ema_in_state_dict",
         "always",

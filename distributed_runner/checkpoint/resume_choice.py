@@ -314,7 +314,8 @@ def choose_run(work_dir: str | Path, run_name: str | None, resume: Any) -> str:
 def meta_to_resume(resume: Any, run_dir: Path) -> dict:
     """What the run being resumed fixed before anything is built (``{}``: a fresh start), read
     by rank 0 from the checkpoint's metadata alone and broadcast: its ``seed``, its
-    ``global_batch`` (samples of one iteration over all data-parallel ranks) and its ``mesh``.
+    ``global_batch`` (samples of one iteration over all data-parallel ranks), its ``mesh`` and
+    a streamed run's ``num_streams`` (the order's ``C``).
 
     Why before anything is built: the samplers order every epoch by ``seed + epoch``, so a run
     whose config draws a new seed (no ``randomness.seed``) must take the one it was started
@@ -331,6 +332,7 @@ def meta_to_resume(resume: Any, run_dir: Path) -> dict:
         meta = peek_meta(path) if path is not None else {}
         if meta:
             found = {"seed": meta.get("seed"), "global_batch": meta.get("global_batch")}
+            found["num_streams"] = meta.get("num_streams")  # a streamed run's order
             found["mesh"] = saved_mesh(meta)
     return dist.broadcast_object(found)
 

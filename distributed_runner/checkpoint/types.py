@@ -54,6 +54,7 @@ class CheckpointSubject:
     strategy: Any  # checkpoint.sharded.writes_shards reads its 'checkpoint'
     pretrained_from: str | None  # the model directory load_from filled the model from
     global_batch: int | None  # samples an iteration trains over all ranks (Runner.global_batch)
+    num_streams: int | None  # a StreamingLoader's streams (Runner.num_streams)
 
     def optimizer(self) -> Any:
         """The torch optimizer inside the wrapper, or None when nothing trains."""
@@ -80,6 +81,7 @@ class CheckpointSubject:
             strategy=runner.strategy,
             pretrained_from=runner.pretrained_from,
             global_batch=runner.global_batch,
+            num_streams=runner.num_streams,
         )
 
     def position(self) -> dict:

@@ -56,6 +56,7 @@ class RunnerAPI(Protocol):
     settings: Any  # the config's sections, parsed once (distributed_runner.engine.sections)
     elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run (or resized resume)
     global_batch: int | None  # samples one iteration trains over all data-parallel ranks
+    num_streams: int | None  # a StreamingLoader's streams (its order's C), else None
     pretrained_from: str | None  # the model directory load_from filled the model from (absolute)
 
     # -- services -----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches, tail_step
 from distributed_runner.data.loaders import DefaultSampler, epoch_order
-from distributed_runner.data.world_change import kept_global_batch
+from distributed_runner.data.world_change import kept_global_batch, kept_stream_count
 
 
 def elastic_range(launcher: Any) -> tuple[int, int] | None:
@@ -109,7 +109,7 @@ def check_elastic_config(cfg: dict) -> None:
             "dataset, or type='StreamingLoader'",
         )
     if loader.get("type") == "StreamingLoader":
-        _check_streams(loader.get("num_streams", 64), sizes)
+        _check_streams(loader.get("num_streams"), sizes)  # None: chosen a multiple of all
         sampler: Any = {}
     else:
         sampler = loader.get("sampler") or {}
@@ -347,6 +347,7 @@ def elastic_training(
     ``trains_itself``: the model has its own ``train_step``)."""
     sizes = elastic_range(launcher)
     log = logger or logging.getLogger(__name__)
+    kept_stream_count(loader, sizes or (world_size, world_size), resumed or {})
     if sizes is None:
         plan = kept_global_batch(loader, world_size, rank, resumed or {}, log)
         if plan is None:

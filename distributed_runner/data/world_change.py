@@ -29,6 +29,7 @@ before it was recorded) resumes as before.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -83,6 +84,36 @@ def kept_global_batch(
         )
         return None
     return GlobalBatchPlan.build(saved, batch_size, world_size, rank, kept_from=was)
+
+
+def kept_stream_count(loader: Any, sizes: tuple[int, int], resumed: dict) -> None:
+    """A StreamingLoader's auto ``num_streams`` fixed for the run: the resumed checkpoint's
+    (its meta records it: the order stays the saved run's at any new world size), else the
+    choice for every size ``sizes`` covers (an elastic group restarted at another size keeps
+    its order). One line when the new world size cannot split the saved count."""
+    if not getattr(loader, "auto_streams", False):
+        return
+    saved = resumed.get("num_streams")
+    if saved:
+        if int(saved) % loader.world_size:
+            raise ConfigError(
+                "resume",
+                f"the checkpoint's run read its data in {saved} streams, which "
+                f"{loader.world_size} data-parallel ranks cannot split evenly: resume on a "
+                f"number of ranks that divides {saved}",
+            )
+        loader.set_streams(int(saved))
+        return
+    multiple = math.lcm(*range(sizes[0], sizes[1] + 1))
+    if multiple != loader.world_size:
+        loader.set_streams(loader.chosen_streams(multiple))
+
+
+def stream_count(loader: Any) -> int | None:
+    """The streams a StreamingLoader reads an epoch in, as the checkpoint's meta records it
+    (None for other loaders)."""
+    count = getattr(loader, "num_streams", None)
+    return int(count) if isinstance(count, int) else None
 
 
 def iteration_samples(loader: Any, plan: GlobalBatchPlan | None, world_size: int) -> int | None:

@@ -20,10 +20,10 @@ from distributed_runner.core.signatures import check_arguments
 from distributed_runner.core.storage import is_remote
 from distributed_runner.data.elastic import check_elastic_config
 from distributed_runner.data.ray_data import NOT_WITH_TP
-from distributed_runner.data.streaming.shards import stream_sources_absolute
+from distributed_runner.data.streaming.shards import driver_index, stream_sources_absolute
 from distributed_runner.engine.driver_model import check_model_on_meta
 from distributed_runner.engine.hook_builder import plan_hooks
-from distributed_runner.engine.sections import DriverPlan, Section, register_section
+from distributed_runner.engine.sections import DriverPlan, Section, Stored, register_section
 from distributed_runner.health.watchdog import parse_watchdog
 from distributed_runner.model.build import check_compile
 from distributed_runner.model.sharding import parse_strategy
@@ -104,6 +104,11 @@ def _loader_on_driver(stage: str) -> Any:
                 f"{key}.dataset",
             )
             plan.remote |= stream_sources_absolute(loader, key)
+            index = driver_index(loader, key)  # every footer read, once, here
+            if index is not None:
+                path = (key, "dataset", "index")
+                plan.stored.append(Stored(f"data_index/{key}.arrow", index, path))
+                plan.say("data", f"{key}: {len(index.files)} files indexed for the workers")
         elif kind != "RayDataLoader":
             _check_spec(registry.DATASETS, loader.get("dataset"), f"{key}.dataset")
         if stage == "train":
@@ -129,7 +134,12 @@ def _data_line(plan: DriverPlan, key: str, loader: dict) -> str:
         if key == "train_dataloader":
             words += f" x {steps} accumulation = global batch {batch * groups * steps}"
     if kind == "StreamingLoader":
-        words += f", {loader.get('num_streams', 64)} streams split over the ranks"
+        streams = loader.get("num_streams")
+        words += (
+            f", {streams} streams split over the ranks"
+            if streams is not None
+            else ", streams chosen from the data and the worker counts (num_streams)"
+        )
     return words
 
 

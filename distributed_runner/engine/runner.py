@@ -66,7 +66,11 @@ from distributed_runner.core.run_folders import run_dir, run_name_of
 from distributed_runner.core.signatures import check_arguments
 from distributed_runner.data.elastic import GlobalBatchPlan, elastic_training
 from distributed_runner.data.loaders import build_dataloader, seeded_dataloader
-from distributed_runner.data.world_change import confirm_global_batch, iteration_samples
+from distributed_runner.data.world_change import (
+    confirm_global_batch,
+    iteration_samples,
+    stream_count,
+)
 from distributed_runner.engine.config_prep import RUNNER_KEYS, prepare_config
 from distributed_runner.engine.hook_builder import build_dispatcher
 from distributed_runner.engine.hook_report import plan_summary
@@ -430,6 +434,7 @@ class Runner(RunnerSurface):
         self.train_loop: Any = None  # a LOOPS class's loop (EpochBasedTrainLoop by default)
         self.elastic_plan: GlobalBatchPlan | None = None
         self.global_batch: int | None = None  # samples an iteration trains, all ranks together
+        self.num_streams: int | None = None  # a StreamingLoader's streams (its order's C)
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
@@ -519,6 +524,7 @@ class Runner(RunnerSurface):
             trains_itself=trains_itself(self._model),
         )
         self.global_batch = iteration_samples(loader, self.elastic_plan, world)
+        self.num_streams = stream_count(loader)  # a resume keeps a streamed run's order
         self.train_loop = self._build_train_loop(dict(train_cfg or {}), loader)
         self._state = self.train_loop.state
         self.optim_wrapper = build_optim_wrapper(optim_wrapper, self._model)

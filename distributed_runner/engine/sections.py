@@ -93,11 +93,23 @@ class Settings(Mapping[str, Any]):
 
 
 @dataclass
+class Stored:
+    """A file the driver writes into the run's Ray storage for the workers (the shards' index:
+    data/streaming/index.py): ``value.write(uri)`` writes it at ``<storage>/<name>/<relative>``,
+    and the config key ``config_path`` (keys from the top) is set to that URI."""
+
+    relative: str
+    value: Any  # has write(uri)
+    config_path: tuple[str, ...]
+
+
+@dataclass
 class DriverPlan:
     """What the driver steps found and did: ``cfg`` is the plain config the workers get (paths
     made absolute in it), ``remote`` whether some section reads object storage (the workers then
-    get the driver's credentials), ``lines`` what ``drun check`` prints, by topic, and ``notes``
-    the iMIX translations prepare_config made (the workers log them in the run's log)."""
+    get the driver's credentials), ``lines`` what ``drun check`` prints, by topic, ``notes``
+    the iMIX translations prepare_config made (the workers log them in the run's log) and
+    ``stored`` the files the launcher writes into the run's storage before the workers start."""
 
     cfg: dict
     settings: Settings
@@ -105,6 +117,7 @@ class DriverPlan:
     remote: bool = False
     lines: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # prepare_config's iMIX notes
+    stored: list[Stored] = field(default_factory=list)
 
     @property
     def world(self) -> int:

@@ -40,6 +40,7 @@ from distributed_runner.core.config import Config, runs_in_process
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.preemption import INTERRUPT, TrainingPreempted
 from distributed_runner.core.redact import redact_url
+from distributed_runner.core.storage import is_remote
 from distributed_runner.launch.launcher_config import (  # noqa: F401  (re-exported: the launcher's public names)
     PLACEMENT_STRATEGIES,
     RAY_DEFAULTS,
@@ -174,12 +175,14 @@ class RayLauncher:
         plain["run_name"] = self.run_name  # chosen once, here: every worker writes there
         # the resolved run name travels too: sinks tag the run with it
         plain["launcher"] = {**self.opts, "name": self.name, "storage_path": self.storage_path}
+        plain = self._write_stored(plain)  # the shards' index: the workers read no footer
         datasets = build_ray_datasets(plain) if self._uses_ray_data() else None
         # the config file and its git commit are the driver's: workers may not have the file
         source = self.cfg.source() if isinstance(self.cfg, Config) else None
         # the driver's MLFLOW_* and WANDB_* for every worker, by reference: never shown in job
         # metadata; AWS_* too when a section reads object storage (its driver step said so)
-        env = ray.put(forwarded_env(reads_object_storage=self.plan.remote))
+        stored_remote = bool(self.plan.stored) and is_remote(self.storage_path)
+        env = ray.put(forwarded_env(reads_object_storage=self.plan.remote or stored_remote))
         watchdog = self.settings.watchdog  # hang watch: health/hang_watch.py
         config: dict[str, Any] = {"cfg": plain, "source": source, "env": env, "control": control}
         config["notes"] = self.plan.notes  # iMIX translations: each worker logs them
@@ -214,6 +217,16 @@ class RayLauncher:
         )
         no_dataset_actor_without_datasets(trainer)  # a process less per group start
         return trainer
+
+    def _write_stored(self, plain: dict) -> dict:
+        """The driver steps' files (:class:`~distributed_runner.engine.sections.Stored`) written
+        into the run's Ray storage, and ``plain`` with their keys naming them (copied along each
+        key's path: the driver's own config stays as it was)."""
+        for item in self.plan.stored:
+            uri = f"{self.storage_path.rstrip('/')}/{self.name}/{item.relative}"
+            item.value.write(uri)
+            plain = _with_value(plain, item.config_path, uri)
+        return plain
 
     def fit(self) -> Any:
         """Validate, connect, check resources, run the trainer; returns Ray's ``Result``
@@ -314,6 +327,12 @@ class RayLauncher:
         """`` | MLflow <uri>`` (its password redacted) when the logger has an MLflow sink."""
         uri = self.mlflow_uri()
         return f" | MLflow {redact_url(uri)}" if uri else ""
+
+
+def _with_value(cfg: dict, path: tuple[str, ...], value: Any) -> dict:
+    """``cfg`` with ``cfg[path[0]][path[1]]... = value``, the dicts on the path copied."""
+    head, *rest = path
+    return {**cfg, head: _with_value(cfg[head], tuple(rest), value) if rest else value}
 
 
 def mark_mlflow_run_failed(work_dir: Path, uri: str | None) -> None:

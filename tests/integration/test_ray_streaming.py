@@ -81,6 +81,9 @@ def test_two_workers_stop_and_one_process_resumes_at_the_first_untrained_batch(
     cfg = config(tmp_path / "wd", data, on_ray)
     metrics = RayLauncher(cfg, normalize_launcher(cfg["launcher"])).fit().metrics
     assert metrics["iter"] == 30
+    # the driver read the footers once; the workers were given its index (data/streaming/index.py)
+    index = tmp_path / "wd" / "ray_storage" / "wd" / "data_index" / "train_dataloader.arrow"
+    assert index.is_file()
     order = global_batches(data)
     # 32 streams of 44 or 45 rows: 44 global batches of 32, then the epoch's last rows
     assert [len(b) for b in order[:44]] == [32] * 44 and 0 < len(order[44]) < 32

@@ -141,9 +141,16 @@ def test_async_validation_benchmark_runs_both_modes():
 
 def test_streaming_data_benchmark_runs_its_table(tmp_path):
     out = run_benchmark("streaming_data", "--rows", "20000", "--memory-rows", "20000",
-                        "--skip-ray-data", "--work-dir", str(tmp_path))
+                        "--skip-ray-data", "--work-dir", str(tmp_path), "--startup-files",
+                        "300", "--latency-ms", "1")
     lines = out.stdout.splitlines()
     assert lines[0].startswith("streaming_data: batch 256")
+    startup = [line for line in lines if line.startswith("| 300 | ")]
+    assert [r.split(" | ")[1] for r in startup] == ["footers", "index",
+                                                  "index, windows one by one"]
+    # today's reader: the listing (2 requests) and a footer per file; with the index, none
+    assert startup[0].split(" | ")[2] == "302" and startup[1].split(" | ")[2] == "0"
+    lines = lines[:lines.index(next(x for x in lines if x.startswith("startup: ")))]
     assert lines[1].startswith("| data | reader | samples/s |")
     rows = [line for line in lines[3:] if line.startswith("| ")]
     assert [r.split(" | ")[1] for r in rows] == ["streaming", "streaming"]

@@ -197,6 +197,48 @@ def test_a_streaming_datasets_pipeline_passes_the_drivers_check(user_folder, mon
         validate_config(cfg)
 
 
+def test_the_driver_indexes_the_shards_once_and_the_workers_config_names_the_index(
+        user_folder, monkeypatch, tmp_path):
+    """The Ray driver reads every footer while it checks (issue 48) and writes the index into
+    the run's Ray storage; the workers' config names it, so a worker's ParquetShards opens no
+    footer. The driver's own config is left as the user wrote it."""
+    from distributed_runner import Config
+    from distributed_runner.data.streaming import ParquetShards
+    from distributed_runner.data.streaming import shards as shards_module
+    from distributed_runner.launch.launcher import RayLauncher
+
+    monkeypatch.chdir(user_folder)
+    cfg = Config.fromfile(ROOT / "configs" / "digits_cnn_streaming.py",
+                          cfg_options=[f"work_dir={tmp_path / 'w'}"])
+    launcher = RayLauncher(cfg)
+    (stored,) = launcher.plan.stored
+    assert stored.relative == "data_index/train_dataloader.arrow"
+    assert any("files indexed for the workers" in line for line in launcher.plan.lines["data"])
+    plain = launcher._write_stored(dict(launcher.plan.cfg))
+    uri = plain["train_dataloader"]["dataset"]["index"]
+    assert uri == f"{tmp_path / 'w' / 'ray_storage'}/w/data_index/train_dataloader.arrow"
+    assert "index" not in launcher.plan.cfg["train_dataloader"]["dataset"]
+    opened = []
+    real = shards_module._open_filesystem
+
+    def counting(path, options):
+        fs, inner = real(path, options)
+        class Counting:
+            def open_input_file(self, name):
+                opened.append(name)
+                return fs.open_input_file(name)
+            def __getattr__(self, name):
+                return getattr(fs, name)
+        return Counting(), inner
+
+    monkeypatch.setattr(shards_module, "_open_filesystem", counting)
+    worker = ParquetShards(**{k: v for k, v in plain["train_dataloader"]["dataset"].items()
+                              if k != "type"})
+    footers = ParquetShards(plain["train_dataloader"]["dataset"]["paths"])
+    assert opened == footers.files  # the second read every footer; the worker's none
+    assert worker.blocks == footers.blocks and len(worker) == len(footers)
+
+
 def test_settings_are_read_only(tmp_path):
     from distributed_runner.engine.config_prep import prepare_config
     from distributed_runner.engine.sections import settings_of

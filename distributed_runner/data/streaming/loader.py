@@ -30,6 +30,7 @@ import math
 import random
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from distributed_runner.data.streaming.shards import ParquetShards, ShardReadErr
 
 STREAM, CURSOR = "_stream", "_cursor"  # packed rows' bookkeeping columns, never in a batch
 CHUNK_ROWS = 8192  # rows a rank's workers hand over at a time (all its streams together)
+READ_THREADS = 16  # windows a loader worker reads at once (pyarrow's reads release the GIL)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,12 @@ class _StreamReader:
         self.shards, self.order, self.stream = shards, order, stream
         self._window: tuple[int, Any, np.ndarray] | None = None
         self._block: tuple[int, Any] | None = None
+
+    def prepare(self, row: int) -> None:
+        """Read the window holding stream row ``row`` (the loader reads its streams' windows
+        side by side: _ShareReader)."""
+        if row < self.order.stream_length[self.stream]:
+            self._load_window(row // self.order.window)
 
     def rows(self, first: int, stop: int) -> Any:
         """Rows ``first .. stop - 1`` of the stream (after the window shuffle), one table."""
@@ -131,8 +139,11 @@ class _ShareReader(IterableDataset):
         share: RankShare,
         rounds_per_chunk: int,
         from_start: bool = False,
+        first_rounds: int | None = None,
     ) -> None:
         self.loader, self.share, self.rounds_per_chunk = loader, share, rounds_per_chunk
+        # the first chunk only as long as the first batch needs: it is what training waits for
+        self.first_rounds = rounds_per_chunk if first_rounds is None else first_rounds
         self.order = loader.epoch_order()
         self.from_start = from_start  # packed: each stream from its start, not its cursor
 
@@ -141,21 +152,29 @@ class _ShareReader(IterableDataset):
         if share.first >= share.stop:
             return []
         first, last = share.first // share.per_round, (share.stop - 1) // share.per_round
-        step = self.rounds_per_chunk
-        return [(r, min(r + step, last + 1)) for r in range(first, last + 1, step)]
+        step, opening = self.rounds_per_chunk, min(self.first_rounds, self.rounds_per_chunk)
+        chunks = [(first, min(first + opening, last + 1))]
+        rest = chunks[0][1]
+        return chunks + [(r, min(r + step, last + 1)) for r in range(rest, last + 1, step)]
 
     def __iter__(self) -> Iterator[list]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         owned = range(worker, self.share.per_round, workers)
         readers = {s: self._reader(self.share.stream(s)) for s in owned}
-        for round_first, round_stop in self.chunk_rounds():
-            item = []
-            for local, reader in readers.items():
-                lo, hi = self.share.rows_in(local, round_first, round_stop)
-                if hi > lo:
-                    item.append((local, lo, self._columns(reader, local, lo, hi)))
-            yield item
+        with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(readers)))) as pool:
+            for round_first, round_stop in self.chunk_rounds():
+                spans = {s: self.share.rows_in(s, round_first, round_stop) for s in readers}
+                # the windows a chunk starts in, read side by side (the first batch waits for one
+                # window of each stream: storage latency once, not once per stream)
+                firsts = [spans[s][0] for s in readers]
+                list(pool.map(lambda reader, row: reader.prepare(row), readers.values(), firsts))
+                item = []
+                for local, reader in readers.items():
+                    lo, hi = spans[local]
+                    if hi > lo:
+                        item.append((local, lo, self._columns(reader, local, lo, hi)))
+                yield item
 
     def _reader(self, stream: int) -> _StreamReader | PackedStream:
         loader = self.loader
@@ -253,6 +272,12 @@ class StreamingLoader:
     tensors (fixed-size list columns as 2-D tensors, strings and variable lists as lists), passed
     to the model as keyword arguments. ``num_streams`` (``C``) and ``shuffle_window`` (``W``)
     fix the order with the seed (see :mod:`.order`); every world size must divide ``C``.
+
+    ``num_streams=None`` (the default) chooses ``C`` (:meth:`chosen_streams`): the largest of
+    ``L, 2L, 4L, ...`` up to ``max(64, L)`` that the data fills (every stream a row; packed, a
+    full global batch), where ``L`` is the world size, or the least common multiple of an
+    elastic group's sizes (data/elastic.py). A resume takes the checkpoint's ``C`` (its meta
+    records it), so the order stays the saved run's at any new world size.
     """
 
     def __init__(
@@ -263,7 +288,7 @@ class StreamingLoader:
         num_workers: int = 0,
         pipeline: list | None = None,
         pack: dict | None = None,
-        num_streams: int = 64,
+        num_streams: int | None = None,
         shuffle_window: int = 1024,
         prefetch_factor: int = 2,
         drop_last: bool = False,
@@ -276,7 +301,8 @@ class StreamingLoader:
             raise ArgumentError("dataset", "StreamingLoader reads dict(type='ParquetShards', ...)")
         self.batch_size: int | None = _positive(batch_size, "batch_size")
         self.shuffle, self.seed = bool(shuffle), 0 if seed is None else int(seed)
-        self.num_streams = _positive(num_streams, "num_streams")
+        self.auto_streams = num_streams is None  # chosen from the data: chosen_streams
+        self.num_streams = 1 if num_streams is None else _positive(num_streams, "num_streams")
         self.shuffle_window = _positive(shuffle_window, "shuffle_window")
         self.prefetch_factor = _positive(prefetch_factor, "prefetch_factor")
         if not isinstance(drop_last, bool):
@@ -303,9 +329,33 @@ class StreamingLoader:
             self.batch_size * self.world_size, self.world_size, self.rank, self.batch_size, 1
         )
         self.grouped = False  # yield MicroBatches (an elastic group's global batches)
+        self._asked_workers = int(num_workers)
+        self.set_streams(self.chosen_streams(self.world_size) if self.auto_streams else None)
+
+    def set_streams(self, count: int | None) -> None:
+        """Read the epoch in ``count`` streams (None: the ones set), checked against the data
+        and the ranks: an auto ``num_streams`` fixed for the run (the elastic group's choice,
+        or a resumed checkpoint's), before the first epoch."""
+        if count is not None:
+            self.num_streams = int(count)
         self.rounds = self._count_rounds()
         self._check_sizes()
-        self.num_workers = self._worker_count(int(num_workers))
+        self.num_workers = self._worker_count(self._asked_workers)
+
+    def chosen_streams(self, multiple: int) -> int:
+        """The auto ``num_streams`` for world sizes whose least common multiple is ``multiple``:
+        the largest of ``multiple x 2^k`` up to ``max(64, multiple)`` that the data fills (every
+        stream at least a row; packed, at least one full global batch); ``multiple`` when none
+        does (the size checks then say why)."""
+        ladder = [multiple]
+        while ladder[-1] * 2 <= max(64, multiple):
+            ladder.append(ladder[-1] * 2)
+        for count in reversed(ladder):
+            rounds = self._count_rounds(count)
+            positions = len(self.dataset) if self.pack is None else count * rounds
+            if len(self.dataset) >= count and positions >= self.plan.global_batch:
+                return count
+        return multiple
 
     def _check_sizes(self) -> None:
         rows, streams = len(self.dataset), self.num_streams
@@ -354,18 +404,20 @@ class StreamingLoader:
         counts = self.dataset.token_counts(self.pack.column)
         return [t + b.rows for t, b in zip(counts, self.dataset.blocks, strict=True)]
 
-    def _count_rounds(self) -> int:
+    def _count_rounds(self, streams: int | None = None) -> int:
         """Rounds of an epoch (a round: one row of each stream). Unpacked: ``ceil(N / C)``, the
         last round only the ``N % C`` longer streams' last rows. Packed: the rows of the
         shortest stream any block order can give (at least ``T / C - 1`` minus the largest
-        block's tokens, see order.py), so every epoch has the same length."""
+        block's tokens, see order.py), so every epoch has the same length. ``streams``: ``C``
+        (the loader's by default)."""
+        streams = self.num_streams if streams is None else streams
         if self._block_tokens is None or self.pack is None:
-            return _ceil_div(len(self.dataset), self.num_streams)
-        if not self.shuffle or self.num_streams == 1:  # one block order: count it exactly
-            order = self.epoch_order()
+            return _ceil_div(len(self.dataset), streams)
+        if not self.shuffle or streams == 1:  # one block order: count it exactly
+            order = self.epoch_order(streams)
             return min(order.stream_tokens) // self.pack.seq_len
         total, largest = sum(self._block_tokens), max(self._block_tokens)
-        return max(0, total // self.num_streams - 1 - largest) // self.pack.seq_len
+        return max(0, total // streams - 1 - largest) // self.pack.seq_len
 
     @property
     def positions(self) -> int:
@@ -394,11 +446,11 @@ class StreamingLoader:
     def __len__(self) -> int:
         return self.steps + (self.tail > 0)
 
-    def epoch_order(self) -> EpochOrder:
+    def epoch_order(self, streams: int | None = None) -> EpochOrder:
         rows = [b.rows for b in self.dataset.blocks]
         return EpochOrder(
             rows,
-            self.num_streams,
+            self.num_streams if streams is None else streams,
             self.shuffle_window,
             self.shuffle,
             self.seed,
@@ -455,8 +507,11 @@ class StreamingLoader:
         with their row counts."""
         # a chunk of about CHUNK_ROWS rows: Arrow's per-call costs are paid per stream and chunk
         rounds = max(1, math.ceil(max(self.plan.micro_batch, CHUNK_ROWS) / share.per_round))
+        # the first chunk: the rounds of the first micro-batch (counted from the share's start)
+        opening = (share.first % share.per_round + self.plan.micro_batch) / share.per_round
+        reader = _ShareReader(self, share, rounds, first_rounds=max(1, math.ceil(opening)))
         batcher = _Batcher(self.plan.micro_batch)
-        for items in self._chunks(_ShareReader(self, share, rounds)):
+        for items in self._chunks(reader):
             for columns in batcher.add(_merge(items, share.per_round)):
                 yield columns, self.plan.micro_batch
         rest = batcher.rest

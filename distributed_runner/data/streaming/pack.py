@@ -93,6 +93,13 @@ class PackedStream:
             cursors[r] = (self.row, self.window, self.slot, self.offset)
         return out, cursors
 
+    def prepare(self, row: int) -> None:
+        """Read the window the stream's cursor stands in, when ``row`` is where it stands (the
+        loader reads its streams' windows side by side); a seek reads as it counts."""
+        start, stop = self.order.window_span(self.stream, self.window)
+        if row == self.row and stop > start:
+            self._window_docs(self.window)
+
     def _advance(self, taken: int, doc_length: int) -> None:
         self.offset += taken
         if self.offset == doc_length:

@@ -20,7 +20,6 @@ import fnmatch
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from distributed_runner.core.errors import ArgumentError, DataReadError
 from distributed_runner.core.redact import redact_url
 from distributed_runner.core.registry import DATASETS
 from distributed_runner.core.storage import is_remote, open_filesystem
+from distributed_runner.data.streaming.index import Block, ShardIndex
 
 READ_TRIES = 3  # a block read that fails is tried this many times before the run stops
 RETRY_PAUSE_S = 1.0  # the pause before the second try; doubled before each next one
@@ -43,15 +43,6 @@ class ShardReadError(DataReadError):
         with the worker's traceback."""
         found = re.findall(rf"{cls.__name__}: (.+)", str(error))
         return cls(found[-1] if found else str(error).strip().splitlines()[-1])
-
-
-@dataclass(frozen=True)
-class Block:
-    """One row group of one file."""
-
-    file: int  # index into ParquetShards.files
-    row_group: int
-    rows: int
 
 
 def _open_filesystem(path: str, options: dict | None) -> tuple[Any, str]:
@@ -110,9 +101,8 @@ def _shown(path: str, scheme: str | None) -> str:
 def stream_sources_absolute(loader: dict, key: str = "train_dataloader") -> bool:
     """On the Ray driver, before any worker starts: the StreamingLoader config ``loader`` (the
     config's ``key``: train, val or test) with its local ``paths`` made absolute (Ray Train runs
-    the workers in another folder), in place, and its files' footers read (a bad source is one
-    line here, not on every worker). True when some source is a URI (the workers then get the
-    driver's ``AWS_*`` variables)."""
+    the workers in another folder), in place. True when some source is a URI (the workers then
+    get the driver's ``AWS_*`` variables)."""
     if not isinstance(loader, dict) or loader.get("type") != "StreamingLoader":
         return False
     dataset = loader.get("dataset")
@@ -122,9 +112,30 @@ def stream_sources_absolute(loader: dict, key: str = "train_dataloader") -> bool
     items = [given] if isinstance(given, (str, Path)) else list(given)
     resolved = [str(p) if is_remote(p) else str(Path(p).expanduser().resolve()) for p in items]
     dataset["paths"] = resolved[0] if isinstance(given, (str, Path)) else resolved
-    if dataset.get("type") == "ParquetShards":  # its pipeline is the loader's (streaming_arguments)
-        DATASETS.build({k: v for k, v in dataset.items() if k != "pipeline"}, f"{key}.dataset")
+    index = dataset.get("index")
+    if isinstance(index, (str, Path)) and not is_remote(index):
+        dataset["index"] = str(Path(index).expanduser().resolve())
     return any(is_remote(p) for p in resolved)
+
+
+def driver_index(loader: dict, key: str = "train_dataloader") -> ShardIndex | None:
+    """On the Ray driver: the StreamingLoader config's shards opened once (every footer read: a
+    bad source is one line here, not on every worker) and their index, with the token counts a
+    ``pack`` needs, for the workers (:mod:`.index`); None when the config names its own index
+    or its dataset is not ParquetShards."""
+    dataset = loader.get("dataset") if isinstance(loader, dict) else None
+    if not isinstance(dataset, dict) or dataset.get("type") != "ParquetShards":
+        return None
+    # its pipeline is the loader's (loaders.streaming_arguments)
+    shards = DATASETS.build({k: v for k, v in dataset.items() if k != "pipeline"}, f"{key}.dataset")
+    if dataset.get("index") is not None:
+        return None
+    pack = loader.get("pack")
+    column = pack.get("column") if isinstance(pack, dict) else None
+    try:
+        return shards.index((column,) if isinstance(column, str) else ())
+    except ArgumentError:  # a pack column that is not a token list: the workers' line says it
+        return shards.index()
 
 
 @DATASETS.register_module()
@@ -132,7 +143,9 @@ class ParquetShards:
     """Parquet files read block by block (a row group a block), by :class:`StreamingLoader`.
 
     ``columns`` picks the columns (all by default); each must exist in every file. Opening reads
-    the footers only; ``len()`` is the number of rows.
+    the footers only, or with ``index`` (a :mod:`.index` file: a Ray run's driver writes one and
+    names it here for its workers) not even those: one request, whatever the number of files.
+    ``len()`` is the number of rows.
     """
 
     def __init__(
@@ -140,6 +153,7 @@ class ParquetShards:
         paths: str | list[str],
         columns: list[str] | None = None,
         filesystem: dict | None = None,
+        index: str | None = None,
     ) -> None:
         items = [paths] if isinstance(paths, (str, Path)) else list(paths or [])
         if not items:
@@ -148,12 +162,38 @@ class ParquetShards:
         self.files: list[str] = []  # as given to the filesystem
         self.shown: list[str] = []  # as the user knows them (URIs for remote files)
         self._fs: Any = None
-        for item in items:
-            self._add_source(str(item))
         self.columns = list(columns) if columns is not None else None
         self.blocks: list[Block] = []
         self.schema: Any = None
+        self._tokens: dict[str, list[int]] = {}  # token_counts, per list column (an index's)
+        if index is not None:
+            self._from_index(str(index), str(items[0]))
+            return
+        for item in items:
+            self._add_source(str(item))
         self._read_footers()
+
+    def _from_index(self, uri: str, first_source: str) -> None:
+        """Files, row groups and schema from the index at ``uri`` (no footer read); the
+        filesystem is the first source's (all sources are on one)."""
+        found = ShardIndex.read(uri)
+        self._fs = _open_filesystem(_split_glob(first_source)[0], self.filesystem_options)[0]
+        self.files, self.shown, self.blocks = found.files, found.shown, found.blocks
+        self.schema, self._tokens = found.schema, found.tokens
+        missing = [c for c in self.columns or [] if self.schema.get_field_index(c) < 0]
+        if missing:
+            raise ArgumentError(
+                "columns",
+                f"{missing[0]!r} is not a column of the data "
+                f"(it has {', '.join(self.schema.names)})",
+            )
+        if self.columns is None:
+            self.columns = list(self.schema.names)
+
+    def index(self, token_columns: tuple[str, ...] = ()) -> ShardIndex:
+        """What the footers said, as an index (with the token counts of ``token_columns``)."""
+        tokens = {column: self.token_counts(column) for column in token_columns}
+        return ShardIndex(self.files, self.shown, self.blocks, self.schema, tokens)
 
     def _add_source(self, item: str) -> None:
         root, pattern = _split_glob(item)
@@ -169,8 +209,10 @@ class ParquetShards:
             raise ArgumentError(
                 "paths", f"no Parquet file in {redact_url(item)} (looked for *.parquet)"
             )
+        known = set(self.files)  # a list of 100,000 files: no quadratic membership test
         for path in found:
-            if path not in self.files:
+            if path not in known:
+                known.add(path)
                 self.files.append(path)
                 self.shown.append(_shown(path, scheme))
 
@@ -214,9 +256,12 @@ class ParquetShards:
 
     def token_counts(self, column: str) -> list[int]:
         """Per block, the number of values in the list column ``column`` (a document's tokens),
-        from the footers' statistics; a row group written without them is read (that column
-        only). One line when ``column`` is not a list of integers."""
+        from the footers' statistics (or the index's); a row group written without them is read
+        (that column only). One line when ``column`` is not a list of integers."""
         import pyarrow as pa
+
+        if column in self._tokens:
+            return self._tokens[column]
 
         field = self.schema.field(column) if self.schema.get_field_index(column) >= 0 else None
         kind = field.type if field is not None else None
@@ -230,7 +275,9 @@ class ParquetShards:
             per_file = list(
                 pool.map(self._leaf_counts, range(len(self.files)), [column] * len(self.files))
             )
-        return [self._count_block(b, per_file[b.file][b.row_group], column) for b in self.blocks]
+        counts = [self._count_block(b, per_file[b.file][b.row_group], column) for b in self.blocks]
+        self._tokens[column] = counts
+        return counts
 
     def _leaf_counts(self, index: int, column: str) -> list[int | None]:
         import pyarrow.parquet as pq
