@@ -213,20 +213,32 @@ def test_a_killed_node_is_left_behind_and_an_elastic_group_shrinks_and_grows(uni
 
 
 def test_ddp_matches_one_process_with_the_double_batch(ray_cluster, tmp_path):
+    """2 Ray workers x batch 4 over 41 samples (a prime: DefaultSampler cannot split it) train
+    every sample once an epoch, as one process with batch 8 does (5 full global batches, then one
+    of 1, weighted: data/elastic.py exact_epochs); and the 2 workers' checkpoint of iteration 7
+    resumed in one process (data/world_change.py: the global batch of 8 kept, as 2 micro-batches
+    of 4) ends with the same weights (issue 48)."""
     common = dict(model=dict(type="ToyLinear"), val_dataloader=None, val_evaluator=None,
                   val_cfg=None, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.5)),
                   train_cfg=dict(by_epoch=True, max_epochs=2),
-                  train_dataloader=dict(dataset=dict(type="ToyDataset", n=40), batch_size=4))
+                  train_dataloader=dict(dataset=dict(type="ToyDataset", n=41), batch_size=4))
     status, _, _ = fit(ray_cfg(tmp_path / "ddp", custom_hooks=[dict(type="RankDumpHook")],
                                **common))
     assert status == 0
     ddp = dumps(tmp_path / "ddp")[0]["state"]
     import tests.ray_probe  # noqa: F401  (ToyLinear in this process)
     single = base_cfg(tmp_path / "single", **common)
-    single["train_dataloader"] = dict(dataset=dict(type="ToyDataset", n=40), batch_size=8)
+    single["train_dataloader"] = dict(dataset=dict(type="ToyDataset", n=41), batch_size=8)
     runner = Runner.from_cfg(single)
     runner.train()
+    assert runner.iter == 12  # 6 iterations an epoch: 5 of 8 samples, then 1
     for k, v in runner.model.state_dict().items():
+        assert torch.allclose(v, ddp[k], atol=1e-5), k
+    alone = base_cfg(tmp_path / "alone", resume=str(tmp_path / "ddp" / "iter_7.pth"), **common)
+    resumed = Runner.from_cfg(alone)  # one process, batch_size 4: the saved global batch kept
+    resumed.train()
+    assert resumed.iter == 12 and resumed.elastic_plan.micro_batches == 2
+    for k, v in resumed.model.state_dict().items():
         assert torch.allclose(v, ddp[k], atol=1e-5), k
 
 
