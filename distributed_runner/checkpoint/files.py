@@ -5,10 +5,10 @@ read it without running pickled code). Its parts, as :data:`~.parts.PARTS` decla
 them (key, what it holds [when it is there]; a "per rank" part is ``{"ranks": [rank 0's,
 rank 1's, ...]}``; a test checks this text against the table)::
 
-    meta               epoch, iter, iter_in_epoch, val_pending, seed, world_size, mesh,
-                       global_batch, num_streams, experiment_name, time, config (JSON text),
-                       versions; the saver's additions: best, async_save, ema_in_state_dict
-                       [always]
+    meta               epoch, iter, iter_in_epoch, samples_in_epoch, val_pending, seed,
+                       world_size, mesh, global_batch, num_streams, batch_size, experiment_name,
+                       time, config (JSON text), versions; the saver's additions: best,
+                       async_save, ema_in_state_dict [always]
     state_dict         the model's weights (unwrapped) [unless sharded]
     sharded            the shards' manifest: their folder, keys and files with sizes [sharded
                        FSDP checkpoints; written by the checkpoint writer

@@ -63,8 +63,16 @@ def _ranks(ckpt: dict, key: str) -> list | None:
 
 # -- collect ------------------------------------------------------------------------------------
 def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
+    position = s.position()
+    offset = position.pop("epoch_offset", 0)
     info = {
-        **s.position(),
+        **position,
+        # the data pass's sample position: a resume with a new global batch goes on from it
+        "samples_in_epoch": (
+            position["iter_in_epoch"] * s.global_batch + offset
+            if s.global_batch is not None and "iter_in_epoch" in position
+            else None
+        ),
         "seed": s.seed,
         "world_size": s.world_size,
         "mesh": list(dist.mesh_layout()),  # (dp_replicate, dp_shard, tp): per-rank parts fit it
@@ -72,6 +80,9 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
         # it (data/world_change.py); None when the loader does not say
         "global_batch": s.global_batch,
         "num_streams": s.num_streams,  # a streamed order's C: a resume keeps it
+        # train_dataloader.batch_size as configured: one that differs at the resume asks for a
+        # new global batch (data/world_change.py)
+        "batch_size": s.batch_size,
         "experiment_name": s.experiment_name,
         "time": time.time(),
         "config": dumps_json(redact(s.cfg)),
@@ -301,8 +312,8 @@ def _restore_random(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
 PARTS: tuple[Part, ...] = (
     Part(
         "meta",
-        "epoch, iter, iter_in_epoch, val_pending, seed, world_size, mesh, "
-        "global_batch, num_streams, experiment_name, "
+        "epoch, iter, iter_in_epoch, samples_in_epoch, val_pending, seed, world_size, mesh, "
+        "global_batch, num_streams, batch_size, experiment_name, "
         "time, config (JSON text), versions; the saver's additions: best, async_save, "
         "ema_in_state_dict",
         "always",

@@ -60,6 +60,7 @@ from distributed_runner.core.run_folders import (
     runs_newest_first,
 )
 from distributed_runner.core.storage import is_remote
+from distributed_runner.data.world_change import sample_position
 
 
 def is_training_checkpoint(ckpt: Any) -> bool:
@@ -314,8 +315,9 @@ def choose_run(work_dir: str | Path, run_name: str | None, resume: Any) -> str:
 def meta_to_resume(resume: Any, run_dir: Path) -> dict:
     """What the run being resumed fixed before anything is built (``{}``: a fresh start), read
     by rank 0 from the checkpoint's metadata alone and broadcast: its ``seed``, its
-    ``global_batch`` (samples of one iteration over all data-parallel ranks), its ``mesh`` and
-    a streamed run's ``num_streams`` (the order's ``C``).
+    ``global_batch`` (samples of one iteration over all data-parallel ranks), its ``mesh``, a
+    streamed run's ``num_streams`` (the order's ``C``), its configured ``batch_size`` and its
+    data pass's sample position (``samples``).
 
     Why before anything is built: the samplers order every epoch by ``seed + epoch``, so a run
     whose config draws a new seed (no ``randomness.seed``) must take the one it was started
@@ -334,6 +336,9 @@ def meta_to_resume(resume: Any, run_dir: Path) -> dict:
             found = {"seed": meta.get("seed"), "global_batch": meta.get("global_batch")}
             found["num_streams"] = meta.get("num_streams")  # a streamed run's order
             found["mesh"] = saved_mesh(meta)
+            # a batch_size edited for the resume asks for a new global batch from this sample
+            found["batch_size"] = meta.get("batch_size")
+            found["samples"] = sample_position(meta)
     return dist.broadcast_object(found)
 
 

@@ -55,6 +55,7 @@ class CheckpointSubject:
     pretrained_from: str | None  # the model directory load_from filled the model from
     global_batch: int | None  # samples an iteration trains over all ranks (Runner.global_batch)
     num_streams: int | None  # a StreamingLoader's streams (Runner.num_streams)
+    batch_size: int | None  # train_dataloader.batch_size as configured (Runner.train_batch_size)
 
     def optimizer(self) -> Any:
         """The torch optimizer inside the wrapper, or None when nothing trains."""
@@ -82,6 +83,7 @@ class CheckpointSubject:
             pretrained_from=runner.pretrained_from,
             global_batch=runner.global_batch,
             num_streams=runner.num_streams,
+            batch_size=runner.train_batch_size,
         )
 
     def position(self) -> dict:

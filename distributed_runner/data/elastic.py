@@ -46,7 +46,11 @@ from torch.utils.data import DataLoader
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches, tail_step
 from distributed_runner.data.loaders import DefaultSampler, epoch_order
-from distributed_runner.data.world_change import kept_global_batch, kept_stream_count
+from distributed_runner.data.world_change import (
+    kept_global_batch,
+    kept_stream_count,
+    new_global_batch,
+)
 
 
 def elastic_range(launcher: Any) -> tuple[int, int] | None:
@@ -133,7 +137,8 @@ class GlobalBatchSampler:
     (:class:`GlobalBatchLoader` weights them and pads a short share: global_batch.tail_step).
     ``set_epoch`` and ``resume_at`` as :class:`DefaultSampler`; ``resume_at`` counts global
     batches, or this rank's samples when ``unit`` is its batch size (a loader that yields plain
-    batches: :func:`exact_epochs`)."""
+    batches: :func:`exact_epochs`); ``resume_at_position`` starts a pass at any sample (a new
+    global batch's resume), the rest of that pass cut into global batches from there."""
 
     def __init__(
         self,
@@ -145,6 +150,7 @@ class GlobalBatchSampler:
         unit: int = 1,
     ) -> None:
         self.dataset, self.plan, self.shuffle, self.seed = dataset, plan, shuffle, seed
+        self.drop_last = drop_last
         n, size = len(dataset), plan.global_batch
         self.full_steps = n // size
         self.tail = 0 if drop_last else n % size
@@ -156,12 +162,19 @@ class GlobalBatchSampler:
             )
         self.unit = unit
         self.epoch = 0
-        self._start = 0
+        self._first = 0  # the sample of the epoch the next pass starts at
+
+    def layout(self, first: int) -> tuple[int, int]:
+        """The full global batches and the last, smaller one's samples (0: none) of a pass that
+        starts at sample ``first`` of the epoch (0, or a resume's position)."""
+        rest = max(0, len(self.dataset) - first)
+        size = self.plan.global_batch
+        return rest // size, 0 if self.drop_last else rest % size
 
     @property
-    def start_step(self) -> int:
-        """The global batch the next ``__iter__`` starts at (a resume's; else 0)."""
-        return self._start
+    def next_first(self) -> int:
+        """The sample the next ``__iter__`` starts at (a resume's position; else 0)."""
+        return self._first
 
     def order(self) -> list[int]:
         """The epoch's sample order, as ``DefaultSampler`` draws it."""
@@ -170,25 +183,26 @@ class GlobalBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         # the resume position is taken now, not at the first batch: a pass that starts at the
         # epoch's end asks for none, and the next epoch must start at its beginning
-        start, self._start = self._start, 0
-        return self._indices(start, self.order())
+        first, self._first = self._first, 0
+        return self._indices(first, self.order())
 
-    def _indices(self, start: int, order: list[int]) -> Iterator[list[int]]:
+    def _indices(self, first: int, order: list[int]) -> Iterator[list[int]]:
         plan = self.plan
-        for step in range(start, self.full_steps):
-            first = step * plan.global_batch
-            share = order[first + plan.rank : first + plan.global_batch : plan.world_size]
+        full, tail = self.layout(first)
+        for step in range(full):
+            start = first + step * plan.global_batch
+            share = order[start + plan.rank : start + plan.global_batch : plan.world_size]
             for j in range(plan.micro_batches):
                 yield share[j * plan.micro_batch : (j + 1) * plan.micro_batch]
-        share = order[self.full_steps * plan.global_batch + plan.rank :: plan.world_size]
-        for i in range(0, len(share) if self.tail else 0, plan.micro_batch):
+        share = order[first + full * plan.global_batch + plan.rank :: plan.world_size]
+        for i in range(0, len(share) if tail else 0, plan.micro_batch):
             yield share[i : i + plan.micro_batch]
 
-    def tail_sizes(self) -> list[int]:
-        """This rank's micro-batch sizes in the epoch's last, smaller global batch (none for a
-        rank past its end)."""
+    def tail_sizes(self, tail: int | None = None) -> list[int]:
+        """This rank's micro-batch sizes in a pass's last, smaller global batch of ``tail``
+        samples (the epoch's by default; none for a rank past its end)."""
         plan = self.plan
-        rows = len(range(plan.rank, self.tail, plan.world_size))
+        rows = len(range(plan.rank, self.tail if tail is None else tail, plan.world_size))
         return [min(plan.micro_batch, rows - i) for i in range(0, rows, plan.micro_batch)]
 
     def __len__(self) -> int:
@@ -198,7 +212,12 @@ class GlobalBatchSampler:
         self.epoch = epoch
 
     def resume_at(self, consumed: int) -> None:
-        self._start = int(consumed) // self.unit
+        self._first = int(consumed) // self.unit * self.plan.global_batch
+
+    def resume_at_position(self, batches: int, offset: int) -> None:
+        """Start the next pass ``batches`` global batches and ``offset`` samples into the epoch
+        (a resume with a new global batch: its sample position, data/world_change.py)."""
+        self._first = int(batches) * self.plan.global_batch + int(offset)
 
 
 class GlobalBatchLoader:
@@ -222,29 +241,32 @@ class GlobalBatchLoader:
 
     @property
     def weighted_tail(self) -> bool:
-        """Whether the epoch's last, smaller global batch comes as weighted MicroBatches in a
-        run whose other steps are plain batches (engine/step_choice.py reads it)."""
-        return not self.grouped and self.sampler.tail > 0
+        """Whether a pass's last, smaller global batch comes as weighted MicroBatches in a run
+        whose other steps are plain batches (engine/step_choice.py reads it): the epoch's, or
+        the resumed pass's."""
+        sampler = self.sampler
+        return not self.grouped and (sampler.tail > 0 or sampler.layout(sampler.next_first)[1] > 0)
 
     def __len__(self) -> int:
         return self.sampler.steps
 
     def __iter__(self) -> Iterator[Any]:
         sampler, count = self.sampler, self.plan.micro_batches
-        start = sampler.start_step
+        full, tail = sampler.layout(sampler.next_first)
         batches = iter(self.loader)
         last = None  # the batch a padding pass repeats (weight 0: it trains nothing)
-        for _ in range(start, sampler.full_steps):
+        for _ in range(full):
             group = list(islice(batches, count))
             last = group[-1]
             yield MicroBatches(group) if self.grouped else group[0]
-        if sampler.tail:
-            yield self._tail_step(list(batches), last)
+        if tail:
+            yield self._tail_step(list(batches), last, tail)
 
-    def _tail_step(self, parts: list, last: Any) -> MicroBatches:
-        """This rank's share of the epoch's last global batch (global_batch.tail_step), padded
-        with its own last batch again (none decoded twice), or, with no batch of this pass yet
-        (a resume at the tail) and no sample in the tail, one sample of its own read for it."""
+    def _tail_step(self, parts: list, last: Any, tail: int) -> MicroBatches:
+        """This rank's share of a pass's last global batch of ``tail`` samples
+        (global_batch.tail_step), padded with its own last batch again (none decoded twice),
+        or, with no batch of this pass yet (a resume at the tail) and no sample in the tail,
+        one sample of its own read for it."""
 
         def pad() -> Any:
             if parts or last is not None:
@@ -252,8 +274,7 @@ class GlobalBatchLoader:
             first = self.sampler.order()[self.plan.rank]
             return self.loader.collate_fn([self.dataset[first]])
 
-        sampler = self.sampler
-        return tail_step(parts, sampler.tail_sizes(), self.plan, sampler.tail, pad)
+        return tail_step(parts, self.sampler.tail_sizes(tail), self.plan, tail, pad)
 
 
 def regroup(loader: Any, plan: GlobalBatchPlan, grouped: bool = True) -> GlobalBatchLoader:
@@ -363,6 +384,9 @@ def elastic_training(
             "launcher.num_workers",
             f"{world_size} workers cannot split the global batch {global_batch} evenly",
         )
+    saved = (resumed or {}).get("global_batch")
+    if saved and int(saved) != global_batch:  # batch_size or accumulation edited for the resume
+        new_global_batch(global_batch, world_size, resumed or {}, log)
     if accumulation > 1:
         if not isinstance(optim_wrapper, dict):
             raise ConfigError(

@@ -295,15 +295,37 @@ def seeded_dataloader(
     )
 
 
-def resume_sampler(loader: DataLoader, epoch: int, batches_consumed: int) -> bool:
-    """Position ``loader`` at ``batches_consumed`` batches into ``epoch``; False if it cannot.
+def resume_sampler(loader: Any, epoch: int, batches_consumed: int, offset: int = 0) -> bool:
+    """Position ``loader`` at ``batches_consumed`` batches into ``epoch``, and ``offset`` samples
+    of all ranks beyond them (a resume with a new global batch, data/world_change.py); False if
+    it cannot.
 
-    Works when the loader's sampler (or its batch sampler's sampler) has ``resume_at``.
-    """
+    Works when the loader's sampler has ``resume_at`` (DefaultSampler: each rank skips its
+    share, ``offset / w`` samples of it beyond the batches) or ``resume_at_position`` (the
+    global-batch samplers and StreamingLoader: any sample position)."""
     sampler = getattr(loader, "sampler", None)
     if sampler is None or not hasattr(sampler, "resume_at"):
+        if offset:
+            raise ConfigError(
+                "resume",
+                "the checkpoint stopped inside a global batch of this run's size and "
+                "train_dataloader's sampler cannot start at a sample: use DefaultSampler, or "
+                "resume with the checkpoint's batch_size",
+            )
         return False
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
-    sampler.resume_at(batches_consumed * (loader.batch_size or 1))
+    at_position = getattr(sampler, "resume_at_position", None)
+    if at_position is not None:
+        at_position(batches_consumed, offset)
+        return True
+    beyond = offset // dist.get_data_parallel_world_size()  # each rank's part of the offset
+    if offset and not isinstance(sampler, DefaultSampler):
+        raise ConfigError(
+            "resume",
+            f"the checkpoint stopped inside a global batch of this run's size and "
+            f"{type(sampler).__name__} cannot start at a sample: use DefaultSampler, or resume "
+            "with the checkpoint's batch_size",
+        )
+    sampler.resume_at(batches_consumed * (loader.batch_size or 1) + beyond)
     return True

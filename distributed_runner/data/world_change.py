@@ -19,11 +19,24 @@ tolerance (the gradient is summed in another order). It holds for ``DefaultSampl
 DataLoader and for ``StreamingLoader``; the new world size must divide ``G`` (one line naming
 both otherwise) and, streamed, the ``num_streams``.
 
-Not adapted, with a warning that says what happens instead: another sampler or loader (it
-resumes with the new size's batches, at the saved batch index, as before); a config whose own
-global batch changed at the same world size (``batch_size`` edited: the resumed epoch continues
-at the saved batch index of the new size). A checkpoint that records no global batch (written
-before it was recorded) resumes as before.
+**A new global batch** is what a resume whose ``train_dataloader.batch_size`` differs from the
+one the checkpoint was trained with asks for (``--cfg-options train_dataloader.batch_size=N``;
+at the same world size any other global batch is that too): the run goes on at the saved data
+pass's **sample position** ``p`` (the checkpoint's ``samples_in_epoch``), in global batches of
+the new size ``G'`` cut from there, so no sample of that pass is trained twice or skipped; the
+pass's last global batch is the rest (a smaller step, :mod:`.elastic`), the next passes are cut
+from their start. The counters follow one rule: ``iter`` counts iterations of any size and goes
+on from the saved value (``max_iters`` and iteration-based schedules count them: the steps from
+the resume on are each a global batch of the new size); ``iter_in_epoch`` becomes ``p // G'``
+(the checkpoint keeps ``p`` exactly); epochs and epoch-based schedules are unchanged; an epoch
+has ``ceil(N / G')`` iterations from the next one on. At another world size ``w`` as well, ``p``
+must divide by ``w`` (one line otherwise). ``DefaultSampler``'s DataLoader, the elastic and
+exact-epoch re-cuts and ``StreamingLoader`` go on from ``p``; another sampler gets a one-line
+refusal when ``p`` falls inside a batch of the new size, else resumes at its batch index.
+
+Not adapted, with a warning that says what happens instead: another sampler or loader at another
+world size (it resumes with the new size's batches, at the saved batch index, as before). A
+checkpoint that records no global batch (written before it was recorded) resumes as before.
 """
 
 from __future__ import annotations
@@ -46,24 +59,74 @@ def saved_data_parallel(resumed: dict) -> int:
     return int(replicate) * int(shard)
 
 
+def sample_position(meta: dict) -> int | None:
+    """The saved data pass's sample position: ``samples_in_epoch``, or for a checkpoint written
+    before it was recorded ``iter_in_epoch x global_batch``; None when neither says."""
+    samples = meta.get("samples_in_epoch")
+    if samples is not None:
+        return int(samples)
+    batches, global_batch = meta.get("iter_in_epoch"), meta.get("global_batch")
+    if batches is None or not global_batch:
+        return None
+    return int(batches) * int(global_batch)
+
+
+def asks_new_global_batch(batch_size: int, world_size: int, resumed: dict) -> bool:
+    """Whether this resume trains another global batch than the checkpoint's on purpose: its
+    ``train_dataloader.batch_size`` differs from the saved one, or (a checkpoint that does not
+    record it) the world size is the same and the global batch is not."""
+    saved = resumed.get("global_batch")
+    if not saved:
+        return False
+    saved_size = resumed.get("batch_size")
+    if saved_size is not None:
+        return int(saved_size) != batch_size
+    return saved_data_parallel(resumed) == world_size and int(saved) != batch_size * world_size
+
+
+def check_sample_position(resumed: dict, global_batch: int, world_size: int) -> None:
+    """A new global batch goes on at the saved sample position: every rank must take as many of
+    each global batch from there, so ``world_size`` must divide it (one line otherwise)."""
+    position = resumed.get("samples")
+    if position is None or int(position) % world_size == 0:
+        return
+    raise ConfigError(
+        "resume",
+        f"the checkpoint stopped at sample {position} of its data pass, which {world_size} "
+        f"data-parallel ranks cannot share evenly with a new global batch of {global_batch}: "
+        f"resume with the checkpoint's batch_size ({resumed.get('batch_size')}) or on a number "
+        f"of ranks that divides {position}",
+    )
+
+
+def new_global_batch(
+    global_batch: int, world_size: int, resumed: dict, logger: logging.Logger
+) -> None:
+    """Say (and check) that the resume trains a new global batch from the saved position."""
+    check_sample_position(resumed, global_batch, world_size)
+    logger.info(
+        "train_dataloader.batch_size: the checkpoint trained global batches of %s samples, "
+        "this run's are %d: it goes on at sample %s of the data pass in batches of the new "
+        "size; iter goes on from the saved count",
+        resumed.get("global_batch"),
+        global_batch,
+        resumed.get("samples"),
+    )
+
+
 def kept_global_batch(
     loader: Any, world_size: int, rank: int, resumed: dict, logger: logging.Logger
 ) -> GlobalBatchPlan | None:
     """The plan that keeps the resumed checkpoint's global batch at this world size; None when
     the loader's own batches already are that run's (a fresh start, the same size, an older
-    checkpoint) or when ``loader`` cannot be re-cut (warned)."""
+    checkpoint), when the config asks for a new global batch (said; the loop goes on at the
+    sample position) or when ``loader`` cannot be re-cut (warned)."""
     saved, batch_size = resumed.get("global_batch"), getattr(loader, "batch_size", None)
     if not saved or not isinstance(batch_size, int) or int(saved) == batch_size * world_size:
         return None
     saved, was = int(saved), saved_data_parallel(resumed)
-    if was == world_size:
-        logger.warning(
-            "train_dataloader.batch_size: the checkpoint trained global batches of %d samples, "
-            "this config's are %d: the resumed epoch continues at the saved batch index of the "
-            "new size, not at the first sample not yet trained",
-            saved,
-            batch_size * world_size,
-        )
+    if asks_new_global_batch(batch_size, world_size, resumed):
+        new_global_batch(batch_size * world_size, world_size, resumed, logger)
         return None
     if saved % world_size:
         raise ConfigError(
@@ -76,7 +139,8 @@ def kept_global_batch(
         logger.warning(
             "train_dataloader: the checkpoint was trained on %d data-parallel ranks, this run "
             "has %d, and only DefaultSampler's DataLoader or StreamingLoader can keep its "
-            "global batch of %d: the run resumes with batches of %d at the saved batch index",
+            "global batch of %d: the run goes on in batches of %d from the saved sample "
+            "position, in this sampler's order for the new ranks",
             was,
             world_size,
             saved,

@@ -75,6 +75,7 @@ from distributed_runner.core import dist
 from distributed_runner.core.preemption import TrainingPreempted
 from distributed_runner.core.registry import LOOPS
 from distributed_runner.data.loaders import resume_sampler
+from distributed_runner.data.world_change import sample_position
 from distributed_runner.engine.config_check import check_train_cfg
 from distributed_runner.engine.step import RollbackRequested
 from distributed_runner.engine.step_choice import choose_step, predictor
@@ -216,11 +217,18 @@ class _TrainLoopBase:
     max_iters = property(lambda self: self.state.max_iters)
 
     def resume_from(self, position: dict) -> None:
-        """Continue after ``position`` (from a checkpoint's meta)."""
+        """Continue after ``position`` (from a checkpoint's meta): at its data pass's sample
+        position, in this run's global batches (another global batch than the checkpoint's: a
+        resume that asked for one, data/world_change.py)."""
         state = self.state
         state.restore(position)
+        samples, size = sample_position(position), self.runner.global_batch
+        if samples is not None and size:
+            state.batch_in_epoch, state.epoch_offset = divmod(samples, size)
         if (
-            not resume_sampler(self.dataloader, state.data_epoch, state.batch_in_epoch)
+            not resume_sampler(
+                self.dataloader, state.data_epoch, state.batch_in_epoch, state.epoch_offset
+            )
             and state.batch_in_epoch
         ):
             self.runner.logger.warning(

@@ -435,6 +435,7 @@ class Runner(RunnerSurface):
         self.elastic_plan: GlobalBatchPlan | None = None
         self.global_batch: int | None = None  # samples an iteration trains, all ranks together
         self.num_streams: int | None = None  # a StreamingLoader's streams (its order's C)
+        self.train_batch_size: int | None = None  # train_dataloader.batch_size as configured
         self._state = TrainState()  # the training loop's own once it is built
         self.optim_wrapper: OptimWrapper | None = None
         self.param_schedulers: list = []
@@ -513,8 +514,11 @@ class Runner(RunnerSurface):
                 )
             return
         world = dist.get_data_parallel_world_size()  # tp stays; the replicas vary
+        built = build_dataloader(dataloader, "train_dataloader", self.seed)
+        size = getattr(built, "batch_size", None)  # a checkpoint records it (world_change.py)
+        self.train_batch_size = size if isinstance(size, int) else None
         loader, optim_wrapper, self.elastic_plan = elastic_training(  # data/elastic.py, else as is
-            build_dataloader(dataloader, "train_dataloader", self.seed),
+            built,
             optim_wrapper,
             self.launcher,
             world,

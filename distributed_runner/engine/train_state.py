@@ -31,6 +31,9 @@ class TrainState:
     iter: int = 0
     data_epoch: int = 0
     batch_in_epoch: int = 0  # completed batches of the current data pass
+    # samples of this data pass trained ahead of its batches: a resume with a new global batch
+    # at a sample position it does not divide (data/world_change.py); 0 otherwise
+    epoch_offset: int = 0
     finishing_step: str | None = None  # 'iter' / 'epoch' while its after_* mount point runs
     val_due_after: bool = False  # a validation is due once the finishing step completes
     # restored from a checkpoint saved before a validation that was due (its meta 'val_pending'):
@@ -47,41 +50,56 @@ class TrainState:
         self.finishing_step, self.val_due_after = step, val_due
 
     def epoch_done(self) -> None:
-        """``after_train_epoch`` returned: the next epoch (and data pass) is in progress."""
+        """``after_train_epoch`` returned: the next epoch (and data pass) is in progress; an
+        iteration-based run's data pass stays where it stands (its one epoch ended training:
+        the ``last.pth`` saved next records the pass's position, for a higher ``max_iters``)."""
         self.finishing_step, self.val_due_after = None, False
         if self.by_epoch:
             self.epoch += 1
             self.data_epoch += 1
-        self.batch_in_epoch = 0
+            self.batch_in_epoch = self.epoch_offset = 0
 
     def next_data_pass(self) -> None:
         """An iteration-based run wrapped around its data."""
         self.data_epoch += 1
-        self.batch_in_epoch = 0
+        self.batch_in_epoch = self.epoch_offset = 0
 
     # -- checkpoints ---------------------------------------------------------------------------
     def position(self) -> dict:
         """What has been completed, as a checkpoint's ``meta`` records it (exact at any mount
-        point): ``epoch`` (the data pass), ``iter``, ``iter_in_epoch``, ``val_pending``."""
+        point): ``epoch`` (the data pass), ``iter``, ``iter_in_epoch``, ``val_pending``, and
+        ``epoch_offset`` (the pass's sample position is ``iter_in_epoch x global batch`` plus
+        it: checkpoint/parts.py records it as ``samples_in_epoch``)."""
         if self.finishing_step == "iter":
             return {
                 "epoch": self.data_epoch,
                 "iter": self.iter + 1,
                 "iter_in_epoch": self.batch_in_epoch + 1,
                 "val_pending": self.val_due_after,
+                "epoch_offset": self.epoch_offset,
             }
-        if self.finishing_step == "epoch":
+        if self.finishing_step == "epoch" and self.by_epoch:
             return {
-                "epoch": self.data_epoch + 1 if self.by_epoch else self.data_epoch,
+                "epoch": self.data_epoch + 1,
                 "iter": self.iter,
                 "iter_in_epoch": 0,
                 "val_pending": self.val_due_after,
+                "epoch_offset": 0,
+            }
+        if self.finishing_step == "epoch":  # an iteration-based run's one epoch: its data pass
+            return {  # goes on where it stands (a resume with a higher max_iters continues it)
+                "epoch": self.data_epoch,
+                "iter": self.iter,
+                "iter_in_epoch": self.batch_in_epoch,
+                "val_pending": self.val_due_after,
+                "epoch_offset": self.epoch_offset,
             }
         return {
             "epoch": self.data_epoch,
             "iter": self.iter,
             "iter_in_epoch": self.batch_in_epoch,
             "val_pending": False,
+            "epoch_offset": self.epoch_offset,
         }
 
     def restore(self, position: dict) -> None:
@@ -90,6 +108,7 @@ class TrainState:
         self.epoch = self.data_epoch if self.by_epoch else 0
         self.iter = int(position["iter"])
         self.batch_in_epoch = int(position.get("iter_in_epoch", 0))
+        self.epoch_offset = 0  # the loop sets it from the sample position (resume_from)
         self.val_owed = bool(position.get("val_pending", False))
         self.finishing_step, self.val_due_after = None, False
 

@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_train_state_records_a_finishing_step_as_done_and_restores_it():
     s = TrainState(max_epochs=3, max_iters=30, by_epoch=True, epoch=1, iter=12, data_epoch=1,
                    batch_in_epoch=2)
-    assert s.position() == {"epoch": 1, "iter": 12, "iter_in_epoch": 2, "val_pending": False}
+    assert s.position() == {"epoch": 1, "iter": 12, "iter_in_epoch": 2, "val_pending": False, "epoch_offset": 0}
     s.finishing("iter")  # inside after_train_iter: the 13th iteration counts as done
-    assert s.position() == {"epoch": 1, "iter": 13, "iter_in_epoch": 3, "val_pending": False}
+    assert s.position() == {"epoch": 1, "iter": 13, "iter_in_epoch": 3, "val_pending": False, "epoch_offset": 0}
     # then the loop advances the state (loops.run_iter; checked through a run below)
     s = TrainState(max_epochs=3, max_iters=30, by_epoch=True, epoch=1, iter=13, data_epoch=1,
                    batch_in_epoch=3)
     s.finishing("epoch", val_due=True)  # inside after_train_epoch, with a validation due
-    assert s.position() == {"epoch": 2, "iter": 13, "iter_in_epoch": 0, "val_pending": True}
+    assert s.position() == {"epoch": 2, "iter": 13, "iter_in_epoch": 0, "val_pending": True, "epoch_offset": 0}
     s.epoch_done()
     assert (s.epoch, s.data_epoch, s.batch_in_epoch, s.finishing_step) == (2, 2, 0, None)
 
@@ -45,6 +45,12 @@ def test_train_state_records_a_finishing_step_as_done_and_restores_it():
     assert (by_iter.epoch, by_iter.data_epoch, by_iter.batch_in_epoch) == (0, 4, 7)
     by_iter.next_data_pass()
     assert (by_iter.data_epoch, by_iter.batch_in_epoch) == (5, 0)
+    # its one epoch ends training: the data pass stays where it stands (last.pth records it)
+    by_iter.batch_in_epoch = 9
+    by_iter.finishing("epoch")
+    assert by_iter.position()["iter_in_epoch"] == 9
+    by_iter.epoch_done()
+    assert (by_iter.data_epoch, by_iter.position()["iter_in_epoch"]) == (5, 9)
 
 
 def test_hooks_read_one_train_state_through_the_runner(tmp_path):

@@ -15,6 +15,7 @@ from distributed_runner import Runner
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.data.loaders import build_dataloader, epoch_order
 from distributed_runner.data.world_change import kept_global_batch
+from tests.docs_blocks import docs_text
 from tests.toy import ToyDataset
 from tests.unit.test_elastic import cfg as elastic_cfg
 from tests.unit.test_elastic import on_two_ranks, relative_gap, weights
@@ -47,8 +48,11 @@ def test_stopped_at_one_world_size_and_resumed_at_another_each_sample_once_same_
     alone = Runner.from_cfg(cfg(one))  # 12 iterations of global batches of 4, in this process
     alone.train()
     reference_one = weights(alone)
-    # on 2 ranks: 12 iterations of global batches of 8; then this process's iter_4 resumed
-    on_two_ranks(tmp_path, cfg(two), cfg(tmp_path / "grown", grown, resume=str(one / "iter_4.pth")))
+    # on 2 ranks: 12 iterations of global batches of 8; then this process's iter_4 resumed; then
+    # their iter_4 resumed with batch_size=6: a new global batch of 12 (test_new_global_batch)
+    wider = tmp_path / "wider.txt"
+    on_two_ranks(tmp_path, cfg(two), cfg(tmp_path / "grown", grown, resume=str(one / "iter_4.pth")),
+                 cfg(tmp_path / "wider", wider, batch_size=6, resume=str(two / "iter_4.pth")))
     resumed = Runner.from_cfg(cfg(tmp_path / "shrunk", shrunk, resume=str(two / "iter_4.pth")))
     resumed.train()
 
@@ -70,6 +74,16 @@ def test_stopped_at_one_world_size_and_resumed_at_another_each_sample_once_same_
     assert relative_gap(torch.load(one / "iter_4.pth")["state_dict"], reference_one) > 1e-2
     meta = torch.load(tmp_path / "grown" / "iter_8.pth")["meta"]
     assert (meta["global_batch"], meta["world_size"]) == (4, 2)
+
+    # a new global batch of 12 from sample 32 (2 x 12 + 8): the 35 left of epoch 0 (2 of 12 and
+    # the 11 left), then 60 of epoch 1; as one process with batch_size=12 trains them
+    wide = Runner.from_cfg(cfg(tmp_path / "wide", tmp_path / "wide.txt", batch_size=12,
+                               resume=str(two / "iter_4.pth")))
+    wide.train()
+    assert fetched(tmp_path / "wide.txt") == epoch0[32:] + epoch1[:60]
+    assert sorted(fetched(wider)) == sorted(epoch0[32:] + epoch1[:60])
+    final = torch.load(tmp_path / "wider" / "final.pt", weights_only=True)
+    assert relative_gap(final, weights(wide)) < 1e-5
 
 
 def _loader(batch_size: int = 4):
@@ -108,12 +122,26 @@ def test_a_world_size_that_cannot_split_the_saved_global_batch_is_one_line():
 
 
 def test_a_changed_batch_size_or_a_loader_that_cannot_be_recut_says_what_happens(caplog):
-    resumed = dict(global_batch=8, mesh=[1, 2, 1])
-    with caplog.at_level(logging.WARNING):
+    resumed = dict(global_batch=8, mesh=[1, 2, 1], samples=16)
+    with caplog.at_level(logging.INFO):
         assert kept_global_batch(_loader(batch_size=2), 2, 0, resumed, logging.getLogger("t"))\
-            is None  # batch_size edited at the same world size
+            is None  # batch_size edited at the same world size: a new global batch
         plain = DataLoader(ToyDataset(64), batch_size=4, shuffle=True)  # torch's own sampler
         assert kept_global_batch(plain, 1, 0, resumed, logging.getLogger("t")) is None
     first, second = (r.getMessage() for r in caplog.records)
-    assert "continues at the saved batch index of the new size" in first
+    assert "this run's are 4: it goes on at sample 16 of the data pass" in first
     assert "only DefaultSampler's DataLoader or StreamingLoader can keep" in second
+
+
+def test_an_edited_batch_size_at_another_world_size_is_a_new_global_batch_not_a_kept_one():
+    resumed = dict(global_batch=8, mesh=[1, 2, 1], batch_size=4, samples=24)
+    log = logging.getLogger("t")
+    assert kept_global_batch(_loader(batch_size=4), 1, 0, resumed, log).kept_from == 2  # kept
+    assert kept_global_batch(_loader(batch_size=6), 4, 0, resumed, log) is None  # asked: 24
+    with pytest.raises(ConfigError) as refused:  # 24 samples done: 5 ranks cannot share them
+        kept_global_batch(_loader(batch_size=2), 5, 0, resumed, log)
+    text = str(refused.value)
+    assert "\n" not in text and text.startswith("resume:")
+    assert "stopped at sample 24 of its data pass, which 5 data-parallel ranks" in text
+    assert "resume with the checkpoint's batch_size (4)" in text
+    assert text in " ".join(docs_text().split())  # the line docs/how-to/resume.md quotes

@@ -9,8 +9,10 @@ workers' parts back into position order and cuts batches. torch's ``DataLoader``
 workers' outputs in turn, so the merge needs no sorting across chunks and the batches come in the
 same order with any number of workers.
 
-**Resume by position.** ``resume_at`` names the first global batch not yet trained; each stream
-then starts at its first row at or after it. Only the window holding that row is read (its rows
+**Resume by position.** ``resume_at`` names the first global batch not yet trained
+(``resume_at_position`` any sample, for a resume with a new global batch: the rest of that
+epoch is cut into global batches from there); each stream then starts at its first row at or
+after it. Only the window holding that row is read (its rows
 before it are fetched with the block, as Parquet fetches whole row groups, but neither converted
 nor passed to the pipeline), so a run resumed at 90 % of an epoch starts about as fast as one at
 0 %.
@@ -261,7 +263,12 @@ class _Position:
     def resume_at(self, consumed: int) -> None:
         """``consumed`` samples of this rank (the loop's ``batches x batch_size``), or global
         batches when the loader yields global batches (its ``batch_size`` is None)."""
-        self.loader.start_step = int(consumed) // (self.loader.batch_size or 1)
+        steps = int(consumed) // (self.loader.batch_size or 1)
+        self.loader.start_position = steps * self.loader.plan.global_batch
+
+    def resume_at_position(self, batches: int, offset: int) -> None:
+        """Start the next pass ``batches`` global batches and ``offset`` samples into the epoch."""
+        self.loader.start_position = int(batches) * self.loader.plan.global_batch + int(offset)
 
 
 class StreamingLoader:
@@ -322,7 +329,7 @@ class StreamingLoader:
             )
         self._block_tokens = self._tokens_with_eos() if self.pack is not None else None
         self.sampler = _Position(self)
-        self.start_step = 0
+        self.start_position = 0  # the epoch's position the next pass starts at (a resume's)
         self.cursors: dict[int, list[int]] = {}  # packed streams: where each stands (see pack.py)
         self._loaded: dict = {}  # train_data state from a checkpoint, used by the next epoch pass
         self.plan = GlobalBatchPlan(
@@ -437,11 +444,19 @@ class StreamingLoader:
         the positions divide into global batches, or with ``drop_last``)."""
         return 0 if self.drop_last else self.positions % self.plan.global_batch
 
+    def layout(self, first: int) -> tuple[int, int]:
+        """The full global batches and the last, smaller one's samples (0: none) of a pass that
+        starts at position ``first`` of the epoch (0, or a resume's)."""
+        rest, size = max(0, self.positions - first), self.plan.global_batch
+        return rest // size, 0 if self.drop_last else rest % size
+
     @property
     def weighted_tail(self) -> bool:
-        """Whether the last, smaller global batch comes as weighted MicroBatches in a run whose
-        other steps are plain batches (several ranks: their shares differ; engine/step.py)."""
-        return self.tail > 0 and self.plan.world_size > 1 and not self.grouped
+        """Whether a last, smaller global batch (the epoch's, or the resumed pass's) comes as
+        weighted MicroBatches in a run whose other steps are plain batches (several ranks:
+        their shares differ; engine/step.py)."""
+        tail = self.tail or self.layout(self.start_position)[1]
+        return tail > 0 and self.plan.world_size > 1 and not self.grouped
 
     def __len__(self) -> int:
         return self.steps + (self.tail > 0)
@@ -467,28 +482,31 @@ class StreamingLoader:
         np.random.seed(value)
         torch.manual_seed(value)
 
-    def share(self, start_step: int) -> RankShare:
-        """This rank's samples from global batch ``start_step`` to the epoch's end: rank sample
-        ``k`` is position ``k * w + rank``, so the last, smaller global batch gives each rank
-        the positions below the epoch's end that are its own (some ranks one fewer, or none)."""
+    def share(self, first: int, full: int, tail: int) -> RankShare:
+        """This rank's samples of a pass from position ``first`` (a multiple of ``w``), ``full``
+        global batches then ``tail`` samples: rank sample ``k`` is position ``k * w + rank``,
+        so the last, smaller global batch gives each rank the positions below the pass's end
+        that are its own (some ranks one fewer, or none)."""
         plan = self.plan
-        per_rank = plan.global_batch // plan.world_size
-        stop = self.steps * per_rank
-        if self.tail:
-            stop += _ceil_div(max(0, self.tail - plan.rank), plan.world_size)
-        return RankShare(plan.rank, plan.world_size, self.num_streams, start_step * per_rank, stop)
+        start = first // plan.world_size
+        stop = start + full * (plan.global_batch // plan.world_size)
+        if tail:
+            stop += _ceil_div(max(0, tail - plan.rank), plan.world_size)
+        return RankShare(plan.rank, plan.world_size, self.num_streams, start, stop)
 
     def __iter__(self) -> Iterator[Any]:
-        start, self.start_step = self.start_step, 0
+        first, self.start_position = self.start_position, 0
         loaded, self._loaded = self._loaded, {}
-        same_epoch = start > 0 and loaded.get("epoch") == self.sampler.epoch
+        same_epoch = first > 0 and loaded.get("epoch") == self.sampler.epoch
         self.cursors = (
             {int(c): v for c, v in loaded.get("cursors", {}).items()} if same_epoch else {}
         )
-        full = max(0, self.steps - start) * self.plan.micro_batches  # micro-batches before the tail
+        steps, tail_size = self.layout(first)
+        full = steps * self.plan.micro_batches  # micro-batches before the tail
         group: list = []
         tail: list[tuple[dict, int]] = []
-        for index, (columns, rows) in enumerate(self._micro_batches(self.share(start))):
+        share = self.share(first, steps, tail_size)
+        for index, (columns, rows) in enumerate(self._micro_batches(share)):
             batch = self._hand_out(columns)
             if index >= full:
                 tail.append((batch, rows))
@@ -499,8 +517,8 @@ class StreamingLoader:
                 if len(group) == self.plan.micro_batches:
                     yield MicroBatches(group)
                     group = []
-        if self.tail and start <= self.steps:
-            yield self._tail_step(tail)
+        if tail_size:
+            yield self._tail_step(tail, tail_size)
 
     def _micro_batches(self, share: RankShare) -> Iterator[tuple[dict, int]]:
         """The share's rows cut into micro-batches (the last one of the epoch may be shorter),
@@ -518,14 +536,14 @@ class StreamingLoader:
         if rest is not None:
             yield rest, len(next(iter(rest.values())))
 
-    def _tail_step(self, tail: list[tuple[dict, int]]) -> Any:
+    def _tail_step(self, tail: list[tuple[dict, int]], size: int) -> Any:
         """The epoch's last, smaller global batch of ``S`` samples: alone, one smaller batch (or
         its micro-batches); on ``w`` ranks, MicroBatches whose losses are weighted ``w x rows /
         S`` so that the ranks' averaged gradient is the mean over the ``S`` samples, padded with
         weight-0 micro-batches to the count of the largest share (every rank makes as many
         forward passes: DDP and FSDP run collectives in them; a rank with no sample left passes
         one of its own, weighted 0)."""
-        plan, size = self.plan, self.tail
+        plan = self.plan
         if plan.world_size == 1 and not self.grouped:
             return tail[0][0]
         batches = [batch for batch, _ in tail]
