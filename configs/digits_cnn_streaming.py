@@ -16,7 +16,8 @@ train_dataloader = dict(
     num_streams=32,  # fixes the order with the seed; every worker count must divide it
     shuffle_window=64,
 )
-# 1438 rows: 32 streams of 44 rows, 44 global batches an epoch
+# 1438 rows: 30 streams of 45 rows and 2 of 44; an epoch is 44 global batches of 32 and a last
+# one of the 30 rows left (45 iterations)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=44),
     dict(type='CosineAnnealingLR', by_epoch=True, begin=1, end=12, eta_min=1e-5,

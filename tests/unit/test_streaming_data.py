@@ -7,6 +7,8 @@ and without loader workers, and the same global batches at every size; a run res
 trained sample through its pipeline; a Runner trained on it resumes exactly; each bad input is one
 line before training."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -359,3 +361,30 @@ def test_a_pipeline_written_on_the_dataset_as_in_mmengine_is_the_loaders(data, t
     with pytest.raises(ConfigError, match=r"^train_dataloader\.dataset\.pipeline\[0\]"):
         loader(data, dataset=dict(type="ParquetShards", paths=str(data),
                                   pipeline=[dict(type="NoSuchTransform")]))
+
+
+# -- Arrow to NumPy ------------------------------------------------------------------------------
+def test_columns_convert_as_arrows_own_to_numpy_without_importing_pandas(data):
+    from distributed_runner.data.streaming.columns import column_array
+
+    numbers = pa.array(np.arange(10, dtype=np.float32)).slice(3, 4)  # an offset into its buffer
+    lists = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.int64)), 3)
+    for array, expected in [
+        (numbers, np.arange(3, 7, dtype=np.float32)),
+        (pa.chunked_array([pa.array([1, 2], pa.uint16()), pa.array([3], pa.uint16())]),
+         np.array([1, 2, 3], np.uint16)),
+        (lists.slice(1, 2), np.arange(3, 9).reshape(2, 3)),
+        (pa.array([1.5, None]), np.array([1.5, np.nan])),  # nulls: Arrow's own conversion
+        (pa.array([True, False]), np.array([True, False])),
+    ]:
+        got = column_array(array)
+        np.testing.assert_array_equal(got, expected)
+        assert got.dtype == expected.dtype
+    # a first batch imports no pandas (pyarrow's pa.array and to_numpy would: 0.3 s)
+    code = ("import sys; from distributed_runner.data.loaders import build_dataloader; "
+            f"ld = build_dataloader(dict(type='StreamingLoader', batch_size=8, rank=0, "
+            f"world_size=1, dataset=dict(type='ParquetShards', paths={str(data)!r}, "
+            "columns=['inputs', 'labels', 'index'])), 'train_dataloader', seed=0); "
+            "next(iter(ld)); print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

@@ -14,6 +14,15 @@ import numpy as np
 import torch
 
 
+def index_array(indices: np.ndarray) -> Any:
+    """Row indices as an Arrow int64 array for ``take``, built on the NumPy buffer: ``pa.array``
+    of a NumPy array imports pandas to ask whether it is a Series, 0.3 s of a first batch."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(indices, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
 def column_array(column: Any) -> np.ndarray:
     """One Arrow column as a NumPy array (2-D for a fixed-size list of numbers)."""
     import pyarrow as pa
@@ -23,8 +32,27 @@ def column_array(column: Any) -> np.ndarray:
     if pa.types.is_fixed_size_list(kind) and array.null_count == 0:
         values = array.flatten()
         if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
-            return values.to_numpy(zero_copy_only=False).reshape(len(array), kind.list_size)
+            return _numbers(values).reshape(len(array), kind.list_size)
+    if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and array.null_count == 0:
+        return _numbers(array)
     return array.to_numpy(zero_copy_only=False)
+
+
+def _numbers(array: Any) -> np.ndarray:
+    """A null-free numeric Arrow array as a NumPy view of its buffer (read-only, as Arrow's own
+    zero-copy ``to_numpy``, which imports pandas on its first call: 0.3 s of a first batch)."""
+    dtype = np.dtype(_NUMPY_NAMES[str(array.type)])
+    data = array.buffers()[1]
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+
+
+_NUMPY_NAMES = {
+    **{f"int{b}": f"int{b}" for b in (8, 16, 32, 64)},
+    **{f"uint{b}": f"uint{b}" for b in (8, 16, 32, 64)},
+    "halffloat": "float16",
+    "float": "float32",
+    "double": "float64",
+}
 
 
 def table_columns(table: Any) -> dict[str, np.ndarray]:

@@ -45,7 +45,12 @@ from distributed_runner.core.errors import ArgumentError, ConfigError
 from distributed_runner.core.log import current_logger
 from distributed_runner.core.registry import DATASETS, TRANSFORMS
 from distributed_runner.data.global_batch import GlobalBatchPlan, MicroBatches, tail_step
-from distributed_runner.data.streaming.columns import columnize, table_columns, to_batch
+from distributed_runner.data.streaming.columns import (
+    columnize,
+    index_array,
+    table_columns,
+    to_batch,
+)
 from distributed_runner.data.streaming.order import EpochOrder
 from distributed_runner.data.streaming.pack import START, PackedStream, PackSpec
 from distributed_runner.data.streaming.shards import ParquetShards, ShardReadError
@@ -106,7 +111,7 @@ class _StreamReader:
             start, end = self.order.window_span(self.stream, index)
             table, perm = self._load_window(index)
             upto = min(stop, end)
-            parts.append(table.take(pa.array(perm[row - start : upto - start])))
+            parts.append(table.take(index_array(perm[row - start : upto - start])))
             row = upto
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 

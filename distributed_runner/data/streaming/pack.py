@@ -24,6 +24,7 @@ import numpy as np
 
 from distributed_runner.core.errors import ArgumentError
 from distributed_runner.core.log import current_logger
+from distributed_runner.data.streaming.columns import index_array
 from distributed_runner.data.streaming.order import EpochOrder
 from distributed_runner.data.streaming.shards import ParquetShards
 
@@ -144,7 +145,7 @@ class PackedStream:
                 for block, lo, hi in self.order.pieces(self.stream, *span)
             ]
             column = pa.concat_tables(pieces).column(self.spec.column).combine_chunks()
-            docs = column.take(pa.array(self.order.window_permutation(self.stream, index)))
+            docs = column.take(index_array(self.order.window_permutation(self.stream, index)))
             offsets = docs.offsets.to_numpy()
             values = docs.values.to_numpy(zero_copy_only=False)
             self._docs = (index, values, offsets)
