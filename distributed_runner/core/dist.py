@@ -53,6 +53,14 @@ class _Layout:
 
     tensor_parallel = 1
     dp_replicate = 1
+    replica: tuple[int, int] | None = None  # fault_tolerance: (this process's slot, replicas)
+
+
+def set_replica_layout(replica: tuple[int, int] | None) -> None:
+    """Declare this process one replica slot of a fault-tolerant run (fault_tolerance/): it
+    reads share ``slot`` of ``replicas`` of the data, without a process group of its own; None
+    undoes it (every Runner sets it again)."""
+    _Layout.replica = replica
 
 
 def set_rank_layout(tensor_parallel: int, dp_replicate: int = 1) -> None:
@@ -81,13 +89,18 @@ def get_tensor_parallel_size() -> int:
 
 
 def get_data_parallel_rank() -> int:
-    """Which share of the data this rank's tensor-parallel group reads (its rank without TP)."""
+    """Which share of the data this rank's tensor-parallel group reads (its rank without TP;
+    a fault-tolerant replica's slot)."""
+    if _Layout.replica is not None:
+        return _Layout.replica[0]
     return get_rank() // get_tensor_parallel_size()
 
 
 def get_data_parallel_world_size() -> int:
     """How many shares the data is split into: the number of model replicas (the world
-    without TP)."""
+    without TP; a fault-tolerant run's replica slots)."""
+    if _Layout.replica is not None:
+        return _Layout.replica[1]
     return get_world_size() // get_tensor_parallel_size()
 
 

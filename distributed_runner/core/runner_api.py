@@ -56,6 +56,7 @@ class RunnerAPI(Protocol):
     settings: Any  # the config's sections, parsed once (distributed_runner.engine.sections)
     elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run (or resized resume)
     global_batch: int | None  # samples one iteration trains over all data-parallel ranks
+    replicas: Any  # fault_tolerance.replica.ReplicaGroup of a fault-tolerant run, else None
     num_streams: int | None  # a StreamingLoader's streams (its order's C), else None
     train_batch_size: int | None  # train_dataloader.batch_size as configured (per rank)
     pretrained_from: str | None  # the model directory load_from filled the model from (absolute)
@@ -146,6 +147,9 @@ class RunnerAPI(Protocol):
 
     def val_metric_names(self) -> list[str] | None:
         """The keys validation will report, if its metrics declare them."""
+
+    def replica_event(self, event: Any) -> None:
+        """A fault-tolerant run's quorum changed: logged, then ``after_replica_change``."""
 
     # -- requests (hooks request, the loop acts) ----------------------------------------------
     def request_stop(self, reason: str) -> None:

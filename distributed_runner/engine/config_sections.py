@@ -24,6 +24,10 @@ from distributed_runner.data.streaming.shards import driver_index, stream_source
 from distributed_runner.engine.driver_model import check_model_on_meta
 from distributed_runner.engine.hook_builder import plan_hooks
 from distributed_runner.engine.sections import DriverPlan, Section, Stored, register_section
+from distributed_runner.fault_tolerance.options import (
+    check_fault_tolerance,
+    parse_fault_tolerance,
+)
 from distributed_runner.health.watchdog import parse_watchdog
 from distributed_runner.model.build import check_compile
 from distributed_runner.model.sharding import parse_strategy
@@ -124,11 +128,14 @@ def _data_line(plan: DriverPlan, key: str, loader: dict) -> str:
     strategy = plan.settings.strategy
     tp = strategy.get("tp", 1) if strategy["type"] == "fsdp" and plan.world > 1 else 1
     groups = max(plan.world // tp, 1)
+    replicas = plan.settings.fault_tolerance  # each replica process reads one share
+    if replicas is not None:
+        groups = int(replicas["replicas"])
     batch = loader.get("batch_size")
     optim = plan.cfg.get("optim_wrapper")
     steps = optim.get("accumulative_counts", 1) if isinstance(optim, dict) else 1
     kind = loader.get("type") or "DataLoader"
-    words = f"{key}: {kind}, {groups} data-parallel rank(s)"
+    words = f"{key}: {kind}, {groups} {'replicas' if replicas else 'data-parallel rank(s)'}"
     if isinstance(batch, int):
         words += f" x batch {batch}"
         if key == "train_dataloader":
@@ -191,6 +198,18 @@ def _hooks_on_driver(plan: DriverPlan) -> None:
         )
 
 
+def _fault_tolerance_on_driver(plan: DriverPlan) -> None:
+    """What the replicas cannot keep exact, refused before any starts."""
+    options = plan.settings.fault_tolerance
+    check_fault_tolerance(plan.cfg, options)
+    if options is not None:
+        plan.say(
+            "fault tolerance",
+            f"{options['replicas']} replica groups, a step commits with at least "
+            f"{options['min_replicas']}; a lost one's share is trained by the others",
+        )
+
+
 def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:
     """A ``dict(type=...)`` resolves in ``reg`` and its arguments fit the constructor (anything
     else, e.g. an object already built, is left to the worker)."""
@@ -237,6 +256,12 @@ SECTIONS = [
     Section("evaluators", "val_evaluator, test_evaluator", None, _evaluators_on_driver),
     Section("optim_wrapper", "the optimizer and its schedules", None, _optim_on_driver),
     Section("hooks", "default_hooks and custom_hooks, planned", None, _hooks_on_driver),
+    Section(
+        "fault_tolerance",
+        "replica groups that survive a lost replica (fault_tolerance/)",
+        parse_fault_tolerance,
+        _fault_tolerance_on_driver,
+    ),
 ]
 for _row in SECTIONS:
     register_section(_row)

@@ -21,6 +21,9 @@ before/after_val_iter       around one validation batch; ``outputs`` holds the p
 before/after_test(...)      the same four for testing
 before_save_checkpoint      just before a checkpoint dict is written; may add keys to it
 after_save_checkpoint       (ours, not MMEngine's) after it was written: ``(path, checkpoint)``
+after_replica_change        (ours) a fault-tolerant run's quorum lost or regained replicas:
+                            ``(event)``, a :class:`~distributed_runner.fault_tolerance.events.
+                            ReplicaEvent` (kind, slots, iteration, seconds, replicas)
 ==========================  =====================================================================
 
 As in MMEngine, the base class forwards the train/val/test epoch and iteration mount points to
@@ -84,7 +87,7 @@ MMENGINE_MOUNT_POINTS: tuple[str, ...] = (
 )
 # Our additions to MMEngine's 22: a hook written for MMEngine never defines them, so it is
 # unaffected; a hook written for us may.
-ADDED_MOUNT_POINTS: tuple[str, ...] = ("after_save_checkpoint",)
+ADDED_MOUNT_POINTS: tuple[str, ...] = ("after_save_checkpoint", "after_replica_change")
 MOUNT_POINTS: tuple[str, ...] = MMENGINE_MOUNT_POINTS + ADDED_MOUNT_POINTS
 
 
@@ -121,6 +124,12 @@ class Hook:
         """After ``checkpoint`` was written to ``path`` (by rank 0), on every rank, as often on
         each; an addition to MMEngine's mount points. Report, upload or index it here (under Ray,
         RayReportHook reports it to Ray Train here)."""
+
+    def after_replica_change(self, runner: RunnerAPI, event: Any) -> None:
+        """A fault-tolerant run's quorum changed (``event``: a
+        :class:`~distributed_runner.fault_tolerance.events.ReplicaEvent`): a replica was lost
+        (its step was trained again without it) or joined (healed from a peer); an addition to
+        MMEngine's mount points, called on every replica of the quorum after the step."""
 
     # -- training ------------------------------------------------------------------------------
     def before_train(self, runner: RunnerAPI) -> None:

@@ -76,11 +76,14 @@ from distributed_runner.engine.hook_builder import build_dispatcher
 from distributed_runner.engine.hook_report import plan_summary
 from distributed_runner.engine.loops import TestLoop, ValLoop
 from distributed_runner.engine.message_hub import MessageHub
+from distributed_runner.engine.replica_step import in_quorum
 from distributed_runner.engine.requests import ControlRequests
 from distributed_runner.engine.sections import Settings, parse_sections, settings_of
 from distributed_runner.engine.step_choice import trains_itself
 from distributed_runner.engine.train_state import TrainState
 from distributed_runner.evaluation.evaluator import Evaluator
+from distributed_runner.fault_tolerance.events import ReplicaEvent
+from distributed_runner.fault_tolerance.replica import replica_group
 from distributed_runner.health.watchdog import watched
 from distributed_runner.model.build import default_device, setup_model
 from distributed_runner.model.sharding import mesh_shape
@@ -354,6 +357,8 @@ class Runner(RunnerSurface):
         self.timestamp = time.strftime("%Y%m%d_%H%M%S")
         self.experiment_name = experiment_name
         self.logger = setup_logger(self.work_dir, self.rank, log_level)
+        # fault_tolerance: this process is one replica slot of the global batch (fault_tolerance/)
+        self.replicas = replica_group(self.settings.fault_tolerance, self.logger)
         self.message_hub = MessageHub()
         self.requests = ControlRequests()
         self._preemption = self.settings.preemption
@@ -366,8 +371,11 @@ class Runner(RunnerSurface):
     ) -> None:
         """Hooks, sinks and checkpoint paths: built and checked before the model and data."""
         self._hooks = build_dispatcher(self, default_hooks, custom_hooks)
-        # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0
-        self.sinks = SinkSet.build(self._hooks.sink_specs(), build=self.rank == 0)
+        # the sinks the hooks name (SinkProvider): validated on every rank, built on rank 0 (of
+        # replica 0 in a fault-tolerant run: the run is tracked once)
+        self.sinks = SinkSet.build(
+            self._hooks.sink_specs(), build=self.rank == 0 and dist.get_data_parallel_rank() == 0
+        )
         self._load_from, self._load_strict = self.settings.load_from
         # a Hugging Face directory (absolute, or its URI) fills the model as it is built
         self.pretrained_from = pretrained_source(self._load_from)
@@ -623,10 +631,17 @@ class Runner(RunnerSurface):
             self.hook_bracket("before_run", "after_run"),
         ):
             self._load_or_resume()
-            self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
-            self.train_loop.run()
-            self.checkpoints.wait()  # an asynchronous save still in flight commits now
+            with in_quorum(self):  # fault_tolerance: a replica behind the quorum heals here
+                self.optim_wrapper.initialize_count_status(self.iter, self.max_iters)
+                self.train_loop.run()
+                self.checkpoints.wait()  # an asynchronous save still in flight commits now
         return self.model
+
+    def replica_event(self, event: ReplicaEvent) -> None:
+        """A change of a fault-tolerant run's quorum (fault_tolerance/): logged and given to
+        the hooks' ``after_replica_change``."""
+        self.logger.warning("%s", event.describe())
+        self.call_hook("after_replica_change", event=event)
 
     def val(self) -> dict:
         return self._evaluate("val")

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.engine.replica_step import ReplicaStep
 from distributed_runner.engine.step import (
     ElasticStep,
     GuardedStep,
@@ -138,6 +139,14 @@ def choose_step(runner: RunnerAPI) -> StepStrategy:
     call, parse = as_is or (call_for_loss, parse_losses)
     if preprocess is not None:
         parse = detaching(_own_parse(module, as_is, parse))
+    if getattr(runner, "replicas", None) is not None:  # fault_tolerance: replica_step.py
+        if own_train_step:
+            raise ConfigError(
+                "fault_tolerance",
+                f"{type(module).__name__}.train_step steps the optimizer itself, so a replica "
+                f"cannot train a missing replica's share with it: drop the override",
+            )
+        return ReplicaStep(runner, preprocess, parse, call)
     plan = getattr(runner, "elastic_plan", None)
     if plan is not None:
         if own_train_step:

@@ -66,6 +66,11 @@ def run(cfg: dict) -> int:
     if runs_in_process(cfg.get("launcher")):
         from distributed_runner.engine.runner import Runner
 
+        if cfg.get("fault_tolerance"):  # replica processes and their replacements
+            from distributed_runner.launch.replicas import ReplicaLauncher
+
+            return ReplicaLauncher(cfg).run()
+
         Runner.from_cfg(cfg).train()
         return 0
     return RayLauncher(cfg).train()

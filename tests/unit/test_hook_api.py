@@ -12,7 +12,7 @@ from tests.toy import make_runner
 
 def test_22_mount_points_with_mmengine_signatures():
     assert len(MMENGINE_MOUNT_POINTS) == len(set(MMENGINE_MOUNT_POINTS)) == 22
-    assert ADDED_MOUNT_POINTS == ("after_save_checkpoint",)
+    assert ADDED_MOUNT_POINTS == ("after_save_checkpoint", "after_replica_change")
     assert MOUNT_POINTS == MMENGINE_MOUNT_POINTS + ADDED_MOUNT_POINTS
     assert {"before_val_epoch", "after_val_epoch", "before_test_epoch", "after_test_epoch"} \
         <= set(MOUNT_POINTS)
@@ -23,6 +23,7 @@ def test_22_mount_points_with_mmengine_signatures():
     assert sig("before_save_checkpoint") == ["self", "runner", "checkpoint"]
     assert sig("after_load_checkpoint") == ["self", "runner", "checkpoint"]
     assert sig("after_save_checkpoint") == ["self", "runner", "path", "checkpoint"]
+    assert sig("after_replica_change") == ["self", "runner", "event"]
     assert sig("after_test_iter") == ["self", "runner", "batch_idx", "data_batch", "outputs"]
 
 

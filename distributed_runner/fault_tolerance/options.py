@@ -1,0 +1,141 @@
+"""The ``fault_tolerance`` config section: its options, and the checks the driver makes.
+
+Parsed once (the sections table, engine/config_sections.py); the workers and the launcher read
+the parsed value. torchft is an extra (``pip install 'distributed-runner[ft]'``): a config that
+asks for fault tolerance without it is one line, on the driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from distributed_runner.core.errors import ConfigError, did_you_mean
+
+DEFAULTS: dict[str, Any] = {
+    "mode": "replicas",
+    "replicas": None,
+    "min_replicas": 1,
+    "heartbeat_timeout": 5.0,
+    "join_timeout": 60.0,
+    "quorum_timeout": 120.0,
+    "timeout": 60.0,
+    "max_replacements": 8,
+    "lighthouse": None,
+}
+MODES = ("replicas",)
+SECONDS = ("heartbeat_timeout", "join_timeout", "quorum_timeout", "timeout")
+
+
+def parse_fault_tolerance(spec: Any) -> dict | None:
+    """``fault_tolerance`` with its defaults, or None when the config does not ask for it.
+
+    Args:
+        mode (str): 'replicas': replica groups that agree on every step (torchft).
+        replicas (int): how many replica groups the global batch is cut for (>= 2).
+        min_replicas (int): the fewest that may commit a step; below it the run falls back to
+            a restart from the newest checkpoint.
+        heartbeat_timeout (float): seconds without a heartbeat before a replica counts as lost.
+        join_timeout (float): seconds a quorum waits for a replica that asked to join.
+        quorum_timeout (float): seconds a replica waits for a quorum.
+        timeout (float): seconds for a collective, a vote or a state transfer.
+        max_replacements (int): replacements the launcher starts before it gives up.
+        lighthouse (str | None): a running lighthouse's address; None: the launcher starts one.
+    """
+    if spec is None or spec is False:
+        return None
+    if not isinstance(spec, dict):
+        raise ConfigError(
+            "fault_tolerance", f"expected dict(mode='replicas', replicas=N, ...), got {spec!r}"
+        )
+    for key in spec:
+        if key not in DEFAULTS:
+            raise ConfigError(
+                f"fault_tolerance.{key}",
+                f"unknown option{did_you_mean(key, DEFAULTS)}; it takes {', '.join(DEFAULTS)}",
+            )
+    out = {**DEFAULTS, **spec}
+    _check_counts(out)
+    for key in SECONDS:
+        value = out[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"fault_tolerance.{key}", f"must be seconds > 0, got {value!r}")
+    return out
+
+
+def _check_counts(out: dict) -> None:
+    if out["mode"] not in MODES:
+        raise ConfigError(
+            "fault_tolerance.mode", f"unknown mode {out['mode']!r}: use {', '.join(MODES)}"
+        )
+    replicas, least = out["replicas"], out["min_replicas"]
+    if not _whole(replicas) or replicas < 2:
+        raise ConfigError(
+            "fault_tolerance.replicas",
+            f"must be the number of replica groups (an int >= 2), got {replicas!r}",
+        )
+    if not _whole(least) or not 1 <= least <= replicas:
+        raise ConfigError(
+            "fault_tolerance.min_replicas", f"must be an int in 1..{replicas}, got {least!r}"
+        )
+    if not _whole(out["max_replacements"]) or out["max_replacements"] < 0:
+        raise ConfigError("fault_tolerance.max_replacements", "must be an int >= 0")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def torchft_missing() -> bool:
+    return importlib.util.find_spec("torchft") is None
+
+
+def check_fault_tolerance(cfg: dict, options: dict | None) -> None:
+    """What the driver refuses before any replica starts, each in one line: torchft absent, a
+    strategy, loader or optimizer setting the replica step does not keep exact."""
+    if options is None:
+        return
+    if torchft_missing():
+        raise ConfigError("fault_tolerance", "needs torchft: pip install 'distributed-runner[ft]'")
+    strategy = cfg.get("strategy")
+    kind = strategy.get("type", "ddp") if isinstance(strategy, dict) else (strategy or "ddp")
+    if kind != "ddp":
+        raise ConfigError(
+            "fault_tolerance",
+            "replica groups of FSDP/TP ranks (HSDP) are not built yet: use strategy='ddp'",
+        )
+    launcher = cfg.get("launcher")
+    if launcher not in (None, "none") and not (
+        isinstance(launcher, dict) and launcher.get("type") == "none"
+    ):
+        raise ConfigError(
+            "launcher",
+            "fault_tolerance runs its replicas as local processes for now: set launcher='none' "
+            "(drun train starts the replicas and replaces a lost one)",
+        )
+    _check_loader(cfg.get("train_dataloader"))
+    optim = cfg.get("optim_wrapper")
+    if isinstance(optim, dict) and int(optim.get("accumulative_counts", 1)) != 1:
+        raise ConfigError(
+            "optim_wrapper.accumulative_counts",
+            "fault_tolerance steps once per global batch: raise batch_size or replicas instead",
+        )
+
+
+def _check_loader(loader: Any) -> None:
+    """The replica step reads a missing slot's share itself: DefaultSampler over a map-style
+    dataset, whose order is a function of the seed, the epoch and the position."""
+    if not isinstance(loader, dict):
+        return
+    if loader.get("type") in ("StreamingLoader", "RayDataLoader"):
+        raise ConfigError(
+            "train_dataloader.type",
+            "fault_tolerance needs a DataLoader with DefaultSampler over a map-style dataset",
+        )
+    sampler = loader.get("sampler") or {}
+    if isinstance(sampler, dict) and sampler.get("type", "DefaultSampler") != "DefaultSampler":
+        raise ConfigError(
+            "train_dataloader.sampler",
+            "fault_tolerance needs DefaultSampler: a missing replica's share is read by its "
+            "position in the epoch's order",
+        )

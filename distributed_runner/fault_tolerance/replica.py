@@ -1,0 +1,191 @@
+"""One replica group's side of the quorum: torchft's Manager, set up for exact steps.
+
+Each replica is one process with its own TCPStore (torchft's Manager connects to one as a
+client) and a Manager that talks to the lighthouse. Every step asks for its quorum when it
+starts and the replica trains its own share while the lighthouse answers
+(``use_async_quorum=True``); the missing slots' shares, known only from the answer, come after.
+A replica joins before its loop starts (:meth:`ReplicaGroup.join`): it waits for that quorum and
+applies the peer's state there, so its loop starts at the peer's position; in that first step it
+is not yet counted (its gradients are zeroed by the sum) and the others train its share.
+``init_sync=False``: every replica builds the same weights from the same seed.
+
+The state a peer sends is the checkpoint's training state
+(:func:`~distributed_runner.checkpoint.state.collect_training_state`, the parts table): weights,
+optimizer, schedulers, counters, the data position, hooks' state, read while the sender trains
+its own share of that step (nothing of it changes before the optimizer steps, but the random
+streams: the joiner's are the sender's as they were then).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from distributed_runner.core import dist
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.fault_tolerance.events import ReplicaEvent
+
+SLOT_ENV = "DRUN_REPLICA"  # the launcher sets it: this process's replica slot
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name for the lighthouse's address
+REPLACEMENT_ENV = "DRUN_REPLACEMENT"  # "1": this process replaces a lost replica: it must heal
+NO_PEER_EXIT = 75  # a replacement's exit status when no live replica was left to heal from
+
+
+class NoLivePeer(RuntimeError):
+    """A replacement found no replica to heal from (the launcher then restarts them all)."""
+
+
+def replica_slot(options: dict) -> int:
+    """This process's slot, as the launcher set it; one line when it is not set."""
+    raw = os.environ.get(SLOT_ENV)
+    if raw is None or not raw.isdigit() or int(raw) >= options["replicas"]:
+        raise ConfigError(
+            "fault_tolerance",
+            f"this process has no replica slot ({SLOT_ENV}={raw!r}): start the run with "
+            f"drun train, which starts {options['replicas']} replicas",
+        )
+    return int(raw)
+
+
+def replica_group(options: dict | None, logger: logging.Logger) -> ReplicaGroup | None:
+    """This process's replica group under ``fault_tolerance`` (None without it), its slot
+    declared as the data-parallel rank of ``replicas`` (core/dist.py) before the data is built,
+    so DefaultSampler reads the slot's share."""
+    if options is None:
+        dist.set_replica_layout(None)
+        return None
+    if dist.is_distributed():
+        raise ConfigError(
+            "fault_tolerance",
+            "each replica is one process: run it without a process group (launcher='none')",
+        )
+    slot = replica_slot(options)
+    dist.set_replica_layout((slot, int(options["replicas"])))
+    return ReplicaGroup(options, slot, logger)
+
+
+class ReplicaGroup:
+    """This replica's membership in the per-step quorum (``runner.replicas``)."""
+
+    def __init__(self, options: dict, slot: int, logger: logging.Logger) -> None:
+        self.options, self.slot, self.logger = options, slot, logger
+        self.replicas = int(options["replicas"])
+        self.manager: Any = None
+        self._quorum_open = False  # join() took the quorum of the step to come
+        self._store: Any = None
+
+    def start(
+        self, state_dict: Callable[[], dict], load_state_dict: Callable[[dict], None]
+    ) -> None:
+        """Start this replica's Manager: ``state_dict`` is what a joining peer receives,
+        ``load_state_dict`` what this replica does with a peer's when it joins."""
+        from torch.distributed import TCPStore
+        from torchft import Manager, ProcessGroupGloo
+
+        opts = self.options
+        lighthouse = opts["lighthouse"] or os.environ.get(LIGHTHOUSE_ENV)
+        if not lighthouse:
+            raise ConfigError(
+                "fault_tolerance.lighthouse",
+                f"no lighthouse address (set it, or {LIGHTHOUSE_ENV}; drun train starts one)",
+            )
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # replicas on one machine
+        timeout = timedelta(seconds=opts["timeout"])
+        self._store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=load_state_dict,
+            state_dict=state_dict,
+            min_replica_size=int(opts["min_replicas"]),
+            use_async_quorum=True,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=opts["quorum_timeout"]),
+            connect_timeout=timeout,
+            rank=0,
+            world_size=1,
+            store_addr="localhost",
+            store_port=self._store.port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"drun_replica_{self.slot}",
+            hostname="localhost",
+            init_sync=False,
+        )
+        for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+            logging.getLogger(name).setLevel(logging.WARNING)  # a line a step otherwise
+        # on a CPU, a warning at every new quorum that NCCL's flight recorder is not there
+        logging.getLogger("torchft.manager").setLevel(logging.ERROR)
+
+    def join(self, done: int) -> ReplicaEvent | None:
+        """Take part in the quorum of the next step, ``done`` steps into the run (0, or a
+        checkpoint's ``iter``). A replica behind the quorum heals here: the peer's state is
+        loaded (``load_state_dict``) before this returns. The event when it healed."""
+        began, manager = time.monotonic(), self.manager
+        manager.load_state_dict({"step": done, "batches_committed": 0})
+        manager.start_quorum()
+        manager.wait_quorum()
+        self._quorum_open = True
+        if manager._healing:  # as torchft 0.2's synchronous start_quorum does it
+            manager._apply_pending_state_dict()
+            manager._healing = False
+        if manager.current_step() == done:
+            if os.environ.get(REPLACEMENT_ENV) == "1":
+                raise NoLivePeer(
+                    f"replica {self.slot} was started to replace a lost one but formed a quorum "
+                    f"alone at step {done}: no live replica was left to heal from"
+                )
+            return None
+        return ReplicaEvent(
+            "joined",
+            (self.slot,),
+            manager.current_step(),
+            time.monotonic() - began,
+            manager.num_participants() + 1,  # itself: counted from the next step
+        )
+
+    def start_step(self) -> None:
+        """Ask for the quorum of the step that starts (unless :meth:`join` did); the answer is
+        awaited by :meth:`slots_present`."""
+        if not self._quorum_open:
+            self.manager.start_quorum()
+        self._quorum_open = False
+
+    def slots_present(self, iteration: int) -> set[int]:
+        """The slots in the quorum of the step at ``iteration`` (0-based) that train it (a
+        replica that has just healed takes part from its next step: empty for it then)."""
+        manager = self.manager
+        count = manager.num_participants()  # waits for the quorum
+        if manager.current_step() != iteration:
+            raise RuntimeError(
+                f"replica {self.slot} is at step {manager.current_step()} of the quorum "
+                f"but at iteration {iteration} of its loop"
+            )
+        if count == self.replicas:
+            return set(range(self.replicas))
+        flags = torch.zeros(self.replicas)
+        flags[self.slot] = 1.0
+        self.sum(flags)  # a replica not taking part adds zeros
+        present = {s for s, f in enumerate(flags.tolist()) if f > 0.5}
+        return present | {self.slot} if manager.is_participating() else set()
+
+    def sum(self, tensor: torch.Tensor) -> None:
+        """``tensor`` summed over the quorum, in place (a failure is recorded by the Manager
+        and makes the step uncommitted; the tensor is then not to be used)."""
+        from torch.distributed import ReduceOp
+
+        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+
+    def commit(self) -> bool:
+        """Whether every replica of the quorum finished the step (then the update is applied
+        everywhere); a failed collective anywhere says no for all."""
+        return bool(self.manager.should_commit())
+
+    def shutdown(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+            self.manager = None

@@ -1,0 +1,207 @@
+"""The local launcher of a fault-tolerant run: a lighthouse, one process a replica, replacements.
+
+``drun train cfg.py`` with ``fault_tolerance=dict(mode='replicas', replicas=N, ...)`` and
+``launcher='none'`` comes here: this process runs torchft's lighthouse and starts the ``N``
+replica processes (slot ``s`` in ``DRUN_REPLICA``). When one dies, the others go on with the
+quorum they have (distributed_runner/fault_tolerance) and this process starts a replacement for
+its slot, which heals from a live peer: no other process restarts and no checkpoint is loaded.
+
+When too few remain to commit a step (fewer than ``min_replicas`` alive) or the replacements are
+used up, it falls back to the restart every run has: all replicas stopped and started again
+from the newest checkpoint (``resume=True``), with one line saying why.
+
+Replica 0 writes the run's folder (logs, checkpoints, sinks); replica ``s`` writes its own under
+``work_dir/replicas/<s>``: they hold the same weights, and a run is one folder. A replica killed
+by a signal (SIGKILL, the OOM killer, a lost machine) is replaced; one that raised (its log says
+why) ends the run with its exit status: a replacement would raise again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed_runner.checkpoint.files import read_pointer
+from distributed_runner.checkpoint.resume_choice import choose_run
+from distributed_runner.core.config import to_plain
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.core.run_folders import run_dir
+from distributed_runner.engine.sections import settings_of
+from distributed_runner.fault_tolerance.options import parse_fault_tolerance, torchft_missing
+from distributed_runner.fault_tolerance.replica import (
+    LIGHTHOUSE_ENV,
+    NO_PEER_EXIT,
+    REPLACEMENT_ENV,
+    SLOT_ENV,
+    NoLivePeer,
+)
+
+logger = logging.getLogger("distributed_runner.replicas")
+POLL_S = 0.05
+
+
+def replica_config(cfg: dict, slot: int, run_name: str, resume: Any) -> dict:
+    """What replica ``slot`` builds: the run's config, its own folder unless it is slot 0."""
+    out = dict(cfg, run_name=run_name, resume=bool(resume) and resume)
+    if slot:  # replica 0's log is the run's: the others' say only warnings
+        out["log_level"] = "WARNING"
+        out["work_dir"] = str(Path(cfg["work_dir"]).expanduser().resolve() / "replicas" / str(slot))
+    return out
+
+
+def replica_main(cfg_file: str) -> None:
+    """A replica process (``python -m distributed_runner.launch.replicas FILE``): the config
+    the launcher wrote, its slot and the lighthouse in the environment, then training."""
+    from distributed_runner.engine.runner import Runner
+
+    with open(cfg_file, "rb") as f:
+        cfg = pickle.load(f)
+    try:
+        Runner.from_cfg(cfg).train()
+    except NoLivePeer as error:  # the launcher falls back to a restart
+        print(error, file=sys.stderr)
+        sys.exit(NO_PEER_EXIT)
+
+
+class ReplicaLauncher:
+    """Starts the replicas and keeps their slots filled (module docstring)."""
+
+    def __init__(self, cfg: dict) -> None:
+        settings = settings_of(cfg)
+        options = (
+            settings.fault_tolerance
+            if settings is not None
+            else parse_fault_tolerance(cfg.get("fault_tolerance"))
+        )
+        if options is None:
+            raise ConfigError("fault_tolerance", "this launcher runs fault-tolerant configs only")
+        if torchft_missing():
+            raise ConfigError(
+                "fault_tolerance", "needs torchft: pip install 'distributed-runner[ft]'"
+            )
+        self.options, self.cfg = options, to_plain(cfg)
+        self.cfg["work_dir"] = str(Path(self.cfg["work_dir"]).expanduser().resolve())
+        self.resume = self.cfg.get("resume", False)
+        self.run_name = choose_run(self.cfg["work_dir"], self.cfg.get("run_name"), self.resume)
+        self._files = tempfile.TemporaryDirectory(prefix="drun-replicas-")
+        self.procs: dict[int, Any] = {}
+        self.replacements = self.restarts = 0
+        self.pids: dict[int, list[int]] = {}  # every process each slot had, in order
+
+    def start(self, slot: int, resume: Any) -> None:
+        cfg_file = Path(self._files.name) / f"replica_{slot}_{len(self.pids.get(slot, []))}.pkl"
+        cfg_file.write_bytes(pickle.dumps(replica_config(self.cfg, slot, self.run_name, resume)))
+        env = {**os.environ, SLOT_ENV: str(slot), LIGHTHOUSE_ENV: self.address}
+        env[REPLACEMENT_ENV] = "1" if resume is None else ""
+        # the machine's cores shared out, as torchrun and Ray do (else each replica's torch takes
+        # them all and the replicas slow each other down); the user's setting wins
+        cores = max(1, (os.cpu_count() or 1) // int(self.options["replicas"]))
+        env.setdefault("OMP_NUM_THREADS", str(cores))
+        # the modules this process imports from (the user's folder, custom_imports) stay importable
+        paths = [p for p in sys.path if p and Path(p).is_dir()]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distributed_runner.launch.replicas", str(cfg_file)], env=env
+        )
+        self.procs[slot] = proc
+        self.pids.setdefault(slot, []).append(proc.pid)
+
+    def run(self) -> int:
+        """Train to the end; 0 when every replica finished."""
+        # torchft's lighthouse and managers log a line a step otherwise; read at first import
+        os.environ.setdefault("RUST_LOG", "warn")
+        from torchft.coordination import LighthouseServer
+
+        opts = self.options
+        self._lighthouse = LighthouseServer(
+            bind="[::]:0",
+            min_replicas=int(opts["min_replicas"]),
+            join_timeout_ms=int(opts["join_timeout"] * 1000),
+            heartbeat_timeout_ms=int(opts["heartbeat_timeout"] * 1000),
+        )
+        self.address = self._lighthouse.address().replace("[::]", "localhost")
+        try:
+            for slot in range(int(opts["replicas"])):
+                self.start(slot, self.resume)
+            return self._watch()
+        finally:
+            self._stop_all()
+            self._lighthouse.shutdown()
+            self._files.cleanup()
+
+    def _watch(self) -> int:
+        """Until a replica finishes (all hold the run's state: the run is done), replacing
+        the lost ones; the others then get ``timeout`` seconds to finish their last step."""
+        while True:
+            time.sleep(POLL_S)
+            for slot, proc in list(self.procs.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del self.procs[slot]
+                if code == 0:
+                    return self._finish()
+                if code > 0 and code != NO_PEER_EXIT:  # it raised: its log says why
+                    logger.error("replica %d failed (exit status %s): stopping the run", slot, code)
+                    return code
+                if not self._replace(slot, code):
+                    return 1
+
+    def _finish(self) -> int:
+        deadline = time.monotonic() + float(self.options["timeout"])
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()  # a replacement still joining a run that has ended
+        self.procs.clear()
+        return 0
+
+    def _replace(self, slot: int, code: int) -> bool:
+        """A replacement for ``slot``, or the fallback restart; False when neither is left."""
+        alive = len(self.procs)
+        why = None
+        if alive < int(self.options["min_replicas"]):
+            why = f"{alive} replica(s) left, fewer than min_replicas={self.options['min_replicas']}"
+        elif self.replacements >= int(self.options["max_replacements"]):
+            why = f"{self.replacements} replacements used (fault_tolerance.max_replacements)"
+        if why is None:
+            self.replacements += 1
+            logger.warning("replica %d died (exit %s): starting a replacement", slot, code)
+            self.start(slot, None)  # a replacement: it heals from a live peer, not from a file
+            return True
+        if self.restarts >= int(self.options["max_replacements"]):
+            logger.error("replica %d died (exit %s) and %s: giving up", slot, code, why)
+            return False
+        self.restarts += 1
+        logger.warning(
+            "fault_tolerance: replica %d died (exit %s) and %s: restarting every replica from "
+            "the newest checkpoint",
+            slot,
+            code,
+            why,
+        )
+        self._stop_all()
+        newest = read_pointer(run_dir(self.cfg["work_dir"], self.run_name))  # replica 0's
+        for s in range(int(self.options["replicas"])):
+            self.start(s, str(newest) if newest else False)
+        return True
+
+    def _stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs.values():
+            proc.wait(10)
+        self.procs.clear()
+
+
+if __name__ == "__main__":
+    replica_main(sys.argv[1])

@@ -1,0 +1,211 @@
+"""Fault tolerance (distributed_runner/fault_tolerance, engine/replica_step.py,
+launch/replicas.py): replica processes agree on every step through torchft's lighthouse; a
+SIGKILLed replica costs the step it was in, the survivor goes on in its own process with the
+lost replica's share, a replacement heals from it, and the weights equal a one-process run over
+the same global batches. Real processes, a real lighthouse, real SIGKILLs."""
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from distributed_runner import Runner
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.engine.config_prep import prepare_config
+from distributed_runner.fault_tolerance.events import ReplicaEvent
+from distributed_runner.fault_tolerance.options import parse_fault_tolerance
+from distributed_runner.fault_tolerance.shares import shares_for
+from distributed_runner.launch.launcher_config import validate_config
+from distributed_runner.launch.replicas import ReplicaLauncher
+
+# found, not imported: torchft's Rust core sets its log level (RUST_LOG) when first imported,
+# which the launcher does itself
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="no torchft")
+
+N, BATCH, EPOCHS = 67, 4, 14  # 67: a prime, so the epoch ends in a smaller global batch
+
+
+def cfg(work_dir: Path, kill: tuple[int, int] | None = None, pace: float = 0.05, **ft) -> dict:
+    """TinyBlocks (LayerNorm: no batch statistics) over N samples, global batches of 8 on 2
+    replicas, SGD with momentum, a checkpoint each epoch; each replica's iterations recorded."""
+    out = dict(
+        custom_imports=dict(imports=["tests.ft_probe"]),
+        work_dir=str(work_dir),
+        model=dict(type="TinyBlocks"),
+        train_dataloader=dict(dataset=dict(type="ToyDataset", n=N), batch_size=BATCH,
+                              sampler=dict(type="DefaultSampler", shuffle=True)),
+        train_cfg=dict(by_epoch=True, max_epochs=EPOCHS),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)),
+        default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1, max_keep_ckpts=2)),
+        custom_hooks=[dict(type="ReplicaDiary", path=f"{work_dir}.diary"),
+                      dict(type="Pace", seconds=pace)],
+        randomness=dict(seed=5),
+        fault_tolerance=dict(mode="replicas", replicas=2, heartbeat_timeout=1.0, join_timeout=3.0,
+                             **ft),
+    )
+    if kill:
+        out["custom_hooks"].append(dict(type="KillReplica", slot=kill[0], at=kill[1],
+                                        marker=f"{work_dir}.killed"))
+    return out
+
+
+def diary(work_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(f"{work_dir}.diary").read_text().splitlines()]
+
+
+def final_weights(run_folder: Path) -> dict:
+    ckpt = torch.load(run_folder / f"epoch_{EPOCHS}.pth", weights_only=False)
+    return ckpt["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """The same run in this process without fault tolerance: global batches of 8 in one."""
+    plain = cfg(tmp_path_factory.mktemp("one") / "one")
+    del plain["fault_tolerance"]
+    plain["custom_hooks"] = []
+    plain["train_dataloader"]["batch_size"] = BATCH * 2
+    runner = Runner.from_cfg(plain)
+    runner.train()
+    return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+
+
+def close(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).abs().max() / (b[k].abs().max() + 1e-12)).item() for k in a)
+
+
+def test_the_missing_slots_are_dealt_out_over_the_quorum_the_same_way_on_every_replica():
+    assert [shares_for(s, {0, 1, 2, 3}, 4) for s in range(4)] == [[0], [1], [2], [3]]
+    assert shares_for(0, {0, 2}, 4) == [0, 1] and shares_for(2, {0, 2}, 4) == [2, 3]
+    assert shares_for(1, {1}, 3) == [1, 0, 2]
+    every = [m for s in (0, 3) for m in shares_for(s, {0, 3}, 5)]
+    assert sorted(every) == [0, 1, 2, 3, 4]  # each slot's share once, whoever is present
+    with pytest.raises(ValueError, match="not in the quorum"):
+        shares_for(1, {0}, 2)
+
+
+@pytest.mark.parametrize(("spec", "key"), [
+    ("replicas", "fault_tolerance"),
+    (dict(mode="replica", replicas=2), "fault_tolerance.mode"),
+    (dict(replicas=1), "fault_tolerance.replicas"),
+    (dict(replicas=2, min_replicas=3), "fault_tolerance.min_replicas"),
+    (dict(replicas=2, heartbeat_timout=1.0), "fault_tolerance.heartbeat_timout"),
+    (dict(replicas=2, heartbeat_timeout=0), "fault_tolerance.heartbeat_timeout"),
+])
+def test_a_wrong_fault_tolerance_option_is_one_line_naming_it(spec, key):
+    with pytest.raises(ConfigError) as caught:
+        parse_fault_tolerance(spec)
+    assert caught.value.key == key and "\n" not in str(caught.value)
+    if "timout" in key:
+        assert "heartbeat_timeout" in str(caught.value)  # did you mean
+
+
+@pytest.mark.parametrize(("change", "key", "words"), [
+    (dict(strategy=dict(type="fsdp")), "fault_tolerance", "HSDP"),
+    (dict(launcher=dict(type="ray", num_workers=2)), "launcher", "local processes"),
+    (dict(optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), accumulative_counts=2)),
+     "optim_wrapper.accumulative_counts", "once per global batch"),
+])
+def test_the_driver_refuses_what_the_replicas_cannot_keep_exact(tmp_path, change, key, words):
+    bad = {**cfg(tmp_path / "w"), **change}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(bad)
+    assert caught.value.key == key and words in str(caught.value)
+
+
+def test_the_driver_checks_a_fault_tolerant_config_and_says_what_it_runs(tmp_path):
+    plan = validate_config(cfg(tmp_path / "w"))
+    assert plan.settings.fault_tolerance["replicas"] == 2
+    assert "2 replica groups" in plan.lines["fault tolerance"][0]
+
+
+def test_without_torchft_a_fault_tolerant_config_is_one_line(tmp_path, monkeypatch):
+    import distributed_runner.fault_tolerance.options as options
+
+    monkeypatch.setattr(options, "torchft_missing", lambda: True)
+    with pytest.raises(ConfigError, match=r"pip install 'distributed-runner\[ft\]'"):
+        validate_config(cfg(tmp_path / "w"))
+
+
+def iterations(records: list[dict], pid: int) -> tuple[int, list[int]]:
+    """Where process ``pid`` started its loop and the iterations it committed."""
+    mine = [r for r in records if r["pid"] == pid]
+    start = next(r["iter"] for r in mine if r["kind"] == "start")
+    return start, [r["iter"] for r in mine if r["kind"] == "iter"]
+
+
+@pytest.mark.slow("two replica processes killed in turn, a replacement killed while it heals")
+def test_replicas_killed_in_turn_cost_a_step_each_and_the_weights_stay_those_of_one_process(
+    tmp_path, one_process
+):
+    """Replica 1 killed at iteration 5, its first replacement killed while it takes the peer's
+    state, then, once its second replacement is in the quorum, replica 0 killed: no process
+    restarts but the killed ones, none loads a checkpoint, every step is committed once."""
+    work = tmp_path / "ft"
+    run_cfg = cfg(work, kill=(1, 5), pace=0.25)
+    markers = [f"{work}.killed", f"{work}.healing", f"{work}.rejoined"]
+    run_cfg["custom_hooks"] += [
+        dict(type="KillWhileHealing", slot=1, marker=markers[1]),
+        dict(type="KillAfterRejoin", slot=0, marker=markers[2]),
+        dict(type="MarkWhenWhole", markers=markers, path=f"{work}.whole"),
+    ]
+    run_cfg["custom_hooks"][1]["until"] = f"{work}.whole"  # Pace: fast once the kills are over
+    launcher = ReplicaLauncher(prepare_config(run_cfg)[0])
+    assert launcher.run() == 0
+    records, total = diary(work), EPOCHS * 9
+    zero, one = launcher.pids[0], launcher.pids[1]
+    assert (len(zero), len(one)) == (2, 3)  # killed: 0 once, 1 twice (its first replacement too)
+    start, done = iterations(records, zero[0])  # the first replica 0: never restarted
+    assert start <= 3 and done == list(range(start, done[-1] + 1))
+    lost = [(r["slots"], r["iter"]) for r in records if r["pid"] == zero[0] and r["kind"] == "lost"]
+    assert lost == [([1], 4)]  # iteration 5 (0-based 4): trained again without replica 1
+    assert [r for r in records if r["pid"] == one[1]] == []  # killed while it healed
+    healed_one, done_one = iterations(records, one[2])  # replica 1's second replacement
+    assert 5 < healed_one and done_one == list(range(healed_one, total))  # to the end, no replay
+    healed_zero, done_zero = iterations(records, zero[1])  # replica 0's replacement
+    assert done[-1] < healed_zero and done_zero == list(range(healed_zero, total))
+    assert any(r["kind"] == "lost" and r["slots"] == [0] for r in records if r["pid"] == one[2])
+    run = work / launcher.run_name
+    weights_zero = final_weights(run)
+    weights_one = final_weights(work / "replicas" / "1" / launcher.run_name)
+    for key, value in weights_zero.items():
+        assert torch.equal(value, weights_one[key]), key  # both replicas hold the same weights
+    assert close(weights_zero, one_process) < 1e-5  # every sample once: one process's weights
+
+
+@pytest.mark.slow("two replica processes, one SIGKILLed, both restarted from a checkpoint")
+def test_too_few_replicas_left_falls_back_to_the_restart_with_its_line(
+    tmp_path, one_process, caplog
+):
+    work = tmp_path / "ft"
+    launcher = ReplicaLauncher(prepare_config(cfg(work, kill=(1, 12), pace=0.02,
+                                                  min_replicas=2))[0])
+    with caplog.at_level("WARNING", logger="distributed_runner.replicas"):
+        assert launcher.run() == 0
+    lines = [r.getMessage() for r in caplog.records if "restarting" in r.getMessage()]
+    assert lines == ["fault_tolerance: replica 1 died (exit -9) and 1 replica(s) left, fewer "
+                     "than min_replicas=2: restarting every replica from the newest checkpoint"]
+    assert all(len(pids) == 2 for pids in launcher.pids.values())  # both processes restarted
+    starts = [r["iter"] for r in diary(work) if r["kind"] == "start"]
+    assert sorted(starts) == [0, 0, 9, 9]  # the second pair resumed epoch_1.pth
+    assert close(final_weights(work / launcher.run_name), one_process) < 1e-5
+
+
+def test_the_docs_config_is_the_example_config_and_its_hook_pages_a_lost_replica(tmp_path):
+    from tests.docs_blocks import ROOT, docs_block
+
+    example = (ROOT / "configs" / "digits_cnn_ft.py").read_text()
+    for line in docs_block("fault-tolerance-config").strip().splitlines():
+        assert line in example, line  # the page shows the file as it is (drun check runs it)
+    namespace: dict = {}
+    exec(compile(docs_block("replica-change-hook"), "fault-tolerance.md", "exec"), namespace)
+    page = namespace["PageOnLostReplica"](str(tmp_path / "lost.txt"))
+    runner = SimpleNamespace(replicas=SimpleNamespace(slot=0))
+    page.after_replica_change(runner, ReplicaEvent("joined", (1,), 70, 0.07, 2))
+    page.after_replica_change(runner, ReplicaEvent("lost", (1,), 59, 1.03, 1))
+    assert (tmp_path / "lost.txt").read_text() == "(1,) lost at iteration 60, 1.0 s\n"
+    assert ReplicaEvent("lost", (1,), 59, 1.03, 1).describe() == (
+        "replica 1 lost at iteration 60: the step was trained again by 1 replica(s), 1.03 s lost")
