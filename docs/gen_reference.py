@@ -106,6 +106,7 @@ def nested_docs() -> dict[str, dict[str, tuple[str, str]]]:
 
     from distributed_runner.core.randomness import set_random_seed
     from distributed_runner.engine.config_check import check_train_cfg
+    from distributed_runner.fault_tolerance.options import parse_fault_tolerance
     from distributed_runner.health.watchdog import parse_watchdog, phase_timeouts
     from distributed_runner.launch.launcher_config import normalize_launcher
     from distributed_runner.model.sharding import _parse_fsdp
@@ -121,7 +122,7 @@ def nested_docs() -> dict[str, dict[str, tuple[str, str]]]:
             "launcher": arg_docs(normalize_launcher), "strategy": arg_docs(_parse_fsdp),
             "watchdog": arg_docs(parse_watchdog),
             "watchdog.phase_timeouts": arg_docs(phase_timeouts),
-            "val_cfg": arg_docs(ValMode)}
+            "val_cfg": arg_docs(ValMode), "fault_tolerance": arg_docs(parse_fault_tolerance)}
 
 
 # -- config keys --------------------------------------------------------------------------------
@@ -199,6 +200,7 @@ def _defaults(fn: Callable) -> dict[str, Any]:
 def default_sources() -> dict[str, dict[str, Any]]:
     """Section -> its keys' defaults, from the signatures and tables the code uses."""
     from distributed_runner.engine.loops import EpochBasedTrainLoop, IterBasedTrainLoop
+    from distributed_runner.fault_tolerance.options import DEFAULTS as FT_DEFAULTS
     from distributed_runner.health.watchdog import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
     from distributed_runner.launch.launcher import RAY_DEFAULTS
     from distributed_runner.model.sharding import FSDP_DEFAULTS
@@ -210,7 +212,7 @@ def default_sources() -> dict[str, dict[str, Any]]:
             "launcher": dict(RAY_DEFAULTS), "strategy": dict(FSDP_DEFAULTS),
             "watchdog": {k: v for k, v in WATCHDOG_DEFAULTS.items() if k != "phase_timeouts"},
             "watchdog.phase_timeouts": dict(PHASE_TIMEOUT_DEFAULTS),
-            "val_cfg": vars(ValMode())}
+            "val_cfg": vars(ValMode()), "fault_tolerance": dict(FT_DEFAULTS)}
 
 
 def config_page() -> str:
@@ -222,6 +224,7 @@ def config_page() -> str:
         RUNNER_KEYS,
     )
     from distributed_runner.engine.runner import Runner
+    from distributed_runner.fault_tolerance.options import DEFAULTS as FT_DEFAULTS
     from distributed_runner.health.watchdog import PHASE_TIMEOUT_DEFAULTS, WATCHDOG_DEFAULTS
     from distributed_runner.launch.launcher import RAY_DEFAULTS
     from distributed_runner.model.sharding import FSDP_DEFAULTS
@@ -252,6 +255,7 @@ def config_page() -> str:
     nested += [f"watchdog.{k}" for k in WATCHDOG_DEFAULTS]
     nested += [f"watchdog.phase_timeouts.{k}" for k in PHASE_TIMEOUT_DEFAULTS]
     nested += [f"val_cfg.{k}" for k in VAL_MODE_KEYS]
+    nested += [f"fault_tolerance.{k}" for k in FT_DEFAULTS]
     out += ["", "## Nested keys", "",
             "The keys inside the sections that are checked before building, with their "
             "defaults where a signature or a defaults table of the code gives one "

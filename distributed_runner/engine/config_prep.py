@@ -63,8 +63,11 @@ RUNNER_KEYS = (
     "run_name",
 )
 # top-level config keys the Runner does not take but other parts of the project read
-# (watchdog: distributed_runner.health.watchdog; tune: the sweep block of ``drun tune``)
-OTHER_CONFIG_KEYS = ("custom_imports", "env_cfg", "default_scope", "watchdog", "tune")
+# (watchdog: distributed_runner.health.watchdog; tune: the sweep block of ``drun tune``;
+# fault_tolerance: distributed_runner.fault_tolerance and its launcher)
+OTHER_CONFIG_KEYS = (
+    "custom_imports", "env_cfg", "default_scope", "watchdog", "tune", "fault_tolerance",
+)  # fmt: skip
 # their types and meanings, for the generated config reference
 OTHER_CONFIG_DOCS: dict[str, tuple[str, str]] = {
     "custom_imports": ("dict | list", "modules imported before anything is built (your classes)"),
@@ -76,6 +79,10 @@ OTHER_CONFIG_DOCS: dict[str, tuple[str, str]] = {
     "default_scope": ("str", "the registry scope unprefixed type names resolve in (e.g. mmdet)"),
     "watchdog": ("dict | bool", "the hang watch and straggler detection (see Hangs)"),
     "tune": ("dict", "the sweep drun tune runs: param_space, search_alg, scheduler, ..."),
+    "fault_tolerance": (
+        "dict | None",
+        "replica processes that survive a lost one without a restart (see Survive a lost worker)",
+    ),
 }
 
 NOTES_ATTR = "_drun_prepare_notes"  # the iMIX notes of a prepared config, for whoever logs them

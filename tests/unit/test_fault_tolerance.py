@@ -209,3 +209,11 @@ def test_the_docs_config_is_the_example_config_and_its_hook_pages_a_lost_replica
     assert (tmp_path / "lost.txt").read_text() == "(1,) lost at iteration 60, 1.0 s\n"
     assert ReplicaEvent("lost", (1,), 59, 1.03, 1).describe() == (
         "replica 1 lost at iteration 60: the step was trained again by 1 replica(s), 1.03 s lost")
+
+
+def test_a_misspelled_fault_tolerance_key_is_refused_not_ignored(tmp_path):
+    typo = cfg(tmp_path / "w")
+    typo["fault_tolerence"] = typo.pop("fault_tolerance")
+    with pytest.raises(ConfigError, match="did you mean 'fault_tolerance'") as caught:
+        prepare_config(typo)
+    assert caught.value.key == "fault_tolerence"
