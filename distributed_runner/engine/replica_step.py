@@ -87,19 +87,18 @@ class ReplicaStep(GuardedStep):
         self.shares = SlotShares(runner.train_dataloader, self.group.replicas)
         self.params = [p for p in runner.wrapped_model.parameters() if p.requires_grad]
         self._known: set[int] | None = None  # the last committed quorum (None: not yet)
+        if runner.train_state.epoch_offset:  # set by a resume, which comes before the step
+            raise ConfigError(
+                "fault_tolerance", "a resume with a new global batch cannot run fault-tolerant"
+            )
 
     def __call__(self, data_batch: Any) -> dict:
         runner, group = self.runner, self.group
         state, began = runner.train_state, time.monotonic()
-        if state.epoch_offset:
-            raise ConfigError(
-                "fault_tolerance", "a resume with a new global batch cannot run fault-tolerant"
-            )
+        # every slot's samples in this global batch: the same for a step trained again
+        sizes = [len(self.shares.indices(s, state.batch_in_epoch)) for s in range(group.replicas)]
         while True:
             group.start_step()  # the lighthouse answers while this replica trains its share
-            sizes = [
-                len(self.shares.indices(s, state.batch_in_epoch)) for s in range(group.replicas)
-            ]
             parts = {group.slot: self.train_share(group.slot, data_batch, sizes)}
             present = group.slots_present(state.iter)
             # the missing slots' shares this replica takes (none while it is not yet counted)
