@@ -3,13 +3,17 @@ what the per-step quorum costs, side by side in one run.
 
     python benchmarks/fault_tolerance.py [--epochs 4] [--kill-at 60] [--skip-ray] [--work-dir DIR]
 
+(``--skip-ray``: the local replicas' runs only.)
+
 The users' path: ``configs/digits_cnn.py`` (per-sample dataset, the default hooks) with its
-global batch of 32 on 2 processes, a checkpoint every 20 iterations. Four runs:
+global batch of 32 on 2 processes, a checkpoint every 20 iterations. Six runs:
 
 * **replicas**: ``fault_tolerance=dict(replicas=2, heartbeat_timeout=1.0)`` (``batch_size=16``
   each), no failure: the median seconds per iteration;
 * **replicas, killed**: the same with replica 1 SIGKILLed at iteration ``--kill-at``: progress
   lost is the seconds from the kill until the survivor has committed that iteration;
+* **replicas on Ray** (and **killed**): the same as 2 Ray actors (``launcher=dict(type='ray',
+  num_workers=2)``), the lighthouse in the driver, the killed actor replaced alone;
 * **Ray DDP**: 2 Ray Train workers (``batch_size=16`` each), no failure: the median seconds
   per iteration, the same run without a quorum;
 * **Ray DDP, killed**: rank 1 SIGKILLed at iteration ``--kill-at``, ``max_failures=1``: Ray
@@ -69,7 +73,8 @@ class KillAt(Hook):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def config(work: Path, epochs: int, kill_at: int | None, ft: bool) -> dict:
+def config(work: Path, epochs: int, kill_at: int | None, kind: str) -> dict:
+    """``kind``: 'replicas' (local processes), 'ray_replicas' (Ray actors) or 'ray_ddp'."""
     from distributed_runner.core.config import Config
 
     cfg = Config.fromfile(str(ROOT / "configs" / "digits_cnn.py")).to_dict()
@@ -85,19 +90,21 @@ def config(work: Path, epochs: int, kill_at: int | None, ft: bool) -> dict:
     if kill_at:
         hooks.append(dict(type="KillAt", who=1, at=kill_at, marker=f"{work}.killed"))
     cfg["custom_hooks"] = hooks
-    if ft:
+    if kind != "ray_ddp":
         cfg["fault_tolerance"] = dict(mode="replicas", replicas=2, heartbeat_timeout=1.0)
-    else:
+    if kind == "ray_replicas":
+        cfg["launcher"] = dict(type="ray", num_workers=2)
+    if kind == "ray_ddp":
         cfg["launcher"] = dict(type="ray", num_workers=2, max_failures=1)
     return cfg
 
 
-def run(work: Path, epochs: int, kill_at: int | None, ft: bool) -> list[dict]:
+def run(work: Path, epochs: int, kill_at: int | None, kind: str) -> list[dict]:
     from distributed_runner.engine.config_prep import prepare_config
     from distributed_runner.launch.launcher import run as launch
 
     started = time.time()
-    if launch(prepare_config(config(work, epochs, kill_at, ft))[0]) != 0:
+    if launch(prepare_config(config(work, epochs, kill_at, kind))[0]) != 0:
         raise RuntimeError(f"the run in {work} failed")
     print(f"  {work.name}: {time.time() - started:.1f} s", flush=True)
     return [json.loads(line) for line in Path(f"{work}.clock").read_text().splitlines()]
@@ -130,25 +137,26 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     base = Path(args.work_dir or tempfile.mkdtemp(prefix="drun-ft-bench-"))
     rows = []
-    clean = run(base / "replicas", args.epochs, None, True)
-    killed = run(base / "replicas_killed", args.epochs, args.kill_at, True)
-    rows.append(("replicas (torchft quorum)", step_seconds(clean),
-                 progress_lost(base / "replicas_killed", killed, args.kill_at)))
+    kinds = [("replicas", "replicas (torchft quorum)")]
     if not args.skip_ray:
-        plain = run(base / "ray", args.epochs, None, False)
-        restarted = run(base / "ray_killed", args.epochs, args.kill_at, False)
-        rows.append(("Ray DDP, restart from checkpoint", step_seconds(plain),
-                     progress_lost(base / "ray_killed", restarted, args.kill_at)))
+        kinds += [("ray_replicas", "replicas as Ray actors"),
+                  ("ray_ddp", "Ray DDP, restart from checkpoint")]
+    for kind, name in kinds:
+        clean = run(base / kind, args.epochs, None, kind)
+        killed = run(base / f"{kind}_killed", args.epochs, args.kill_at, kind)
+        rows.append((name, step_seconds(clean),
+                     progress_lost(base / f"{kind}_killed", killed, args.kill_at)))
     print(f"digits CNN, global batch 32 on 2 processes, {args.epochs} epochs, a checkpoint every "
           f"20 iterations, process 1 SIGKILLed at iteration {args.kill_at}")
     print(f"{'':34} {'ms / iteration':>15} {'progress lost per failure (s)':>31}")
     for name, step, lost in rows:
         print(f"{name:34} {step * 1e3:15.2f} {lost:31.2f}")
-    if len(rows) == 2:
-        print(f"quorum overhead: {(rows[0][1] / rows[1][1] - 1) * 100:+.1f} % per step "
-              f"({(rows[0][1] - rows[1][1]) * 1e3:+.2f} ms); a failure costs "
-              f"{rows[1][2] / rows[0][2]:.1f}x less progress with replicas")
-
+    if len(rows) > 1:
+        _, ddp_step, ddp_lost = rows[-1]
+        for name, step, lost in rows[:-1]:
+            print(f"{name}: quorum overhead {(step / ddp_step - 1) * 100:+.1f} % per step "
+                  f"({(step - ddp_step) * 1e3:+.2f} ms); a failure costs "
+                  f"{ddp_lost / lost:.1f}x less progress than the restart")
 
 if __name__ == "__main__":
     main()

@@ -110,3 +110,19 @@ class KillAfterRejoin(Hook):
         if self.armed and runner.replicas.slot == self.slot and not self.marker.exists():
             self.marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+@HOOKS.register_module(force=True)
+class HangReplica(Hook):
+    """Sleeps (a hang that leaves the GIL free: a stuck read, a peer that never answers) in
+    ``before_train_iter`` of iteration ``at`` (1-based) when it is replica ``slot``, once per
+    marker file: its watchdog is what ends it."""
+
+    def __init__(self, slot: int, at: int, marker: str) -> None:
+        self.slot, self.at, self.marker = slot, at, Path(marker)
+
+    def before_train_iter(self, runner, batch_idx=None, data_batch=None) -> None:
+        if runner.replicas.slot == self.slot and runner.iter + 1 == self.at:
+            if not self.marker.exists():
+                self.marker.write_text(str(os.getpid()))
+                time.sleep(3600)

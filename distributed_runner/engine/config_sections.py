@@ -201,7 +201,8 @@ def _hooks_on_driver(plan: DriverPlan) -> None:
 def _fault_tolerance_on_driver(plan: DriverPlan) -> None:
     """What the replicas cannot keep exact, refused before any starts."""
     options = plan.settings.fault_tolerance
-    check_fault_tolerance(plan.cfg, options)
+    settings = plan.settings
+    check_fault_tolerance(plan.cfg, options, settings.launcher, settings.watchdog)
     if options is not None:
         plan.say(
             "fault tolerance",

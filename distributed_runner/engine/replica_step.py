@@ -2,7 +2,8 @@
 
 Every iteration, on every replica in the quorum (distributed_runner/fault_tolerance)::
 
-    present = the quorum's slots                   # waits for lost replicas' heartbeats to age
+    present = the quorum's slots                   # waits for lost replicas' heartbeats to age;
+                                                   # none in quorum_timeout: the step is tried again
     for slot in shares_for(my slot, present):      # my share, then the missing slots' I take
         loss of that slot's share x (its samples / the global batch), backward
     gradients summed over the quorum               # = the global batch's mean gradient
@@ -33,6 +34,7 @@ from distributed_runner.data.global_batch import MicroBatches
 from distributed_runner.data.loaders import DefaultSampler, epoch_order
 from distributed_runner.engine.step import GuardedStep, with_grad_norm
 from distributed_runner.fault_tolerance.events import ReplicaEvent
+from distributed_runner.fault_tolerance.replica import NoQuorum
 from distributed_runner.fault_tolerance.shares import shares_for
 
 if TYPE_CHECKING:
@@ -98,24 +100,37 @@ class ReplicaStep(GuardedStep):
         # every slot's samples in this global batch: the same for a step trained again
         sizes = [len(self.shares.indices(s, state.batch_in_epoch)) for s in range(group.replicas)]
         while True:
-            group.start_step()  # the lighthouse answers while this replica trains its share
-            parts = {group.slot: self.train_share(group.slot, data_batch, sizes)}
-            present = group.slots_present(state.iter)
-            # the missing slots' shares this replica takes (none while it is not yet counted)
-            extra = shares_for(group.slot, present, group.replicas)[1:] if present else []
-            for slot in extra:
-                parts[slot] = self.train_share(slot, None, sizes)
-            self.sum_gradients()
-            if group.commit():
-                runner.optim_wrapper.step()
-                runner.optim_wrapper.zero_grad()
-                self.note_quorum(present, state.iter, time.monotonic() - began)
-                return with_grad_norm(runner.optim_wrapper, _weighted(parts, sizes))
-            runner.optim_wrapper.zero_grad()
+            try:
+                committed = self.try_step(data_batch, sizes, began)
+            except NoQuorum as error:
+                committed = None
+                runner.logger.warning("%s: trying again", error)
+            if committed is not None:
+                return committed
+            runner.optim_wrapper.zero_grad()  # its waits for peers were not hangs: they
+            # are the peers phase (health/heartbeat.py), whose end restarts the hang watch's count
+
+    def try_step(self, data_batch: Any, sizes: list[int], began: float) -> dict | None:
+        """One try at the global batch: the outputs when the quorum committed it, else None."""
+        runner, group, state = self.runner, self.group, self.runner.train_state
+        group.start_step()  # the lighthouse answers while this replica trains its share
+        parts = {group.slot: self.train_share(group.slot, data_batch, sizes)}
+        present = group.slots_present(state.iter)
+        # the missing slots' shares this replica takes (none while it is not yet counted)
+        extra = shares_for(group.slot, present, group.replicas)[1:] if present else []
+        for slot in extra:
+            parts[slot] = self.train_share(slot, None, sizes)
+        self.sum_gradients()
+        if not group.commit():
             runner.logger.warning(
                 "iteration %d was not committed (a replica failed in it): training it again",
                 state.iter + 1,
             )
+            return None
+        runner.optim_wrapper.step()
+        runner.optim_wrapper.zero_grad()
+        self.note_quorum(present, state.iter, time.monotonic() - began)
+        return with_grad_norm(runner.optim_wrapper, _weighted(parts, sizes))
 
     def train_share(self, slot: int, own: Any, sizes: list[int]) -> dict:
         """Backward over ``slot``'s share of the global batch (``own``: this replica's batch

@@ -37,7 +37,8 @@ def parse_fault_tolerance(spec: Any) -> dict | None:
             a restart from the newest checkpoint.
         heartbeat_timeout (float): seconds without a heartbeat before a replica counts as lost.
         join_timeout (float): seconds a quorum waits for a replica that asked to join.
-        quorum_timeout (float): seconds a replica waits for a quorum.
+        quorum_timeout (float): seconds a replica waits for a quorum before it tries the step
+            again (below watchdog.hang_timeout, as timeout is).
         timeout (float): seconds for a collective, a vote or a state transfer.
         max_replacements (int): replacements the launcher starts before it gives up.
         lighthouse (str | None): a running lighthouse's address; None: the launcher starts one.
@@ -90,11 +91,16 @@ def torchft_missing() -> bool:
     return importlib.util.find_spec("torchft") is None
 
 
-def check_fault_tolerance(cfg: dict, options: dict | None) -> None:
+def check_fault_tolerance(
+    cfg: dict, options: dict | None, launcher: dict | None = None, watchdog: dict | None = None
+) -> None:
     """What the driver refuses before any replica starts, each in one line: torchft absent, a
-    strategy, loader or optimizer setting the replica step does not keep exact."""
+    strategy, launcher, loader or optimizer setting the replica step does not keep exact, waits
+    for peers the hang watch would take for a hang (``launcher``: the parsed Ray launcher
+    options, None for local processes; ``watchdog``: the parsed hang watch)."""
     if options is None:
         return
+    _check_waits(options, watchdog)
     if torchft_missing():
         raise ConfigError("fault_tolerance", "needs torchft: pip install 'distributed-runner[ft]'")
     strategy = cfg.get("strategy")
@@ -104,21 +110,56 @@ def check_fault_tolerance(cfg: dict, options: dict | None) -> None:
             "fault_tolerance",
             "replica groups of FSDP/TP ranks (HSDP) are not built yet: use strategy='ddp'",
         )
-    launcher = cfg.get("launcher")
-    if launcher not in (None, "none") and not (
-        isinstance(launcher, dict) and launcher.get("type") == "none"
-    ):
-        raise ConfigError(
-            "launcher",
-            "fault_tolerance runs its replicas as local processes for now: set launcher='none' "
-            "(drun train starts the replicas and replaces a lost one)",
-        )
+    _check_launcher(launcher, int(options["replicas"]))
     _check_loader(cfg.get("train_dataloader"))
     optim = cfg.get("optim_wrapper")
     if isinstance(optim, dict) and int(optim.get("accumulative_counts", 1)) != 1:
         raise ConfigError(
             "optim_wrapper.accumulative_counts",
             "fault_tolerance steps once per global batch: raise batch_size or replicas instead",
+        )
+
+
+def _check_waits(options: dict, watchdog: dict | None) -> None:
+    """A replica waiting for a hung peer gives up a try after ``timeout`` / ``quorum_timeout``
+    and tries again, its hang watch counting afresh; the hung peer's own watchdog ends it after
+    ``hang_timeout``. So both waits are shorter than ``hang_timeout``: the hung one is evicted,
+    the waiting ones are not."""
+    if watchdog is None or not watchdog.get("enabled", True):
+        return
+    for key in ("timeout", "quorum_timeout"):
+        if options[key] >= watchdog["hang_timeout"]:
+            raise ConfigError(
+                f"fault_tolerance.{key}",
+                f"{options[key]:g} s is not below watchdog.hang_timeout "
+                f"({watchdog['hang_timeout']:g} s): a replica waiting for a hung peer would be "
+                f"called hung with it; lower it or raise hang_timeout",
+            )
+
+
+def _check_launcher(launcher: dict | None, replicas: int) -> None:
+    """On Ray each replica is one actor of the worker group, which drun (not Ray Train)
+    replaces: its size is the replicas', fixed, and Ray Train's restart count has no say."""
+    if launcher is None:
+        return
+    workers = launcher["num_workers"]
+    if isinstance(workers, tuple):
+        raise ConfigError(
+            "launcher.num_workers",
+            f"fault_tolerance keeps its global batch over a fixed number of replicas: set "
+            f"num_workers={replicas} (an elastic group resizes by restarts instead)",
+        )
+    if workers != replicas:
+        raise ConfigError(
+            "launcher.num_workers",
+            f"fault_tolerance on Ray runs one worker a replica: set num_workers={replicas} "
+            f"(fault_tolerance.replicas) or replicas={workers}",
+        )
+    if launcher["max_failures"]:
+        raise ConfigError(
+            "launcher.max_failures",
+            "a fault-tolerant run replaces a lost replica itself, without Ray Train's group "
+            "restart: set fault_tolerance.max_replacements instead",
         )
 
 

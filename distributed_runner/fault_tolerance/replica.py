@@ -30,11 +30,20 @@ import torch
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.fault_tolerance.events import ReplicaEvent
+from distributed_runner.health.heartbeat import HEARTBEAT
 
 SLOT_ENV = "DRUN_REPLICA"  # the launcher sets it: this process's replica slot
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name for the lighthouse's address
 REPLACEMENT_ENV = "DRUN_REPLACEMENT"  # "1": this process replaces a lost replica: it must heal
-NO_PEER_EXIT = 75  # a replacement's exit status when no live replica was left to heal from
+HOST_ENV = "DRUN_REPLICA_HOST"  # the address peers reach this replica at (the Ray launcher's)
+NO_PEER_EXIT = 76  # a replacement's exit status when no live replica was left to heal from
+# (75 is the watchdog's hang verdict, health/watchdog.py: the launchers tell the two apart)
+
+
+class NoQuorum(RuntimeError):
+    """The lighthouse gave no quorum within ``quorum_timeout``: a peer that still heartbeats
+    hangs (with 2 replicas one alone is no majority), or one is still joining. The step is
+    tried again; the hung peer's watchdog ends it, and the quorum forms without it."""
 
 
 class NoLivePeer(RuntimeError):
@@ -95,9 +104,13 @@ class ReplicaGroup:
                 "fault_tolerance.lighthouse",
                 f"no lighthouse address (set it, or {LIGHTHOUSE_ENV}; drun train starts one)",
             )
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # replicas on one machine
+        # where the peers reach this replica's store, manager and heal transport: its node's
+        # address on Ray (several machines), this machine's loopback for local processes
+        host = os.environ.get(HOST_ENV) or "localhost"
+        if host == "localhost":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         timeout = timedelta(seconds=opts["timeout"])
-        self._store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=load_state_dict,
@@ -109,11 +122,11 @@ class ReplicaGroup:
             connect_timeout=timeout,
             rank=0,
             world_size=1,
-            store_addr="localhost",
+            store_addr=host,
             store_port=self._store.port,
             lighthouse_addr=lighthouse,
             replica_id=f"drun_replica_{self.slot}",
-            hostname="localhost",
+            hostname=host,
             init_sync=False,
         )
         for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
@@ -159,7 +172,15 @@ class ReplicaGroup:
         """The slots in the quorum of the step at ``iteration`` (0-based) that train it (a
         replica that has just healed takes part from its next step: empty for it then)."""
         manager = self.manager
-        count = manager.num_participants()  # waits for the quorum
+        try:
+            with HEARTBEAT.peers():  # a hung peer is its own watchdog's: this one waits longer
+                count = manager.num_participants()  # waits for the quorum
+        except Exception as error:  # what torchft's call to the lighthouse raised
+            manager._quorum_future = None  # torchft 0.2's next start_quorum raises it again else
+            raise NoQuorum(
+                f"no quorum for iteration {iteration + 1} within fault_tolerance.quorum_timeout "
+                f"({self.options['quorum_timeout']:g} s): {type(error).__name__}: {error}"
+            ) from error
         if manager.current_step() != iteration:
             raise RuntimeError(
                 f"replica {self.slot} is at step {manager.current_step()} of the quorum "
@@ -178,12 +199,14 @@ class ReplicaGroup:
         and makes the step uncommitted; the tensor is then not to be used)."""
         from torch.distributed import ReduceOp
 
-        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        with HEARTBEAT.peers():
+            self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
 
     def commit(self) -> bool:
         """Whether every replica of the quorum finished the step (then the update is applied
         everywhere); a failed collective anywhere says no for all."""
-        return bool(self.manager.should_commit())
+        with HEARTBEAT.peers():
+            return bool(self.manager.should_commit())
 
     def shutdown(self) -> None:
         if self.manager is not None:

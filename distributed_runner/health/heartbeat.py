@@ -23,6 +23,7 @@ data       between iterations: the next batch, requests, epoch ends          han
 val        a whole validation                                                val
 checkpoint a save or its commit (RayReportHook's report included)            checkpoint
 teardown   after the loop: after_train, after_run, the last commit            checkpoint
+peers      a replica waits for its quorum or its sum (fault_tolerance)      2 x hang_timeout
 done       ``train()`` returned or raised: never watched                     —
 ========== ================================================================= ===============
 
@@ -30,7 +31,9 @@ Until its next iteration completes, a rank keeps the largest allowance of the sl
 through since its last one (``carry``): its peers may still be in them (rank 0 writing the
 checkpoint) and it waits for them in the next collective, which is not a hang. Never a false
 alarm comes before a tight bound: a validation right after a save is bounded by the larger of
-the two allowances.
+the two allowances. A replica of a fault-tolerant run waiting for its peers (``peers``) is allowed
+twice ``hang_timeout``: the peer that hung is judged by its own watchdog first, is evicted and
+replaced, and the waiting replica goes on without it.
 
 While a slow phase (or its carry) lasts, the process group's timeout is widened by the same
 amount (``collective_timeout + allowance - hang_timeout``) and narrowed again afterwards, so the
@@ -60,6 +63,7 @@ STEP, DATA, VAL, CHECKPOINT, TEARDOWN, DONE = (
     "teardown",
     "done",
 )
+PEERS = "peers"
 UNWATCHED = (IDLE, DONE)
 # phase -> its watchdog.phase_timeouts key (phases not listed use hang_timeout)
 SLOW_PHASES = {
@@ -78,6 +82,8 @@ def allowance(phase: str, carry: str | None, settings: dict) -> tuple[float, str
     their messages share: the largest of ``watchdog.hang_timeout`` and the
     ``watchdog.phase_timeouts`` entry of ``phase`` or ``carry`` when either is a slow phase."""
     limit, key = settings["hang_timeout"], "watchdog.hang_timeout"
+    if phase == PEERS:  # the hung peer's own watchdog speaks first (module docstring)
+        limit, key = 2 * limit, "2 x watchdog.hang_timeout, waiting for its replica peers"
     for name in (phase, carry):
         if name in SLOW_PHASES:
             seconds = settings["phase_timeouts"][SLOW_PHASES[name]]
@@ -149,6 +155,17 @@ class Heartbeat:
         finally:
             self.phase, self.t = before, monotonic()
             self._fit_group_timeout()
+
+    @contextlib.contextmanager
+    def peers(self) -> Iterator[None]:
+        """A replica waiting for its quorum or its sum (:data:`PEERS`), then back in the phase
+        it was in, counted from now (hot path: no group timeout to adjust, replicas have none)."""
+        before = self.phase
+        self.phase, self.t = PEERS, monotonic()
+        try:
+            yield
+        finally:
+            self.phase, self.t = before, monotonic()
 
     def read(self) -> dict[str, Any]:
         """What a watcher needs; ``age``: seconds since the rank last made progress."""

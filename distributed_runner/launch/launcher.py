@@ -24,6 +24,8 @@ Train ``TorchTrainer`` whose workers each build the Runner from the plain config
   submit`` package folder go under ``$DRUN_WORK_ROOT`` (``~/drun``).
 * ``max_failures``: how many times Ray restarts the worker group after a worker dies; each restart
   resumes exactly from the last checkpoint Ray holds.
+* With ``fault_tolerance`` the workers are replica actors, not a Ray Train group: a lost one is
+  replaced alone (:mod:`distributed_runner.launch.ray_replicas`).
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ class RayLauncher:
         print(
             f"distributed-runner on Ray: {self.workers_text()}"
             f"{' with GPUs' if self.opts['use_gpu'] else ''} | run {self.run_dir} | Ray "
-            f"storage {self.storage_path}/{self.name}{self._mlflow_note()}",
+            f"storage {self.storage_path}/{self.name}{self.mlflow_note()}",
             flush=True,
         )
         control = RunControl(f"drun-control-{self.name}-{os.getpid()}-{time.time_ns()}")
@@ -295,6 +297,10 @@ class RayLauncher:
         ``drun`` prints it as its one line and exits 2, as for a mistake the driver finds."""
         from ray.train import TrainingFailedError
 
+        if self.settings.fault_tolerance is not None:  # replica actors, replaced alone
+            from distributed_runner.launch.ray_replicas import train_on_ray
+
+            return train_on_ray(self)
         try:
             self.fit()
         except TrainingFailedError as e:
@@ -328,7 +334,7 @@ class RayLauncher:
                 return tracking_uri(spec.get("tracking_uri"), self.work_dir)
         return None
 
-    def _mlflow_note(self) -> str:
+    def mlflow_note(self) -> str:
         """`` | MLflow <uri>`` (its password redacted) when the logger has an MLflow sink."""
         uri = self.mlflow_uri()
         return f" | MLflow {redact_url(uri)}" if uri else ""

@@ -1,10 +1,16 @@
-"""The local launcher of a fault-tolerant run: a lighthouse, one process a replica, replacements.
+"""The launcher of a fault-tolerant run: a lighthouse, one process a replica, replacements.
 
 ``drun train cfg.py`` with ``fault_tolerance=dict(mode='replicas', replicas=N, ...)`` and
 ``launcher='none'`` comes here: this process runs torchft's lighthouse and starts the ``N``
 replica processes (slot ``s`` in ``DRUN_REPLICA``). When one dies, the others go on with the
 quorum they have (distributed_runner/fault_tolerance) and this process starts a replacement for
 its slot, which heals from a live peer: no other process restarts and no checkpoint is loaded.
+On Ray the same launcher runs on the driver with Ray actors for processes
+(launch/ray_replicas.py: ``spawner``).
+
+A replica that hangs is ended by its own watchdog (health/watchdog.py: exit 75) and replaced as
+a killed one is; the replicas waiting for it try each step again until it is gone (the driver
+keeps their waits below ``watchdog.hang_timeout``, so only the hung one is called hung).
 
 When too few remain to commit a step (fewer than ``min_replicas`` alive) or the replacements are
 used up, it falls back to the restart every run has: all replicas stopped and started again
@@ -42,6 +48,7 @@ from distributed_runner.fault_tolerance.replica import (
     SLOT_ENV,
     NoLivePeer,
 )
+from distributed_runner.health.watchdog import HANG_EXIT_CODE, HANGS_DIR
 
 logger = logging.getLogger("distributed_runner.replicas")
 POLL_S = 0.05
@@ -70,10 +77,48 @@ def replica_main(cfg_file: str) -> None:
         sys.exit(NO_PEER_EXIT)
 
 
-class ReplicaLauncher:
-    """Starts the replicas and keeps their slots filled (module docstring)."""
+class LocalProcesses:
+    """Replicas as child processes of this one, on this machine (``launcher='none'``)."""
 
-    def __init__(self, cfg: dict) -> None:
+    where = "local processes"
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self._files = tempfile.TemporaryDirectory(prefix="drun-replicas-")
+        self._count = 0
+
+    def host(self) -> str:
+        """Where the replicas reach the lighthouse this process runs."""
+        return "localhost"
+
+    def spawn(self, slot: int, cfg: dict, env: dict[str, str]) -> Any:
+        """Replica ``slot``'s process (a ``subprocess.Popen``: poll, kill, wait, pid)."""
+        self._count += 1
+        cfg_file = Path(self._files.name) / f"replica_{slot}_{self._count}.pkl"
+        cfg_file.write_bytes(pickle.dumps(cfg))
+        env = {**os.environ, **env}
+        # the machine's cores shared out, as torchrun and Ray do (else each replica's torch takes
+        # them all and the replicas slow each other down); the user's setting wins
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.replicas)))
+        # the modules this process imports from (the user's folder, custom_imports) stay importable
+        paths = [p for p in sys.path if p and Path(p).is_dir()]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        return subprocess.Popen(
+            [sys.executable, "-m", "distributed_runner.launch.replicas", str(cfg_file)], env=env
+        )
+
+    def describe(self, code: int) -> str:
+        return f"exit {code}"
+
+    def close(self) -> None:
+        self._files.cleanup()
+
+
+class ReplicaLauncher:
+    """Starts the replicas and keeps their slots filled (module docstring); ``spawner`` starts
+    each replica (:class:`LocalProcesses`, or Ray actors: launch/ray_replicas.py)."""
+
+    def __init__(self, cfg: dict, spawner: Any = None) -> None:
         settings = settings_of(cfg)
         options = (
             settings.fault_tolerance
@@ -90,28 +135,22 @@ class ReplicaLauncher:
         self.cfg["work_dir"] = str(Path(self.cfg["work_dir"]).expanduser().resolve())
         self.resume = self.cfg.get("resume", False)
         self.run_name = choose_run(self.cfg["work_dir"], self.cfg.get("run_name"), self.resume)
-        self._files = tempfile.TemporaryDirectory(prefix="drun-replicas-")
+        self.spawner = spawner or LocalProcesses(int(options["replicas"]))
         self.procs: dict[int, Any] = {}
         self.replacements = self.restarts = 0
-        self.pids: dict[int, list[int]] = {}  # every process each slot had, in order
+        self.started: dict[int, list[Any]] = {}  # every process each slot had, in order
+
+    @property
+    def pids(self) -> dict[int, list[int]]:
+        """Every process id each slot had, in order."""
+        return {slot: [proc.pid for proc in procs] for slot, procs in self.started.items()}
 
     def start(self, slot: int, resume: Any) -> None:
-        cfg_file = Path(self._files.name) / f"replica_{slot}_{len(self.pids.get(slot, []))}.pkl"
-        cfg_file.write_bytes(pickle.dumps(replica_config(self.cfg, slot, self.run_name, resume)))
-        env = {**os.environ, SLOT_ENV: str(slot), LIGHTHOUSE_ENV: self.address}
+        env = {SLOT_ENV: str(slot), LIGHTHOUSE_ENV: self.address}
         env[REPLACEMENT_ENV] = "1" if resume is None else ""
-        # the machine's cores shared out, as torchrun and Ray do (else each replica's torch takes
-        # them all and the replicas slow each other down); the user's setting wins
-        cores = max(1, (os.cpu_count() or 1) // int(self.options["replicas"]))
-        env.setdefault("OMP_NUM_THREADS", str(cores))
-        # the modules this process imports from (the user's folder, custom_imports) stay importable
-        paths = [p for p in sys.path if p and Path(p).is_dir()]
-        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "distributed_runner.launch.replicas", str(cfg_file)], env=env
-        )
+        proc = self.spawner.spawn(slot, replica_config(self.cfg, slot, self.run_name, resume), env)
         self.procs[slot] = proc
-        self.pids.setdefault(slot, []).append(proc.pid)
+        self.started.setdefault(slot, []).append(proc)
 
     def run(self) -> int:
         """Train to the end; 0 when every replica finished."""
@@ -126,7 +165,7 @@ class ReplicaLauncher:
             join_timeout_ms=int(opts["join_timeout"] * 1000),
             heartbeat_timeout_ms=int(opts["heartbeat_timeout"] * 1000),
         )
-        self.address = self._lighthouse.address().replace("[::]", "localhost")
+        self.address = self._lighthouse.address().replace("[::]", self.spawner.host())
         try:
             for slot in range(int(opts["replicas"])):
                 self.start(slot, self.resume)
@@ -134,25 +173,46 @@ class ReplicaLauncher:
         finally:
             self._stop_all()
             self._lighthouse.shutdown()
-            self._files.cleanup()
+            self.spawner.close()
 
     def _watch(self) -> int:
         """Until a replica finishes (all hold the run's state: the run is done), replacing
         the lost ones; the others then get ``timeout`` seconds to finish their last step."""
         while True:
             time.sleep(POLL_S)
-            for slot, proc in list(self.procs.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
+            ended = self._first_ended()
+            if ended is None:
+                continue
+            slot, proc, code = ended
+            if code == 0:
+                return self._finish()
+            if code > 0 and code not in (NO_PEER_EXIT, HANG_EXIT_CODE):
+                error = getattr(proc, "error", None)  # a Ray actor's, pickled back
+                if isinstance(error, ConfigError):
+                    raise error  # drun's one line, as for a mistake the driver finds
+                logger.error("replica %d failed (exit status %s): stopping the run", slot, code)
+                return code  # it raised: its log says why, a replacement would raise again
+            if not self._replace(slot, self._ended(code), healable=code != NO_PEER_EXIT):
+                return 1
+
+    def _first_ended(self) -> tuple[int, Any, int] | None:
+        """(slot, process, exit status) of a replica that ended, taken out of the live ones;
+        one at a time, as what is done about it (a restart) may replace them all."""
+        for slot, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
                 del self.procs[slot]
-                if code == 0:
-                    return self._finish()
-                if code > 0 and code != NO_PEER_EXIT:  # it raised: its log says why
-                    logger.error("replica %d failed (exit status %s): stopping the run", slot, code)
-                    return code
-                if not self._replace(slot, code):
-                    return 1
+                return slot, proc, code
+        return None
+
+    def _ended(self, code: int) -> str:
+        """How a replica that is to be replaced ended, for the log line."""
+        if code == HANG_EXIT_CODE:  # the hang watch's verdict: evicted, not waited for
+            return (
+                f"hung (the watchdog's verdict after watchdog.hang_timeout; its stacks are in "
+                f"its run folder's {HANGS_DIR}/)"
+            )
+        return f"died ({self.spawner.describe(code)})"
 
     def _finish(self) -> int:
         deadline = time.monotonic() + float(self.options["timeout"])
@@ -164,28 +224,31 @@ class ReplicaLauncher:
         self.procs.clear()
         return 0
 
-    def _replace(self, slot: int, code: int) -> bool:
-        """A replacement for ``slot``, or the fallback restart; False when neither is left."""
+    def _replace(self, slot: int, ended: str, healable: bool = True) -> bool:
+        """A replacement for ``slot``, or the fallback restart; False when neither is left
+        (``healable``: False when it was a replacement that found no live peer to heal from)."""
         alive = len(self.procs)
         why = None
-        if alive < int(self.options["min_replicas"]):
+        if not healable:
+            why = "no live replica was left to heal from"
+        elif alive < int(self.options["min_replicas"]):
             why = f"{alive} replica(s) left, fewer than min_replicas={self.options['min_replicas']}"
         elif self.replacements >= int(self.options["max_replacements"]):
             why = f"{self.replacements} replacements used (fault_tolerance.max_replacements)"
         if why is None:
             self.replacements += 1
-            logger.warning("replica %d died (exit %s): starting a replacement", slot, code)
+            logger.warning("replica %d %s: starting a replacement", slot, ended)
             self.start(slot, None)  # a replacement: it heals from a live peer, not from a file
             return True
         if self.restarts >= int(self.options["max_replacements"]):
-            logger.error("replica %d died (exit %s) and %s: giving up", slot, code, why)
+            logger.error("replica %d %s and %s: giving up", slot, ended, why)
             return False
         self.restarts += 1
         logger.warning(
-            "fault_tolerance: replica %d died (exit %s) and %s: restarting every replica from "
-            "the newest checkpoint",
+            "fault_tolerance: replica %d %s and %s: restarting every replica from the newest "
+            "checkpoint",
             slot,
-            code,
+            ended,
             why,
         )
         self._stop_all()

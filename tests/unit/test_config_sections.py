@@ -45,19 +45,39 @@ def user_folder(tmp_path_factory):
 def test_every_example_config_passes_the_ray_drivers_checks(name, user_folder, monkeypatch,
                                                            capsys):
     monkeypatch.chdir(user_folder)
-    replicas = "_ft" in name  # fault tolerance: its own replica processes, not Ray's (yet)
-    where = [] if replicas else ["--launcher", "ray", "--num-workers", "2"]
-    code = main(["check", str(ROOT / "configs" / name), *where,
+    replicas = "_ft" in name  # fault tolerance: a Ray actor a replica
+    code = main(["check", str(ROOT / "configs" / name), "--launcher", "ray", "--num-workers", "2",
                  "--work-dir", str(user_folder / "work_dirs")])
     out, err = capsys.readouterr()
     assert code == 0, err
+    assert "the driver's checks pass for 2 Ray worker(s)" in out
     if replicas:
         assert "2 replicas x batch 16 x 1 accumulation = global batch 32" in out
         assert "2 replica groups, a step commits with at least 1" in out
-    else:
-        assert "the driver's checks pass for 2 Ray worker(s)" in out
     assert "built on the meta device" in out, out  # the model was built, not only resolved
     assert "mesh" in out and "hooks" in out and "train_dataloader" in out
+
+
+def test_the_fault_tolerance_pages_ray_config_passes_the_ray_drivers_checks(
+        user_folder, tmp_path, monkeypatch, capsys):
+    """docs/how-to/fault-tolerance.md's Ray form, beside the example configs it builds on."""
+    import shutil
+
+    from tests.docs_blocks import docs_block
+
+    folder = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", folder)
+    (folder / "digits_cnn_ft_ray.py").write_text(docs_block("fault-tolerance-ray"))
+    monkeypatch.chdir(user_folder)
+    code = main(["check", str(folder / "digits_cnn_ft_ray.py"), "--work-dir", str(tmp_path / "w")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "the driver's checks pass for 2 Ray worker(s)" in out
+    assert "2 replica groups, a step commits with at least 1" in out
+    code = main(["check", str(folder / "digits_cnn_ft_ray.py"), "--num-workers", "3"])
+    assert code == 2
+    assert "launcher.num_workers: fault_tolerance on Ray runs one worker a replica: set " \
+        "num_workers=2" in capsys.readouterr().err
 
 
 def test_the_check_prints_the_mesh_the_data_and_the_checkpoint_layout(user_folder, monkeypatch,

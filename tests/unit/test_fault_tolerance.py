@@ -105,7 +105,11 @@ def test_a_wrong_fault_tolerance_option_is_one_line_naming_it(spec, key):
 
 @pytest.mark.parametrize(("change", "key", "words"), [
     (dict(strategy=dict(type="fsdp")), "fault_tolerance", "HSDP"),
-    (dict(launcher=dict(type="ray", num_workers=2)), "launcher", "local processes"),
+    (dict(launcher=dict(type="ray", num_workers=3)), "launcher.num_workers",
+     "set num_workers=2"),
+    (dict(launcher=dict(type="ray", num_workers=(1, 2))), "launcher.num_workers", "elastic"),
+    (dict(launcher=dict(type="ray", num_workers=2, max_failures=3)), "launcher.max_failures",
+     "fault_tolerance.max_replacements"),
     (dict(optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), accumulative_counts=2)),
      "optim_wrapper.accumulative_counts", "once per global batch"),
 ])
@@ -114,6 +118,7 @@ def test_the_driver_refuses_what_the_replicas_cannot_keep_exact(tmp_path, change
     with pytest.raises(ConfigError) as caught:
         validate_config(bad)
     assert caught.value.key == key and words in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_the_driver_checks_a_fault_tolerant_config_and_says_what_it_runs(tmp_path):
@@ -192,6 +197,45 @@ def test_too_few_replicas_left_falls_back_to_the_restart_with_its_line(
     starts = [r["iter"] for r in diary(work) if r["kind"] == "start"]
     assert sorted(starts) == [0, 0, 9, 9]  # the second pair resumed epoch_1.pth
     assert close(final_weights(work / launcher.run_name), one_process) < 1e-5
+
+
+@pytest.mark.slow("two replica processes, one hung until its watchdog ends it")
+def test_a_hung_replica_is_evicted_by_its_watchdog_and_replaced_while_the_other_goes_on(
+    tmp_path, one_process, caplog
+):
+    """Replica 1 sleeps at iteration 5 (it still heartbeats to the lighthouse, so replica 0
+    alone has no quorum): replica 0 tries again each quorum_timeout, its hang watch counting
+    afresh; replica 1's watchdog ends it after hang_timeout (exit 75), the launcher replaces it
+    and replica 0 goes on in its own process."""
+    work = tmp_path / "ft"
+    run_cfg = cfg(work, pace=0.05, timeout=2.0, quorum_timeout=2.0)
+    run_cfg["custom_hooks"].append(dict(type="HangReplica", slot=1, at=5, marker=f"{work}.hung"))
+    run_cfg["watchdog"] = dict(hang_timeout=5.0)
+    launcher = ReplicaLauncher(prepare_config(run_cfg)[0])
+    with caplog.at_level("WARNING", logger="distributed_runner.replicas"):
+        assert launcher.run() == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "distributed_runner.replicas"]
+    assert lines == ["replica 1 hung (the watchdog's verdict after watchdog.hang_timeout; its "
+                     "stacks are in its run folder's hangs/): starting a replacement"]
+    assert list(map(len, launcher.pids.values())) == [1, 2]  # replica 0 never restarted
+    records = diary(work)
+    start, done = iterations(records, launcher.pids[0][0])
+    assert done == list(range(start, EPOCHS * 9))  # every step once, to the end
+    lost = [(r["slots"], r["iter"], r["seconds"]) for r in records if r["kind"] == "lost"]
+    assert [(slots, at) for slots, at, _ in lost] == [([1], 4)] and lost[0][2] > 5.0
+    assert list((work / "replicas" / "1" / launcher.run_name / "hangs").glob("rank0-*.txt"))
+    healed, done_one = iterations(records, launcher.pids[1][1])
+    assert 5 < healed and done_one == list(range(healed, EPOCHS * 9))
+    assert close(final_weights(work / launcher.run_name), one_process) < 1e-5
+
+
+def test_waits_for_peers_longer_than_the_hang_watch_are_refused_in_one_line(tmp_path):
+    bad = {**cfg(tmp_path / "w", quorum_timeout=400.0)}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(bad)
+    assert caught.value.key == "fault_tolerance.quorum_timeout"
+    assert "watchdog.hang_timeout (300 s)" in str(caught.value) and "\n" not in str(caught.value)
+    validate_config({**bad, "watchdog": dict(enabled=False)})  # no hang watch: no conflict
 
 
 def test_the_docs_config_is_the_example_config_and_its_hook_pages_a_lost_replica(tmp_path):

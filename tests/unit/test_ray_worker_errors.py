@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -131,6 +132,7 @@ def test_a_worker_error_without_a_record_and_a_controller_error():
 def test_a_config_error_on_any_worker_is_what_train_raises(tmp_path, capsys):
     launcher = RayLauncher.__new__(RayLauncher)  # what train() reads, no config to check
     launcher.cfg, launcher.work_dir, launcher.run_name = {}, tmp_path, "run1"
+    launcher.settings = SimpleNamespace(fault_tolerance=None)  # a Ray Train run, not replicas
     now = time.time()
     mistake = recorded_at(tmp_path, ConfigError("model.shards", "3 shards"), now + 1, 1)
     other = recorded_at(tmp_path, RuntimeError("Connection closed by peer"), now, 0)
