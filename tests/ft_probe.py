@@ -13,18 +13,28 @@ import tests.toy  # noqa: F401 - the toy models and data sets, registered in the
 from hooks import HOOKS, Hook
 
 
+def whole(runner) -> bool:
+    """Whether this replica has committed a step with every slot in the quorum (so a failure
+    now is one every replica of the run sees: the start-up's late joiner has joined)."""
+    try:
+        return runner.message_hub.get_scalar("train/replicas").current() == runner.replicas.replicas
+    except KeyError:
+        return False
+
+
 @HOOKS.register_module(force=True)
 class KillReplica(Hook):
-    """SIGKILL this process in ``before_train_iter`` of iteration ``at`` (1-based) when it is
-    replica ``slot``, once: the marker file says it happened."""
+    """SIGKILL this process in ``before_train_iter`` of the first iteration from ``at``
+    (1-based) when it is replica ``slot`` and the quorum has been whole, once: the marker file
+    says it happened ("pid iteration")."""
 
     def __init__(self, slot: int, at: int, marker: str) -> None:
         self.slot, self.at, self.marker = slot, at, Path(marker)
 
     def before_train_iter(self, runner, batch_idx=None, data_batch=None) -> None:
-        if runner.replicas.slot == self.slot and runner.iter + 1 == self.at:
+        if runner.replicas.slot == self.slot and runner.iter + 1 >= self.at and whole(runner):
             if not self.marker.exists():
-                self.marker.write_text(str(os.getpid()))
+                self.marker.write_text(f"{os.getpid()} {runner.iter + 1}")
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -115,14 +125,15 @@ class KillAfterRejoin(Hook):
 @HOOKS.register_module(force=True)
 class HangReplica(Hook):
     """Sleeps (a hang that leaves the GIL free: a stuck read, a peer that never answers) in
-    ``before_train_iter`` of iteration ``at`` (1-based) when it is replica ``slot``, once per
-    marker file: its watchdog is what ends it."""
+    ``before_train_iter`` of the first iteration from ``at`` (1-based) when it is replica
+    ``slot`` and the quorum has been whole, once per marker file ("pid iteration"): its
+    watchdog is what ends it."""
 
     def __init__(self, slot: int, at: int, marker: str) -> None:
         self.slot, self.at, self.marker = slot, at, Path(marker)
 
     def before_train_iter(self, runner, batch_idx=None, data_batch=None) -> None:
-        if runner.replicas.slot == self.slot and runner.iter + 1 == self.at:
+        if runner.replicas.slot == self.slot and runner.iter + 1 >= self.at and whole(runner):
             if not self.marker.exists():
-                self.marker.write_text(str(os.getpid()))
+                self.marker.write_text(f"{os.getpid()} {runner.iter + 1}")
                 time.sleep(3600)

@@ -162,7 +162,8 @@ class ReplicaStep(GuardedStep):
         the scalars, and given to the hooks (``after_replica_change``)."""
         if not present:  # a replica's first step after it healed: it is counted from the next
             return
-        runner, known, self._known = self.runner, self._known, present
+        known = self._known if self._known is not None else self.group.joined_slots
+        runner, self._known = self.runner, present
         runner.message_hub.update_scalar("train/replicas", float(len(present)))
         if known is None or known == present:
             return

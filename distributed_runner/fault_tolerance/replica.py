@@ -87,6 +87,9 @@ class ReplicaGroup:
         self.replicas = int(options["replicas"])
         self.manager: Any = None
         self._quorum_open = False  # join() took the quorum of the step to come
+        # the slots of the quorum a healed replica joined, when it was whole (its first counted
+        # step may already miss one: that is a loss to report, engine/replica_step.py)
+        self.joined_slots: set[int] | None = None
         self._store: Any = None
 
     def start(
@@ -153,12 +156,10 @@ class ReplicaGroup:
                     f"alone at step {done}: no live replica was left to heal from"
                 )
             return None
+        count = manager.num_participants() + 1  # itself: counted from the next step
+        self.joined_slots = set(range(self.replicas)) if count == self.replicas else None
         return ReplicaEvent(
-            "joined",
-            (self.slot,),
-            manager.current_step(),
-            time.monotonic() - began,
-            manager.num_participants() + 1,  # itself: counted from the next step
+            "joined", (self.slot,), manager.current_step(), time.monotonic() - began, count
         )
 
     def start_step(self) -> None:

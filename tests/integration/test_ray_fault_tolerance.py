@@ -18,6 +18,7 @@ from tests.unit.test_fault_tolerance import (
     diary,
     final_weights,
     iterations,
+    killed_at,
     one_process,  # noqa: F401 - the fixture: the same run in one process
 )
 
@@ -29,7 +30,7 @@ pytestmark = [
 
 
 def ray_cfg(work, **ft) -> dict:
-    out = cfg(work, kill=(1, 5), pace=0.25, **ft)
+    out = cfg(work, kill=(1, 5), pace=0.5, **ft)  # slow until the kills are over: actors start slowly under load
     out["launcher"] = dict(type="ray", num_workers=2)
     return out
 
@@ -65,10 +66,11 @@ def test_on_ray_a_killed_replica_actor_is_replaced_alone_and_the_weights_stay_ex
     start, done = iterations(records, zero[0])  # the first replica 0: never restarted
     assert start <= 3 and done == list(range(start, done[-1] + 1))  # a peer may start first
     lost = [(r["slots"], r["iter"]) for r in records if r["pid"] == zero[0] and r["kind"] == "lost"]
-    assert lost == [([1], 4)]  # iteration 5 (0-based 4): trained again without replica 1
+    at = killed_at(f"{work}.killed")  # 5, or later when replica 1 joined late
+    assert lost == [([1], at - 1)]  # that iteration (0-based) trained again without replica 1
     assert [r for r in records if r["pid"] == one[1]] == []  # killed while it healed
     healed_one, done_one = iterations(records, one[2])
-    assert 5 < healed_one and done_one == list(range(healed_one, total))  # no checkpoint: no replay
+    assert at < healed_one and done_one == list(range(healed_one, total))  # no checkpoint: no replay
     healed_zero, done_zero = iterations(records, zero[1])
     assert done[-1] < healed_zero and done_zero == list(range(healed_zero, total))
     weights_zero = final_weights(work / replicas.run_name)
