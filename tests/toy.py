@@ -179,6 +179,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each socket is held until all are chosen (separate
+    :func:`free_port` calls may return one port twice, as a CI run found: Ray refused a head
+    whose dashboard and agent were given the same port)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 @contextlib.contextmanager
 def gloo_rank(rank: int, port: int, world_size: int = 2, hang_s: float = 240) -> Iterator[None]:
     """Inside ``mp.spawn``'s worker: this process as ``rank`` of a local gloo group, one thread

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.toy import free_port
+from tests.toy import free_ports
 
 PORT_VARIABLES = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT", "RAY_AGENT_GRPC_PORT",
                   "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_EXPORT_PORT")
@@ -14,8 +14,9 @@ PORT_VARIABLES = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT", "RA
 def head_env(temp: Path, **settings: str) -> dict[str, str]:
     """``os.environ`` with ``RAY_TEMP_DIR=temp`` (short: Ray's socket paths have a limit), a free
     port for each of :data:`PORT_VARIABLES`, a 5 s stop grace, no usage stats, and ``settings``."""
-    env = dict(os.environ, RAY_TEMP_DIR=str(temp), STOP_GRACE_S="5",
-               RAY_USAGE_STATS_ENABLED="0", **{name: str(free_port()) for name in PORT_VARIABLES})
+    ports = free_ports(len(PORT_VARIABLES))  # distinct: Ray refuses a port given twice
+    env = dict(os.environ, RAY_TEMP_DIR=str(temp), STOP_GRACE_S="5", RAY_USAGE_STATS_ENABLED="0",
+               **{name: str(port) for name, port in zip(PORT_VARIABLES, ports, strict=True)})
     env.pop("RAY_ADDRESS", None)
     env.update(settings)
     return env
