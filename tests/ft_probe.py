@@ -35,7 +35,10 @@ class KillReplica(Hook):
         if runner.replicas.slot == self.slot and runner.iter + 1 >= self.at and whole(runner):
             if not self.marker.exists():
                 self.marker.write_text(f"{os.getpid()} {runner.iter + 1}")
-                os.kill(os.getpid(), signal.SIGKILL)
+                self.fail()
+
+    def fail(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @HOOKS.register_module(force=True)
@@ -123,17 +126,9 @@ class KillAfterRejoin(Hook):
 
 
 @HOOKS.register_module(force=True)
-class HangReplica(Hook):
-    """Sleeps (a hang that leaves the GIL free: a stuck read, a peer that never answers) in
-    ``before_train_iter`` of the first iteration from ``at`` (1-based) when it is replica
-    ``slot`` and the quorum has been whole, once per marker file ("pid iteration"): its
-    watchdog is what ends it."""
+class HangReplica(KillReplica):
+    """:class:`KillReplica`'s moment and marker, but it sleeps (a hang that leaves the GIL free:
+    a stuck read, a peer that never answers): its watchdog is what ends it."""
 
-    def __init__(self, slot: int, at: int, marker: str) -> None:
-        self.slot, self.at, self.marker = slot, at, Path(marker)
-
-    def before_train_iter(self, runner, batch_idx=None, data_batch=None) -> None:
-        if runner.replicas.slot == self.slot and runner.iter + 1 >= self.at and whole(runner):
-            if not self.marker.exists():
-                self.marker.write_text(f"{os.getpid()} {runner.iter + 1}")
-                time.sleep(3600)
+    def fail(self) -> None:
+        time.sleep(3600)

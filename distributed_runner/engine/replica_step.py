@@ -107,8 +107,7 @@ class ReplicaStep(GuardedStep):
                 runner.logger.warning("%s: trying again", error)
             if committed is not None:
                 return committed
-            runner.optim_wrapper.zero_grad()  # its waits for peers were not hangs: they
-            # are the peers phase (health/heartbeat.py), whose end restarts the hang watch's count
+            runner.optim_wrapper.zero_grad()
 
     def try_step(self, data_batch: Any, sizes: list[int], began: float) -> dict | None:
         """One try at the global batch: the outputs when the quorum committed it, else None."""

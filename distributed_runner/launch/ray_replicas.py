@@ -41,10 +41,12 @@ def _replica_actor() -> Any:
         def pid(self) -> int:
             return os.getpid()
 
-        def train(self, cfg: dict, env: dict[str, str]) -> int:
+        def train(self, cfg: dict, env: dict[str, str], forwarded: dict[str, str]) -> int:
+            """``forwarded``: the driver's MLFLOW_*/WANDB_*, passed by reference (Ray resolves
+            it here: it is in no task's arguments as text)."""
             from distributed_runner.engine.runner import Runner
 
-            os.environ.update(env)
+            os.environ.update({**forwarded, **env})
             os.environ[HOST_ENV] = ray.util.get_node_ip_address()
             try:
                 Runner.from_cfg(cfg).train()
@@ -153,12 +155,7 @@ class RayActors:
             runtime_env={"env_vars": {"RUST_LOG": os.environ.get("RUST_LOG", "warn")}},
         ).remote()
         pid = actor.pid.remote()  # the actor runs its calls in order: this one first
-        return ActorReplica(actor, actor.train.remote(cfg, {**env, **self._env()}), pid)
-
-    def _env(self) -> dict[str, str]:
-        import ray
-
-        return dict(ray.get(self.env)) if self.env is not None else {}
+        return ActorReplica(actor, actor.train.remote(cfg, env, self.env), pid)
 
     def describe(self, code: int) -> str:
         return "its Ray actor died" if code == ACTOR_DIED else f"exit {code}"

@@ -6,19 +6,14 @@ actors, a real lighthouse, real SIGKILLs, through the Ray driver's checks."""
 import importlib.util
 
 import pytest
-import torch
 
 from distributed_runner.launch.launcher import RayLauncher
 from distributed_runner.launch.ray_replicas import RayActors
 from distributed_runner.launch.replicas import ReplicaLauncher
 from tests.unit.test_fault_tolerance import (
-    EPOCHS,
     cfg,
-    close,
-    diary,
-    final_weights,
-    iterations,
-    killed_at,
+    check_killed_in_turn,
+    killed_in_turn,
     one_process,  # noqa: F401 - the fixture: the same run in one process
 )
 
@@ -40,14 +35,7 @@ def test_on_ray_a_killed_replica_actor_is_replaced_alone_and_the_weights_stay_ex
     ray_cluster, tmp_path, one_process, monkeypatch  # noqa: F811
 ):
     work = tmp_path / "ft"
-    run_cfg = ray_cfg(work)
-    markers = [f"{work}.killed", f"{work}.healing", f"{work}.rejoined"]
-    run_cfg["custom_hooks"] += [
-        dict(type="KillWhileHealing", slot=1, marker=markers[1]),
-        dict(type="KillAfterRejoin", slot=0, marker=markers[2]),
-        dict(type="MarkWhenWhole", markers=markers, path=f"{work}.whole"),
-    ]
-    run_cfg["custom_hooks"][1]["until"] = f"{work}.whole"  # Pace: fast once the kills are over
+    run_cfg = killed_in_turn(ray_cfg(work))
     seen: list[ReplicaLauncher] = []
     original = ReplicaLauncher.run
 
@@ -60,22 +48,4 @@ def test_on_ray_a_killed_replica_actor_is_replaced_alone_and_the_weights_stay_ex
     assert launcher.train() == 0
     (replicas,) = seen
     assert isinstance(replicas.spawner, RayActors)
-    records, total = diary(work), EPOCHS * 9
-    zero, one = replicas.pids[0], replicas.pids[1]
-    assert (len(zero), len(one)) == (2, 3)  # killed: 0 once, 1 twice (its first replacement too)
-    start, done = iterations(records, zero[0])  # the first replica 0: never restarted
-    assert start <= 3 and done == list(range(start, done[-1] + 1))  # a peer may start first
-    lost = [(r["slots"], r["iter"]) for r in records if r["pid"] == zero[0] and r["kind"] == "lost"]
-    at = killed_at(f"{work}.killed")  # 5, or later when replica 1 joined late
-    assert lost == [([1], at - 1)]  # that iteration (0-based) trained again without replica 1
-    assert [r for r in records if r["pid"] == one[1]] == []  # killed while it healed
-    healed_one, done_one = iterations(records, one[2])
-    assert at < healed_one and done_one == list(range(healed_one, total))  # no checkpoint: no replay
-    healed_zero, done_zero = iterations(records, zero[1])
-    assert done[-1] < healed_zero and done_zero == list(range(healed_zero, total))
-    weights_zero = final_weights(work / replicas.run_name)
-    weights_one = final_weights(work / "replicas" / "1" / replicas.run_name)
-    for key, value in weights_zero.items():
-        assert torch.equal(value, weights_one[key]), key
-    assert close(weights_zero, one_process) < 1e-5  # every sample once: one process's weights
-
+    check_killed_in_turn(work, replicas, one_process)

@@ -155,21 +155,34 @@ def test_replicas_killed_in_turn_cost_a_step_each_and_the_weights_stay_those_of_
     state, then, once its second replacement is in the quorum, replica 0 killed: no process
     restarts but the killed ones, none loads a checkpoint, every step is committed once."""
     work = tmp_path / "ft"
-    run_cfg = cfg(work, kill=(1, 5), pace=0.25)
+    launcher = ReplicaLauncher(prepare_config(killed_in_turn(cfg(work, kill=(1, 5), pace=0.25)))[0])
+    assert launcher.run() == 0
+    check_killed_in_turn(work, launcher, one_process)
+
+
+def killed_in_turn(run_cfg: dict) -> dict:
+    """``run_cfg`` (with its KillReplica of slot 1) with the rest of the scenario: replica 1's
+    first replacement killed while it heals, replica 0 killed once the quorum is whole again,
+    and Pace fast once the kills are over."""
+    work = Path(run_cfg["work_dir"])
     markers = [f"{work}.killed", f"{work}.healing", f"{work}.rejoined"]
     run_cfg["custom_hooks"] += [
         dict(type="KillWhileHealing", slot=1, marker=markers[1]),
         dict(type="KillAfterRejoin", slot=0, marker=markers[2]),
         dict(type="MarkWhenWhole", markers=markers, path=f"{work}.whole"),
     ]
-    run_cfg["custom_hooks"][1]["until"] = f"{work}.whole"  # Pace: fast once the kills are over
-    launcher = ReplicaLauncher(prepare_config(run_cfg)[0])
-    assert launcher.run() == 0
+    run_cfg["custom_hooks"][1]["until"] = f"{work}.whole"
+    return run_cfg
+
+
+def check_killed_in_turn(work: Path, launcher: ReplicaLauncher, one_process: dict) -> None:
+    """What :func:`killed_in_turn` must leave: no process restarted but the killed ones, none
+    loaded a checkpoint, every step committed once, one process's weights."""
     records, total = diary(work), EPOCHS * 9
     zero, one = launcher.pids[0], launcher.pids[1]
     assert (len(zero), len(one)) == (2, 3)  # killed: 0 once, 1 twice (its first replacement too)
     start, done = iterations(records, zero[0])  # the first replica 0: never restarted
-    assert start <= 3 and done == list(range(start, done[-1] + 1))
+    assert start <= 3 and done == list(range(start, done[-1] + 1))  # a peer may start first
     lost = [(r["slots"], r["iter"]) for r in records if r["pid"] == zero[0] and r["kind"] == "lost"]
     at = killed_at(f"{work}.killed")  # 5, or later when replica 1 joined late
     assert lost == [([1], at - 1)]  # that iteration (0-based) trained again without replica 1
@@ -179,8 +192,7 @@ def test_replicas_killed_in_turn_cost_a_step_each_and_the_weights_stay_those_of_
     healed_zero, done_zero = iterations(records, zero[1])  # replica 0's replacement
     assert done[-1] < healed_zero and done_zero == list(range(healed_zero, total))
     assert any(r["kind"] == "lost" and r["slots"] == [0] for r in records if r["pid"] == one[2])
-    run = work / launcher.run_name
-    weights_zero = final_weights(run)
+    weights_zero = final_weights(work / launcher.run_name)
     weights_one = final_weights(work / "replicas" / "1" / launcher.run_name)
     for key, value in weights_zero.items():
         assert torch.equal(value, weights_one[key]), key  # both replicas hold the same weights
