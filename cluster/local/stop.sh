@@ -6,7 +6,7 @@
 # The cluster's processes are those that name its session folder (gcs_server, raylet, dashboard,
 # monitors), every descendant of them (ray::DashboardAgent, ray::RuntimeEnvAgent, workers — their
 # command lines no longer name the folder) and its Ray client proxy. They get SIGTERM, then SIGKILL
-# after STOP_GRACE_S (default 10) seconds.
+# after STOP_GRACE_S (default 10) seconds; it returns once they are gone.
 set -euo pipefail
 TEMP="${RAY_TEMP_DIR:-/tmp/ray}"
 SESSION="$(readlink -f "$TEMP/session_latest" 2>/dev/null || true)"
@@ -64,6 +64,16 @@ for p in $PIDS; do alive "$p" && LEFT="$LEFT $p"; done
 if [ -n "$LEFT" ]; then
     kill -KILL $LEFT 2>/dev/null || true
     echo "SIGKILLed what did not stop within ${STOP_GRACE_S:-10} s:$LEFT"
+    # a SIGKILL is delivered when the process next runs: wait until they are gone, so that the
+    # cluster is stopped when this script returns (a busy machine left a gcs_server listed)
+    END=$((SECONDS + 10)); STILL=""
+    while [ $SECONDS -lt $END ]; do
+        STILL=""
+        for p in $LEFT; do alive "$p" && STILL="$STILL $p"; done
+        [ -z "$STILL" ] && break
+        sleep 0.2
+    done
+    if [ -n "$STILL" ]; then echo "still running after SIGKILL:$STILL" >&2; exit 1; fi
 fi
 rm -f "$TEMP/ray_current_cluster"
 echo "stopped the Ray cluster of $SESSION ($COUNT processes)"
