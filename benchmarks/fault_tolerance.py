@@ -1,9 +1,10 @@
 """What a lost worker costs: fault tolerance's replicas against the restart every run has, and
 what the per-step quorum costs, side by side in one run.
 
-    python benchmarks/fault_tolerance.py [--epochs 4] [--kill-at 60] [--skip-ray] [--work-dir DIR]
+    python benchmarks/fault_tolerance.py [--epochs 4] [--kill-at 60] [--skip-ray] [--hsdp]
+                                         [--work-dir DIR]
 
-(``--skip-ray``: the local replicas' runs only.)
+(``--skip-ray``: the local replicas' runs only; ``--hsdp``: the HSDP rows too.)
 
 The users' path: ``configs/digits_cnn.py`` (per-sample dataset, the default hooks) with its
 global batch of 32 on 2 processes, a checkpoint every 20 iterations. Six runs:
@@ -14,6 +15,9 @@ global batch of 32 on 2 processes, a checkpoint every 20 iterations. Six runs:
   lost is the seconds from the kill until the survivor has committed that iteration;
 * **replicas on Ray** (and **killed**): the same as 2 Ray actors (``launcher=dict(type='ray',
   num_workers=2)``), the lighthouse in the driver, the killed actor replaced alone;
+* **HSDP replica groups** (and **killed**): 2 replica groups of 2 FSDP processes each
+  (``ranks_per_replica=2``, ``batch_size=8`` a rank: the same global batch of 32), rank 0 of
+  group 1 SIGKILLed: its group is replaced whole (4 processes on the machine's cores);
 * **Ray DDP**: 2 Ray Train workers (``batch_size=16`` each), no failure: the median seconds
   per iteration, the same run without a quorum;
 * **Ray DDP, killed**: rank 1 SIGKILLed at iteration ``--kill-at``, ``max_failures=1``: Ray
@@ -43,7 +47,10 @@ from hooks import HOOKS, Hook  # noqa: E402
 
 
 def _who(runner) -> int:
-    return runner.replicas.slot if runner.replicas is not None else runner.rank
+    """The replica slot (a replica group's rank 0 only: -1 for its others), else the rank."""
+    if runner.replicas is None:
+        return runner.rank
+    return runner.replicas.slot if runner.rank == 0 else -1
 
 
 @HOOKS.register_module(force=True)
@@ -92,6 +99,10 @@ def config(work: Path, epochs: int, kill_at: int | None, kind: str) -> dict:
     cfg["custom_hooks"] = hooks
     if kind != "ray_ddp":
         cfg["fault_tolerance"] = dict(mode="replicas", replicas=2, heartbeat_timeout=1.0)
+    if kind == "hsdp_replicas":
+        cfg["train_dataloader"]["batch_size"] = 8  # x 2 ranks x 2 replica groups
+        cfg["strategy"] = dict(type="fsdp")
+        cfg["fault_tolerance"]["ranks_per_replica"] = 2
     if kind == "ray_replicas":
         cfg["launcher"] = dict(type="ray", num_workers=2)
     if kind == "ray_ddp":
@@ -129,6 +140,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--kill-at", type=int, default=60)
     parser.add_argument("--skip-ray", action="store_true", help="the replicas' runs only")
+    parser.add_argument("--hsdp", action="store_true", help="and the HSDP replica groups")
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -138,6 +150,8 @@ def main() -> None:
     base = Path(args.work_dir or tempfile.mkdtemp(prefix="drun-ft-bench-"))
     rows = []
     kinds = [("replicas", "replicas (torchft quorum)")]
+    if args.hsdp:
+        kinds += [("hsdp_replicas", "HSDP: 2 groups of 2 FSDP ranks")]
     if not args.skip_ray:
         kinds += [("ray_replicas", "replicas as Ray actors"),
                   ("ray_ddp", "Ray DDP, restart from checkpoint")]
@@ -154,6 +168,10 @@ def main() -> None:
     if len(rows) > 1:
         _, ddp_step, ddp_lost = rows[-1]
         for name, step, lost in rows[:-1]:
+            if name.startswith("HSDP"):  # 4 processes on the cores: its step is not comparable
+                print(f"{name}: a failure costs {ddp_lost / lost:.1f}x less progress than the "
+                      f"restart")
+                continue
             print(f"{name}: quorum overhead {(step / ddp_step - 1) * 100:+.1f} % per step "
                   f"({(step - ddp_step) * 1e3:+.2f} ms); a failure costs "
                   f"{ddp_lost / lost:.1f}x less progress than the restart")

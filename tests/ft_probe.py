@@ -25,14 +25,15 @@ def whole(runner) -> bool:
 @HOOKS.register_module(force=True)
 class KillReplica(Hook):
     """SIGKILL this process in ``before_train_iter`` of the first iteration from ``at``
-    (1-based) when it is replica ``slot`` and the quorum has been whole, once: the marker file
-    says it happened ("pid iteration")."""
+    (1-based) when it is rank ``rank`` of replica ``slot`` and the quorum has been whole, once:
+    the marker file says it happened ("pid iteration")."""
 
-    def __init__(self, slot: int, at: int, marker: str) -> None:
-        self.slot, self.at, self.marker = slot, at, Path(marker)
+    def __init__(self, slot: int, at: int, marker: str, rank: int = 0) -> None:
+        self.slot, self.at, self.marker, self.rank = slot, at, Path(marker), rank
 
     def before_train_iter(self, runner, batch_idx=None, data_batch=None) -> None:
-        if runner.replicas.slot == self.slot and runner.iter + 1 >= self.at and whole(runner):
+        mine = runner.replicas.slot == self.slot and runner.rank == self.rank
+        if mine and runner.iter + 1 >= self.at and whole(runner):
             if not self.marker.exists():
                 self.marker.write_text(f"{os.getpid()} {runner.iter + 1}")
                 self.fail()

@@ -13,6 +13,10 @@ rank 1's, ...]}``; a test checks this text against the table)::
     sharded            the shards' manifest: their folder, keys and files with sizes [sharded
                        FSDP checkpoints; written by the checkpoint writer
                        (checkpoint.sharded.start_shards)]
+    rank_slices        this rank's slices of the sharded weights and of the optimizer's state
+                       [only in the state a fault-tolerant replica group sends a healing peer,
+                       never in a file; written by a replica group's heal
+                       (checkpoint.state.collect_rank_state)]
     optimizer          the optimizer's state [with save_optimizer (in the shards if sharded)]
     scaler             the AMP GradScaler's state, or None [when training]
     param_schedulers   one state per scheduler [with save_param_scheduler]

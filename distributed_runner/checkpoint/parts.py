@@ -47,6 +47,7 @@ from distributed_runner.model.sharding import (
     full_optimizer_state,
     is_sharded,
     load_full_optimizer_state,
+    load_local_training_state,
 )
 from distributed_runner.version import __version__
 
@@ -55,6 +56,10 @@ def saved_mesh(meta: dict) -> list[int]:
     """The checkpoint's ``(dp_replicate, dp_shard, tp)``; older ones, without the key, were
     written by DDP or plain FSDP: ``(1, world, 1)``."""
     return list(meta.get("mesh") or (1, int(meta.get("world_size", 1)), 1))
+
+
+# this rank's slices of a sharded model and its optimizer, as a healing peer receives them
+RANK_SLICES = "rank_slices"
 
 
 def _ranks(ckpt: dict, key: str) -> list | None:
@@ -144,7 +149,7 @@ def _collect_sampler(s: CheckpointSubject, o: SaveOptions) -> dict:
 
 # -- restore ------------------------------------------------------------------------------------
 def _restore_weights(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
-    if SHARDED in ckpt:
+    if SHARDED in ckpt or RANK_SLICES in ckpt:
         return
     state = model_state_from(ckpt)
     if ckpt["meta"].get("weights") != TRAINABLE:
@@ -188,9 +193,16 @@ def _restore_shards(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
         load_shards(s.model, s.optimizer(), ckpt, Path(c.path))
 
 
+def _restore_rank_slices(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
+    if RANK_SLICES in ckpt:
+        load_local_training_state(s.model, s.optimizer(), ckpt[RANK_SLICES])
+
+
 def _restore_optimizer(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     if s.optim_wrapper is None or "optimizer" in ckpt.get(SHARDED, {}).get("keys", ()):
         return  # nothing to restore into, or loaded with the shards
+    if RANK_SLICES in ckpt:
+        return  # loaded with this rank's slices
     if "optimizer" in ckpt and is_sharded(s.model):
         load_full_optimizer_state(s.model, s.optim_wrapper.optimizer, ckpt["optimizer"])
     elif "optimizer" in ckpt:
@@ -336,6 +348,15 @@ PARTS: tuple[Part, ...] = (
         publishable=False,
     ),  # names shard folders of the saved file: no stand-alone file
     Part(
+        RANK_SLICES,
+        "this rank's slices of the sharded weights and of the optimizer's state",
+        "only in the state a fault-tolerant replica group sends a healing peer, never in a file",
+        None,
+        _restore_rank_slices,
+        written_by="a replica group's heal (checkpoint.state.collect_rank_state)",
+        publishable=False,
+    ),
+    Part(
         "optimizer",
         "the optimizer's state",
         "with save_optimizer (in the shards if sharded)",
@@ -433,7 +454,7 @@ PUBLISHABLE_KEYS: tuple[str, ...] = tuple(p.key for p in PARTS if p.publishable)
 
 # What makes a file a training checkpoint rather than weights only: each entry is met by any one
 # of its keys (the weights are in the file, or in its shards). resume_choice reads this.
-TRAINING_REQUIRES: tuple[tuple[str, ...], ...] = (("meta",), ("state_dict", SHARDED))
+TRAINING_REQUIRES: tuple[tuple[str, ...], ...] = (("meta",), ("state_dict", SHARDED, RANK_SLICES))
 
 
 def missing_for_training(ckpt: Any) -> str | None:

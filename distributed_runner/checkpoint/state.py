@@ -10,13 +10,15 @@ taken before any of this runs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from distributed_runner.checkpoint.files import load_weights, model_state_from
-from distributed_runner.checkpoint.parts import PARTS, saved_mesh
+from distributed_runner.checkpoint.parts import PARTS, RANK_SLICES, saved_mesh
 from distributed_runner.checkpoint.sharded import SHARDED, TRAINABLE, load_shards
 from distributed_runner.checkpoint.types import ABSENT, CheckpointSubject, LoadContext, SaveOptions
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
+from distributed_runner.model.sharding import local_training_state
 
 
 def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> dict:
@@ -31,6 +33,28 @@ def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> 
         if value is ABSENT:
             continue
         ckpt[part.key] = {"ranks": dist.all_gather_object(value)} if part.per_rank else value
+    return ckpt
+
+
+def collect_rank_state(subject: CheckpointSubject, params: list[tuple[str, Any]]) -> dict:
+    """This rank's training state without a collective, for the same rank of another group
+    with the same mesh: its slices of the sharded weights (``params``, the sharded parameters
+    by name) and optimizer, and its own entry of each per-rank part. A fault-tolerant replica
+    group sends it to a healing peer while it trains (a collective then would cross the step's
+    own); :func:`restore_training_state` takes it as it takes a checkpoint."""
+    ckpt: dict = {}
+    for part in PARTS:
+        if part.collect is None:
+            continue
+        value = part.collect(subject, SaveOptions(with_weights=False))
+        if value is ABSENT:
+            continue
+        if part.per_rank:
+            ranks: list = [None] * subject.world_size
+            ranks[subject.rank] = value
+            value = {"ranks": ranks}
+        ckpt[part.key] = value
+    ckpt[RANK_SLICES] = local_training_state(params, subject.optimizer())
     return ckpt
 
 

@@ -15,9 +15,10 @@ streamed shards, evaluation results, throughput) asks those; ``T`` is set once p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -57,10 +58,24 @@ class _Layout:
 
 
 def set_replica_layout(replica: tuple[int, int] | None) -> None:
-    """Declare this process one replica slot of a fault-tolerant run (fault_tolerance/): it
-    reads share ``slot`` of ``replicas`` of the data, without a process group of its own; None
-    undoes it (every Runner sets it again)."""
+    """Declare this process part of replica slot ``slot`` of a fault-tolerant run
+    (fault_tolerance/): its process group is its replica group (none for a replica of one
+    process), and the data is cut for ``replicas`` such groups, group ``slot`` reading the
+    shares ``slot x its data-parallel ranks + its own``; None undoes it (every Runner sets it
+    again)."""
     _Layout.replica = replica
+
+
+@contextlib.contextmanager
+def whole_data_per_replica() -> Iterator[None]:
+    """Within it, data is split over this replica group's own ranks only, not over the
+    replicas (fault_tolerance/): every replica evaluates the whole validation and test sets,
+    so its metrics are the run's (the replicas hold the same weights)."""
+    replica, _Layout.replica = _Layout.replica, None
+    try:
+        yield
+    finally:
+        _Layout.replica = replica
 
 
 def set_rank_layout(tensor_parallel: int, dp_replicate: int = 1) -> None:
@@ -90,18 +105,20 @@ def get_tensor_parallel_size() -> int:
 
 def get_data_parallel_rank() -> int:
     """Which share of the data this rank's tensor-parallel group reads (its rank without TP;
-    a fault-tolerant replica's slot)."""
+    in a fault-tolerant run, counted over every replica group's ranks)."""
+    in_group = get_rank() // get_tensor_parallel_size()
     if _Layout.replica is not None:
-        return _Layout.replica[0]
-    return get_rank() // get_tensor_parallel_size()
+        return _Layout.replica[0] * (get_world_size() // get_tensor_parallel_size()) + in_group
+    return in_group
 
 
 def get_data_parallel_world_size() -> int:
     """How many shares the data is split into: the number of model replicas (the world
-    without TP; a fault-tolerant run's replica slots)."""
+    without TP; a fault-tolerant run's replica slots times their ranks)."""
+    in_group = get_world_size() // get_tensor_parallel_size()
     if _Layout.replica is not None:
-        return _Layout.replica[1]
-    return get_world_size() // get_tensor_parallel_size()
+        return _Layout.replica[1] * in_group
+    return in_group
 
 
 def get_local_rank() -> int:

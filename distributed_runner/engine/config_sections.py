@@ -48,12 +48,17 @@ def _strategy_on_driver(plan: DriverPlan) -> None:
             "an elastic group (min, max) cannot keep strategy.tp/dp_replicate: Ray may start "
             "it at a size they do not divide; give a fixed number of workers",
         )
-    if strategy["type"] != "fsdp" or plan.world == 1:
-        plan.say("mesh", f"{strategy['type']} over {plan.world} rank(s): the model trains whole")
+    world, where = plan.world, ""
+    replicas = plan.settings.fault_tolerance
+    if replicas is not None:  # each replica group is a world of its own (fault_tolerance/)
+        world = int(replicas["ranks_per_replica"])
+        where = f" in each of {replicas['replicas']} replica groups"
+    if strategy["type"] != "fsdp" or world == 1:
+        plan.say("mesh", f"{strategy['type']} over {world} rank(s){where}: the model trains whole")
         plan.say("checkpoints", "one file (.pth), written by rank 0")
         return
-    shape = MeshShape.for_world(plan.world, strategy["tp"], strategy["dp_replicate"])
-    plan.say("mesh", f"fsdp, mesh {shape.describe()} over {plan.world} ranks")
+    shape = MeshShape.for_world(world, strategy["tp"], strategy["dp_replicate"])
+    plan.say("mesh", f"fsdp, mesh {shape.describe()} over {world} ranks{where}")
     plan.say(
         "checkpoints",
         "sharded: every rank writes its own shards (DCP)"
@@ -128,14 +133,20 @@ def _data_line(plan: DriverPlan, key: str, loader: dict) -> str:
     strategy = plan.settings.strategy
     tp = strategy.get("tp", 1) if strategy["type"] == "fsdp" and plan.world > 1 else 1
     groups = max(plan.world // tp, 1)
-    replicas = plan.settings.fault_tolerance  # each replica process reads one share
+    replicas = plan.settings.fault_tolerance  # each rank of each replica group reads a share
+    ranks = ""
     if replicas is not None:
-        groups = int(replicas["replicas"])
+        per = int(replicas["ranks_per_replica"])
+        groups = int(replicas["replicas"]) * per
+        ranks = f" x {per} ranks" if per > 1 else ""
     batch = loader.get("batch_size")
     optim = plan.cfg.get("optim_wrapper")
     steps = optim.get("accumulative_counts", 1) if isinstance(optim, dict) else 1
     kind = loader.get("type") or "DataLoader"
-    words = f"{key}: {kind}, {groups} {'replicas' if replicas else 'data-parallel rank(s)'}"
+    count = f"{replicas['replicas']} replicas{ranks}" if replicas else f"{groups} data-parallel"
+    if replicas and key != "train_dataloader":  # dist.whole_data_per_replica
+        count = f"the whole set in each replica{ranks}"
+    words = f"{key}: {kind}, {count}{'' if replicas else ' rank(s)'}"
     if isinstance(batch, int):
         words += f" x batch {batch}"
         if key == "train_dataloader":
@@ -206,9 +217,14 @@ def _fault_tolerance_on_driver(plan: DriverPlan) -> None:
     if options is not None:
         plan.say(
             "fault tolerance",
-            f"{options['replicas']} replica groups, a step commits with at least "
-            f"{options['min_replicas']}; a lost one's share is trained by the others",
+            f"{options['replicas']} replica groups{_of_ranks(options)}, a step commits with at "
+            f"least {options['min_replicas']}; a lost one's share is trained by the others",
         )
+
+
+def _of_ranks(options: dict) -> str:
+    ranks = int(options["ranks_per_replica"])
+    return f" of {ranks} ranks (FSDP inside a group, HSDP across)" if ranks > 1 else ""
 
 
 def _check_spec(reg: Any, spec: Any, key: str, supplied: tuple = ()) -> None:

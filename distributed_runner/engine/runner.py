@@ -572,7 +572,8 @@ class Runner(RunnerSurface):
             f" (e.g. {stage}_cfg=dict())",
         ):
             return None
-        loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
+        with dist.whole_data_per_replica():  # a fault-tolerant replica evaluates all of it
+            loader = build_dataloader(dataloader, f"{stage}_dataloader", self.seed)
         setattr(self, f"{stage}_dataloader", loader)
         loop_args = dict(loop_cfg or {})
         loop_cls = (

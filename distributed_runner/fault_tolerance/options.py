@@ -15,6 +15,7 @@ from distributed_runner.core.errors import ConfigError, did_you_mean
 DEFAULTS: dict[str, Any] = {
     "mode": "replicas",
     "replicas": None,
+    "ranks_per_replica": 1,
     "min_replicas": 1,
     "heartbeat_timeout": 5.0,
     "join_timeout": 60.0,
@@ -33,6 +34,8 @@ def parse_fault_tolerance(spec: Any) -> dict | None:
     Args:
         mode (str): 'replicas': replica groups that agree on every step (torchft).
         replicas (int): how many replica groups the global batch is cut for (>= 2).
+        ranks_per_replica (int): processes in each replica group (1: DDP, one process a
+            replica; >= 2 with strategy='fsdp': the group shards the model, HSDP across groups).
         min_replicas (int): the fewest that may commit a step; below it the run falls back to
             a restart from the newest checkpoint.
         heartbeat_timeout (float): seconds without a heartbeat before a replica counts as lost.
@@ -79,6 +82,12 @@ def _check_counts(out: dict) -> None:
         raise ConfigError(
             "fault_tolerance.min_replicas", f"must be an int in 1..{replicas}, got {least!r}"
         )
+    if not _whole(out["ranks_per_replica"]) or out["ranks_per_replica"] < 1:
+        raise ConfigError(
+            "fault_tolerance.ranks_per_replica",
+            f"must be the processes of one replica group (an int >= 1), got "
+            f"{out['ranks_per_replica']!r}",
+        )
     if not _whole(out["max_replacements"]) or out["max_replacements"] < 0:
         raise ConfigError("fault_tolerance.max_replacements", "must be an int >= 0")
 
@@ -103,14 +112,8 @@ def check_fault_tolerance(
     _check_waits(options, watchdog)
     if torchft_missing():
         raise ConfigError("fault_tolerance", "needs torchft: pip install 'distributed-runner[ft]'")
-    strategy = cfg.get("strategy")
-    kind = strategy.get("type", "ddp") if isinstance(strategy, dict) else (strategy or "ddp")
-    if kind != "ddp":
-        raise ConfigError(
-            "fault_tolerance",
-            "replica groups of FSDP/TP ranks (HSDP) are not built yet: use strategy='ddp'",
-        )
-    _check_launcher(launcher, int(options["replicas"]))
+    _check_strategy(cfg.get("strategy"), int(options["ranks_per_replica"]))
+    _check_launcher(launcher, options)
     _check_loader(cfg.get("train_dataloader"))
     optim = cfg.get("optim_wrapper")
     if isinstance(optim, dict) and int(optim.get("accumulative_counts", 1)) != 1:
@@ -137,11 +140,40 @@ def _check_waits(options: dict, watchdog: dict | None) -> None:
             )
 
 
-def _check_launcher(launcher: dict | None, replicas: int) -> None:
-    """On Ray each replica is one actor of the worker group, which drun (not Ray Train)
-    replaces: its size is the replicas', fixed, and Ray Train's restart count has no say."""
+def _check_strategy(strategy: Any, ranks: int) -> None:
+    """One process a replica trains the whole model (DDP's data parallelism across replicas);
+    a group of ``ranks`` shards it with FSDP, and the replicas are HSDP's replicated dimension
+    (so the strategy's own ``dp_replicate`` is theirs). TP inside a group is not built yet."""
+    options = strategy if isinstance(strategy, dict) else {"type": strategy or "ddp"}
+    kind = options.get("type", "ddp")
+    if ranks == 1 and kind != "ddp":
+        raise ConfigError(
+            "fault_tolerance.ranks_per_replica",
+            f"strategy={kind!r} shards the model over a replica group's processes: set "
+            f"ranks_per_replica=2 or more (1 is a replica of one process, strategy='ddp')",
+        )
+    if ranks > 1 and kind != "fsdp":
+        raise ConfigError(
+            "strategy",
+            f"a replica group of {ranks} processes shards its model: use "
+            f"strategy=dict(type='fsdp') (HSDP: replicated across the groups)",
+        )
+    why = {
+        "dp_replicate": "the replica groups are HSDP's replicated dimension (replicas=N)",
+        "tp": "tensor parallelism inside a fault-tolerant replica group is not built yet",
+    }
+    for key, reason in why.items():
+        if int(options.get(key, 1)) != 1:
+            raise ConfigError(f"strategy.{key}", f"{reason}: leave it 1 under fault_tolerance")
+
+
+def _check_launcher(launcher: dict | None, options: dict) -> None:
+    """On Ray each replica group is ``ranks_per_replica`` actors of the worker group, which
+    drun (not Ray Train) replaces: its size is fixed, and Ray Train's restart count has no
+    say."""
     if launcher is None:
         return
+    replicas, ranks = int(options["replicas"]), int(options["ranks_per_replica"])
     workers = launcher["num_workers"]
     if isinstance(workers, tuple):
         raise ConfigError(
@@ -149,11 +181,12 @@ def _check_launcher(launcher: dict | None, replicas: int) -> None:
             f"fault_tolerance keeps its global batch over a fixed number of replicas: set "
             f"num_workers={replicas} (an elastic group resizes by restarts instead)",
         )
-    if workers != replicas:
+    if workers != replicas * ranks:
+        per = "one worker a replica" if ranks == 1 else f"{ranks} workers a replica"
         raise ConfigError(
             "launcher.num_workers",
-            f"fault_tolerance on Ray runs one worker a replica: set num_workers={replicas} "
-            f"(fault_tolerance.replicas) or replicas={workers}",
+            f"fault_tolerance on Ray runs {per}: set num_workers={replicas * ranks} "
+            f"(fault_tolerance.replicas x ranks_per_replica)",
         )
     if launcher["max_failures"]:
         raise ConfigError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -62,6 +63,16 @@ def replica_slot(options: dict) -> int:
     return int(raw)
 
 
+def join_rank_group() -> None:
+    """In a process started as one rank of a replica group of several (``WORLD_SIZE`` > 1 and
+    the group's rendezvous, ``MASTER_ADDR``/``MASTER_PORT``/``RANK``, in its environment, as
+    the launchers set them): its torch process group, the group's own (FSDP shards over it)."""
+    import torch.distributed as torch_dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group()
+
+
 def replica_group(options: dict | None, logger: logging.Logger) -> ReplicaGroup | None:
     """This process's replica group under ``fault_tolerance`` (None without it), its slot
     declared as the data-parallel rank of ``replicas`` (core/dist.py) before the data is built,
@@ -69,10 +80,12 @@ def replica_group(options: dict | None, logger: logging.Logger) -> ReplicaGroup 
     if options is None:
         dist.set_replica_layout(None)
         return None
-    if dist.is_distributed():
+    ranks = int(options["ranks_per_replica"])
+    if dist.get_world_size() != ranks:
         raise ConfigError(
-            "fault_tolerance",
-            "each replica is one process: run it without a process group (launcher='none')",
+            "fault_tolerance.ranks_per_replica",
+            f"this replica group has {dist.get_world_size()} process(es), not {ranks}: start "
+            f"the run with drun train, which starts each group's processes",
         )
     slot = replica_slot(options)
     dist.set_replica_layout((slot, int(options["replicas"])))
@@ -97,7 +110,6 @@ class ReplicaGroup:
     ) -> None:
         """Start this replica's Manager: ``state_dict`` is what a joining peer receives,
         ``load_state_dict`` what this replica does with a peer's when it joins."""
-        from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
 
         opts = self.options
@@ -113,7 +125,7 @@ class ReplicaGroup:
         if host == "localhost":
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         timeout = timedelta(seconds=opts["timeout"])
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        store_port = self._group_store(host)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=load_state_dict,
@@ -123,19 +135,36 @@ class ReplicaGroup:
             timeout=timeout,
             quorum_timeout=timedelta(seconds=opts["quorum_timeout"]),
             connect_timeout=timeout,
-            rank=0,
-            world_size=1,
+            rank=dist.get_rank(),  # in this replica group: rank r talks to the groups' rank r
+            world_size=dist.get_world_size(),
             store_addr=host,
-            store_port=self._store.port,
+            store_port=store_port,
             lighthouse_addr=lighthouse,
             replica_id=f"drun_replica_{self.slot}",
             hostname=host,
             init_sync=False,
         )
+        # a heal's transfer reads the peer's tensors from a read-only buffer, and torch warns
+        # about that once in every replica that heals: it is torchft's choice, not the user's
+        warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
         for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
             logging.getLogger(name).setLevel(logging.WARNING)  # a line a step otherwise
         # on a CPU, a warning at every new quorum that NCCL's flight recorder is not there
         logging.getLogger("torchft.manager").setLevel(logging.ERROR)
+
+    def _group_store(self, host: str) -> int:
+        """The port of this replica group's store (torchft's Manager connects to it as a
+        client): its rank 0 serves it, the group's other ranks are told the port."""
+        if dist.get_rank() == 0:
+            from torch.distributed import TCPStore
+
+            self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        port = [self._store.port if self._store is not None else 0]
+        if dist.is_distributed():
+            import torch.distributed as torch_dist
+
+            torch_dist.broadcast_object_list(port, src=0)
+        return int(port[0])
 
     def join(self, done: int) -> ReplicaEvent | None:
         """Take part in the quorum of the next step, ``done`` steps into the run (0, or a

@@ -21,11 +21,17 @@ its node: on several nodes ``work_dir`` is shared storage, as the fallback resta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from typing import Any
 
-from distributed_runner.fault_tolerance.replica import HOST_ENV, NO_PEER_EXIT, NoLivePeer
+from distributed_runner.fault_tolerance.replica import (
+    HOST_ENV,
+    NO_PEER_EXIT,
+    NoLivePeer,
+    join_rank_group,
+)
 
 ACTOR_DIED = -9  # what poll() gives for an actor whose process or node was lost
 
@@ -41,6 +47,12 @@ def _replica_actor() -> Any:
         def pid(self) -> int:
             return os.getpid()
 
+        def rendezvous(self) -> tuple[str, int]:
+            """Where its replica group's other ranks meet this one (its rank 0)."""
+            from distributed_runner.launch.replicas import free_port
+
+            return ray.util.get_node_ip_address(), free_port("0.0.0.0")
+
         def train(self, cfg: dict, env: dict[str, str], forwarded: dict[str, str]) -> int:
             """``forwarded``: the driver's MLFLOW_*/WANDB_*, passed by reference (Ray resolves
             it here: it is in no task's arguments as text)."""
@@ -48,6 +60,7 @@ def _replica_actor() -> Any:
 
             os.environ.update({**forwarded, **env})
             os.environ[HOST_ENV] = ray.util.get_node_ip_address()
+            join_rank_group()  # one rank of a replica group of several
             try:
                 Runner.from_cfg(cfg).train()
             except NoLivePeer as error:  # the driver falls back to a restart
@@ -84,6 +97,9 @@ class ActorReplica:
         ready, _ = ray.wait([self._done], timeout=0)
         if ready:
             self.returncode = self._result()
+            # an actor outlives its task (one that raised, or returned NO_PEER_EXIT): it would
+            # hold its bundle, and the replacement started there would wait for it for ever
+            self.kill()
         return self.returncode
 
     def _result(self) -> int:
@@ -101,7 +117,8 @@ class ActorReplica:
     def kill(self) -> None:
         import ray
 
-        ray.kill(self.actor, no_restart=True)
+        with contextlib.suppress(ValueError):  # an actor Ray no longer knows: gone already
+            ray.kill(self.actor, no_restart=True)
 
     def wait(self, timeout: float | None = None) -> int:
         import ray
@@ -118,15 +135,17 @@ class RayActors:
 
     where = "Ray actors"
 
-    def __init__(self, launcher_opts: dict, resources: dict[str, float], env: Any) -> None:
+    def __init__(
+        self, launcher_opts: dict, resources: dict[str, float], env: Any, ranks: int = 1
+    ) -> None:
         import ray
         from ray.util.placement_group import placement_group
 
         self.env = env  # the driver's MLFLOW_*/WANDB_*: an object reference
-        self.resources = resources
-        replicas = int(launcher_opts["num_workers"])
+        self.resources, self.ranks = resources, ranks
+        workers = int(launcher_opts["num_workers"])  # replicas x ranks_per_replica
         self.group = placement_group(
-            [dict(resources) for _ in range(replicas)],
+            [dict(resources) for _ in range(workers)],
             strategy=launcher_opts["placement_strategy"],
         )
         ray.get(self.group.ready(), timeout=120)
@@ -138,24 +157,46 @@ class RayActors:
 
         return str(ray.util.get_node_ip_address())
 
-    def spawn(self, slot: int, cfg: dict, env: dict[str, str]) -> ActorReplica:
+    def spawn(self, slot: int, cfg: dict, env: dict[str, str]) -> Any:
+        """Replica ``slot``: one actor in its bundle, or a :class:`~distributed_runner.launch.
+        replicas.RankGroup` of ``ranks`` actors in its ``ranks`` bundles, which meet at their
+        rank 0's node."""
+        from distributed_runner.launch.replicas import RankGroup
+
+        if self.ranks == 1:
+            return self._start(self._new_actor(slot), cfg, env)
+        actors = [self._new_actor(slot * self.ranks + r) for r in range(self.ranks)]
+        import ray
+
+        host, port = ray.get(actors[0].rendezvous.remote(), timeout=120)
+        meet = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(self.ranks)}
+        return RankGroup(
+            [
+                self._start(actor, cfg, {**env, **meet, "RANK": str(r), "LOCAL_RANK": "0"})
+                for r, actor in enumerate(actors)
+            ]
+        )
+
+    def _start(self, actor: Any, cfg: dict, env: dict[str, str]) -> ActorReplica:
+        pid = actor.pid.remote()  # the actor runs its calls in order: this one first
+        return ActorReplica(actor, actor.train.remote(cfg, env, self.env), pid)
+
+    def _new_actor(self, bundle: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cpus = self.resources.get("CPU", 1)
         gpus = self.resources.get("GPU", 0)
         custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
-        actor = self._actor.options(
+        return self._actor.options(
             num_cpus=cpus,
             num_gpus=gpus,
             resources=custom or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.group, placement_group_bundle_index=slot
+                placement_group=self.group, placement_group_bundle_index=bundle
             ),
             # torchft's lighthouse and managers log a line a step otherwise (read at import)
             runtime_env={"env_vars": {"RUST_LOG": os.environ.get("RUST_LOG", "warn")}},
         ).remote()
-        pid = actor.pid.remote()  # the actor runs its calls in order: this one first
-        return ActorReplica(actor, actor.train.remote(cfg, env, self.env), pid)
 
     def describe(self, code: int) -> str:
         return "its Ray actor died" if code == ACTOR_DIED else f"exit {code}"
@@ -164,6 +205,11 @@ class RayActors:
         from ray.util.placement_group import remove_placement_group
 
         remove_placement_group(self.group)
+
+
+def _replica_words(options: dict) -> str:
+    replicas, ranks = options["replicas"], int(options["ranks_per_replica"])
+    return f"{replicas} replicas, " + ("one actor each" if ranks == 1 else f"{ranks} actors each")
 
 
 def train_on_ray(launcher: Any) -> int:
@@ -182,10 +228,12 @@ def train_on_ray(launcher: Any) -> int:
     cfg.update(work_dir=str(launcher.work_dir), run_name=launcher.run_name, launcher="none")
     print(f"distributed-runner on Ray: joined {launcher.joined}", flush=True)
     print(
-        f"distributed-runner on Ray: {opts['num_workers']} replicas (fault_tolerance), one actor "
-        f"each, a lost one replaced alone | run {launcher.run_dir}{launcher.mlflow_note()}",
+        f"distributed-runner on Ray: {_replica_words(launcher.settings.fault_tolerance)} "
+        f"(fault_tolerance), a lost one replaced alone | run {launcher.run_dir}"
+        f"{launcher.mlflow_note()}",
         flush=True,
     )
     env = ray.put(forwarded_env(reads_object_storage=launcher.plan.remote))
-    spawner = RayActors(opts, launcher.worker_resources(), env)
+    ranks = int(launcher.settings.fault_tolerance["ranks_per_replica"])
+    spawner = RayActors(opts, launcher.worker_resources(), env, ranks)
     return ReplicaLauncher(cfg, spawner).run()

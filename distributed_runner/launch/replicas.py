@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from distributed_runner.fault_tolerance.replica import (
     REPLACEMENT_ENV,
     SLOT_ENV,
     NoLivePeer,
+    join_rank_group,
 )
 from distributed_runner.health.watchdog import HANG_EXIT_CODE, HANGS_DIR
 
@@ -70,6 +72,7 @@ def replica_main(cfg_file: str) -> None:
 
     with open(cfg_file, "rb") as f:
         cfg = pickle.load(f)
+    join_rank_group()
     try:
         Runner.from_cfg(cfg).train()
     except NoLivePeer as error:  # the launcher falls back to a restart
@@ -78,12 +81,13 @@ def replica_main(cfg_file: str) -> None:
 
 
 class LocalProcesses:
-    """Replicas as child processes of this one, on this machine (``launcher='none'``)."""
+    """Replicas as child processes of this one, on this machine (``launcher='none'``): one
+    process a replica, or a :class:`ProcessGroupOfRanks` of ``ranks`` processes."""
 
     where = "local processes"
 
-    def __init__(self, replicas: int) -> None:
-        self.replicas = replicas
+    def __init__(self, replicas: int, ranks: int = 1) -> None:
+        self.replicas, self.ranks = replicas, ranks
         self._files = tempfile.TemporaryDirectory(prefix="drun-replicas-")
         self._count = 0
 
@@ -92,19 +96,30 @@ class LocalProcesses:
         return "localhost"
 
     def spawn(self, slot: int, cfg: dict, env: dict[str, str]) -> Any:
-        """Replica ``slot``'s process (a ``subprocess.Popen``: poll, kill, wait, pid)."""
+        """Replica ``slot``'s processes (a ``subprocess.Popen``, or a group of them with its
+        surface: poll, kill, wait, pid)."""
         self._count += 1
         cfg_file = Path(self._files.name) / f"replica_{slot}_{self._count}.pkl"
         cfg_file.write_bytes(pickle.dumps(cfg))
         env = {**os.environ, **env}
         # the machine's cores shared out, as torchrun and Ray do (else each replica's torch takes
         # them all and the replicas slow each other down); the user's setting wins
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.replicas)))
+        share = (os.cpu_count() or 1) // (self.replicas * self.ranks)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, share)))
         # the modules this process imports from (the user's folder, custom_imports) stay importable
         paths = [p for p in sys.path if p and Path(p).is_dir()]
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        return subprocess.Popen(
-            [sys.executable, "-m", "distributed_runner.launch.replicas", str(cfg_file)], env=env
+        command = [sys.executable, "-m", "distributed_runner.launch.replicas", str(cfg_file)]
+        if self.ranks == 1:
+            return subprocess.Popen(command, env=env)
+        # the group's own process group, as torchrun would start it (its rank 0 binds the port)
+        env.update(MASTER_ADDR="localhost", MASTER_PORT=str(free_port()))
+        env["WORLD_SIZE"] = str(self.ranks)
+        return RankGroup(
+            [
+                subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                for r in range(self.ranks)
+            ]
         )
 
     def describe(self, code: int) -> str:
@@ -112,6 +127,61 @@ class LocalProcesses:
 
     def close(self) -> None:
         self._files.cleanup()
+
+
+def _cause_first(code: int) -> int:
+    """Orders a group's exit statuses so that the cause comes first: a rank killed by a signal,
+    then the watchdog's and the no-peer verdicts, then an error (which a lost peer's broken
+    collective raises in the ranks left)."""
+    if code < 0:
+        return 0
+    return 1 if code in (HANG_EXIT_CODE, NO_PEER_EXIT) else 2
+
+
+def free_port(host: str = "localhost") -> int:
+    """A port nothing listens on now, for a group's rendezvous (its rank 0 binds it)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class RankGroup:
+    """The ranks of one replica group (processes, or Ray actors, with a ``subprocess.Popen``'s
+    poll, kill, wait and pid), seen as one: it has ended when one rank died or all finished,
+    and the rest of a group that lost a rank are killed (FSDP's collectives would wait for the
+    lost one: the group is replaced whole)."""
+
+    def __init__(self, ranks: list[Any]) -> None:
+        self.ranks = ranks
+        self.pid = ranks[0].pid
+        self.returncode: int | None = None
+        self.error = None  # a rank's exception (a Ray actor's), when the group failed on it
+
+    def poll(self) -> int | None:
+        """None while every rank runs, or some finished and the others still do; else the
+        exit status of the rank that failed first (its group killed), or 0."""
+        if self.returncode is not None:
+            return self.returncode
+        codes = [r.poll() for r in self.ranks]
+        failed = [(c, r) for c, r in zip(codes, self.ranks, strict=True) if c not in (None, 0)]
+        if failed:  # a rank killed by a signal, or evicted, first: the others' errors follow
+            self.kill()
+            self.returncode, cause = min(failed, key=lambda pair: _cause_first(pair[0]))
+            self.error = getattr(cause, "error", None)
+        elif all(c == 0 for c in codes):
+            self.returncode = 0
+        return self.returncode
+
+    def kill(self) -> None:
+        for rank in self.ranks:  # every one: a Ray actor outlives a task that raised
+            rank.kill()
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for rank in self.ranks:
+            rank.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        code = self.poll()
+        return 0 if code is None else code
 
 
 class ReplicaLauncher:
@@ -135,7 +205,9 @@ class ReplicaLauncher:
         self.cfg["work_dir"] = str(Path(self.cfg["work_dir"]).expanduser().resolve())
         self.resume = self.cfg.get("resume", False)
         self.run_name = choose_run(self.cfg["work_dir"], self.cfg.get("run_name"), self.resume)
-        self.spawner = spawner or LocalProcesses(int(options["replicas"]))
+        self.spawner = spawner or LocalProcesses(
+            int(options["replicas"]), int(options["ranks_per_replica"])
+        )
         self.procs: dict[int, Any] = {}
         self.replacements = self.restarts = 0
         self.started: dict[int, list[Any]] = {}  # every process each slot had, in order

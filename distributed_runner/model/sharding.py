@@ -352,6 +352,49 @@ def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return local.to(param.device, param.dtype)
 
 
+def local_training_state(
+    params: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer | None
+) -> dict:
+    """This rank's slices of the weights (``params``: the sharded parameters by name, taken
+    before training swaps in FSDP's gathered ones) and of the optimizer's state, as plain
+    tensors, without a collective: what the same rank of a group with the same mesh takes
+    over (a fault-tolerant replica group healing from a peer, fault_tolerance/)."""
+    weights = {name: local_tensor(p).detach().clone() for name, p in params}
+    if optimizer is None:
+        return {"model": weights}
+    state = optimizer.state_dict()
+    slices = {
+        index: {k: local_tensor(v).clone() if torch.is_tensor(v) else v for k, v in per.items()}
+        for index, per in state["state"].items()
+    }
+    return {"model": weights, "optimizer": {**state, "state": slices}}
+
+
+def load_local_training_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict
+) -> None:
+    """Put :func:`local_training_state`'s slices (from the same rank of a group with the same
+    mesh) into this rank's shards and optimizer; no collective."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, local in state["model"].items():
+            local_tensor(params[name]).copy_(local)
+    if optimizer is None or "optimizer" not in state:
+        return
+    saved = state["optimizer"]
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def placed(value: Any, param: torch.Tensor) -> Any:  # a slice shaped as its parameter's
+        shaped = torch.is_tensor(value) and value.shape == local_tensor(param).shape
+        return like_param(value, param) if shaped and value.dim() else value
+
+    slices = {
+        index: {k: placed(v, order[index]) for k, v in per.items()}
+        for index, per in saved["state"].items()
+    }
+    optimizer.load_state_dict({**saved, "state": slices})
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """All of a sharded tensor, gathered (a collective); a plain tensor itself."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -12,7 +12,9 @@ from distributed_runner.launch.ray_replicas import RayActors
 from distributed_runner.launch.replicas import ReplicaLauncher
 from tests.unit.test_fault_tolerance import (
     cfg,
+    check_hsdp,
     check_killed_in_turn,
+    hsdp,
     killed_in_turn,
     one_process,  # noqa: F401 - the fixture: the same run in one process
 )
@@ -36,16 +38,35 @@ def test_on_ray_a_killed_replica_actor_is_replaced_alone_and_the_weights_stay_ex
 ):
     work = tmp_path / "ft"
     run_cfg = killed_in_turn(ray_cfg(work))
+    replicas = train_on_ray(run_cfg, monkeypatch)
+    check_killed_in_turn(work, replicas, one_process)
+
+
+def train_on_ray(run_cfg: dict, monkeypatch) -> ReplicaLauncher:
+    """``run_cfg`` trained through the Ray driver (its checks: every section parsed, no worker
+    started); the replica launcher it built, for its processes' ids."""
     seen: list[ReplicaLauncher] = []
     original = ReplicaLauncher.run
 
-    def keep(self):  # the launcher train_on_ray builds, for its processes' ids
+    def keep(self):
         seen.append(self)
         return original(self)
 
     monkeypatch.setattr(ReplicaLauncher, "run", keep)
-    launcher = RayLauncher(run_cfg)  # the driver's checks: every section parsed, no worker
-    assert launcher.train() == 0
+    assert RayLauncher(run_cfg).train() == 0
     (replicas,) = seen
     assert isinstance(replicas.spawner, RayActors)
-    check_killed_in_turn(work, replicas, one_process)
+    return replicas
+
+
+@pytest.mark.slow("two replica groups of two FSDP actors each on Ray, one actor SIGKILLed")
+def test_on_ray_a_replica_group_of_fsdp_actors_losing_one_is_replaced_whole(
+    ray_cluster, tmp_path, monkeypatch
+):
+    """HSDP on Ray: 4 actors, 2 a replica group meeting at their rank 0's node; rank 1 of group
+    1 SIGKILLed: the driver kills its group's other actor and starts a new group in the same
+    bundles, which heals its shards from group 0; group 0's actors never restart."""
+    work = tmp_path / "ft"
+    run_cfg = hsdp(work, pace=0.5)  # slow until healed: actors start slowly under load
+    run_cfg["launcher"] = dict(type="ray", num_workers=4)
+    check_hsdp(work, train_on_ray(run_cfg, monkeypatch))

@@ -17,7 +17,7 @@ def test_the_documented_layout_is_the_table():
 
 def test_the_published_keys_are_the_tables():
     assert CHECKPOINT_KEYS == PUBLISHABLE_KEYS
-    assert set(CHECKPOINT_KEYS) == {p.key for p in PARTS} - {"sharded"}
+    assert set(CHECKPOINT_KEYS) == {p.key for p in PARTS} - {"sharded", "rank_slices"}
 
 
 def test_every_key_a_checkpoint_holds_is_declared(tmp_path):

@@ -78,6 +78,19 @@ def test_the_fault_tolerance_pages_ray_config_passes_the_ray_drivers_checks(
     assert code == 2
     assert "launcher.num_workers: fault_tolerance on Ray runs one worker a replica: set " \
         "num_workers=2" in capsys.readouterr().err
+    (folder / "digits_cnn_hsdp_ft.py").write_text(docs_block("fault-tolerance-hsdp"))
+    code = main(["check", str(folder / "digits_cnn_hsdp_ft.py"), "--launcher", "ray",
+                 "--num-workers", "4", "--work-dir", str(tmp_path / "w")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "fsdp, mesh dp_replicate=1 x dp_shard=2 x tp=1 over 2 ranks in each of 2 replica " \
+        "groups" in out
+    assert "2 replicas x 2 ranks x batch 8 x 1 accumulation = global batch 32" in out
+    code = main(["check", str(folder / "digits_cnn_hsdp_ft.py"), "--launcher", "ray",
+                 "--num-workers", "2"])
+    assert code == 2
+    assert "launcher.num_workers: fault_tolerance on Ray runs 2 workers a replica: set " \
+        "num_workers=4" in capsys.readouterr().err
 
 
 def test_the_check_prints_the_mesh_the_data_and_the_checkpoint_layout(user_folder, monkeypatch,

@@ -109,7 +109,19 @@ def test_a_wrong_fault_tolerance_option_is_one_line_naming_it(spec, key):
 
 
 @pytest.mark.parametrize(("change", "key", "words"), [
-    (dict(strategy=dict(type="fsdp")), "fault_tolerance", "HSDP"),
+    (dict(strategy=dict(type="fsdp")), "fault_tolerance.ranks_per_replica",
+     "set ranks_per_replica=2 or more"),
+    (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2)), "strategy",
+     "strategy=dict(type='fsdp')"),
+    (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2),
+          strategy=dict(type="fsdp", tp=2, tp_plan={"inp": "colwise", "head": "rowwise"})),
+     "strategy.tp", "not built yet"),
+    (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2),
+          strategy=dict(type="fsdp", dp_replicate=2)), "strategy.dp_replicate",
+     "the replica groups are HSDP's replicated dimension"),
+    (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2), strategy=dict(type="fsdp"),
+          launcher=dict(type="ray", num_workers=2)), "launcher.num_workers",
+     "2 workers a replica: set num_workers=4"),
     (dict(launcher=dict(type="ray", num_workers=3)), "launcher.num_workers",
      "set num_workers=2"),
     (dict(launcher=dict(type="ray", num_workers=(1, 2))), "launcher.num_workers", "elastic"),
@@ -280,3 +292,77 @@ def test_a_misspelled_fault_tolerance_key_is_refused_not_ignored(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'fault_tolerance'") as caught:
         prepare_config(typo)
     assert caught.value.key == "fault_tolerence"
+
+
+def hsdp(work_dir: Path, epochs: int = 4, pace: float = 0.25) -> dict:
+    """:func:`cfg` as 2 replica groups of 2 FSDP ranks (4 processes; the same global batch of
+    8: 2 samples a rank), full checkpoints (one file to compare), for ``epochs``; rank 1 of
+    group 1 SIGKILLed at iteration 5, Pace fast once the new group has joined."""
+    out = cfg(work_dir, kill=(1, 5), pace=pace)
+    out["train_dataloader"]["batch_size"] = BATCH // 2
+    out["train_cfg"]["max_epochs"] = epochs
+    out["strategy"] = dict(type="fsdp", checkpoint="full")
+    out["fault_tolerance"]["ranks_per_replica"] = 2
+    out["default_hooks"]["checkpoint"]["interval"] = epochs
+    out["custom_hooks"][-1]["rank"] = 1
+    out["custom_hooks"] += [dict(type="MarkWhenWhole", markers=[f"{work_dir}.killed"],
+                                 path=f"{work_dir}.whole")]
+    out["custom_hooks"][1]["until"] = f"{work_dir}.whole"
+    return out
+
+
+@pytest.mark.slow("two replica groups of two FSDP processes each, one rank SIGKILLed")
+def test_a_replica_group_of_fsdp_ranks_losing_a_rank_is_replaced_whole_and_heals_its_shards(
+    tmp_path
+):
+    """HSDP: rank 1 of replica group 1 is SIGKILLed mid-epoch; the launcher kills the rest of
+    that group (its FSDP collectives would wait for the lost rank) and starts a new group,
+    whose ranks each heal their own shards (weights and optimizer) from the same rank of group
+    0. Group 0's processes never restart, commit every step once, and end with one process's
+    weights, as does the new group."""
+    work = tmp_path / "ft"
+    launcher = ReplicaLauncher(prepare_config(hsdp(work))[0])
+    assert launcher.run() == 0
+    check_hsdp(work, launcher)
+
+
+def check_hsdp(work: Path, launcher: ReplicaLauncher, epochs: int = 4) -> None:
+    """What :func:`hsdp`'s run must leave (locally and on Ray)."""
+    assert list(map(len, launcher.pids.values())) == [1, 2]  # group 1 replaced once, whole
+    records, total = diary(work), epochs * 9
+    at = killed_at(f"{work}.killed")
+    first = {r["pid"] for r in records if r["slot"] == 0}
+    assert len(first) == 2  # group 0: its two ranks, never restarted
+    for pid in first:
+        start, done = iterations(records, pid)
+        assert start <= 3 and done == list(range(start, total))  # every step once
+        lost = [(r["slots"], r["iter"]) for r in records if r["pid"] == pid and r["kind"] == "lost"]
+        assert lost == [([1], at - 1)]
+    starts = {r["pid"]: r["iter"] for r in records if r["slot"] == 1 and r["kind"] == "start"}
+    healed = [iterations(records, pid) for pid, start in starts.items() if start >= at]
+    assert len(healed) == 2  # both ranks of the new group healed past the kill, to the end
+    assert all(done == list(range(start, total)) for start, done in healed)
+    plain = cfg(work.parent / "one")
+    del plain["fault_tolerance"]
+    plain.update(custom_hooks=[], train_cfg=dict(by_epoch=True, max_epochs=epochs))
+    plain["train_dataloader"]["batch_size"] = BATCH * 2
+    runner = Runner.from_cfg(plain)
+    runner.train()
+    one = {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+    for folder in (work, work / "replicas" / "1"):
+        ckpt = torch.load(folder / launcher.run_name / f"epoch_{epochs}.pth", weights_only=False)
+        assert close(ckpt["state_dict"], one) < 1e-5
+
+
+def test_each_replica_evaluates_the_whole_validation_set(tmp_path, monkeypatch):
+    """Training data is cut over the replicas' ranks; validation and test data only over a
+    replica group's own ranks: every replica's metrics are the whole set's."""
+    monkeypatch.setenv("DRUN_REPLICA", "1")
+    run_cfg = cfg(tmp_path / "w")
+    loader = dict(dataset=dict(type="ToyDataset", n=N), batch_size=BATCH,
+                  sampler=dict(type="DefaultSampler", shuffle=False))
+    run_cfg.update(val_dataloader=loader, val_evaluator=dict(type="Accuracy"), val_cfg=dict())
+    runner = Runner.from_cfg(run_cfg)
+    train, val = runner.train_dataloader.sampler.plan, runner.val_dataloader.sampler
+    assert (train.rank, train.world_size, train.global_batch) == (1, 2, 2 * BATCH)
+    assert (val.rank, val.world_size) == (0, 1) and len(list(val)) == N
