@@ -53,3 +53,36 @@ def logged(work_dir: Path | str, key: str = "loss") -> list[float]:
 def close(a: list[float], b: list[float], rtol: float = 1e-4) -> bool:
     """Same length, every value within ``rtol`` (relative) of the other's."""
     return len(a) == len(b) > 0 and all(abs(x - y) <= rtol * abs(y) for x, y in zip(a, b))
+
+
+from hooks import HOOKS, Hook  # noqa: E402
+
+
+@HOOKS.register_module(force=True)
+class OutputsPerRank(Hook):
+    """Appends each iteration's ``outputs`` (loss, grad_norm) to ``{path}.rank{R}``: what every
+    rank's hooks see (under pipeline parallelism only the last stage computes the loss)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def after_train_iter(self, runner, batch_idx=None, data_batch=None, outputs=None) -> None:
+        values = {k: float(v) for k, v in (outputs or {}).items()}
+        with open(f"{self.path}.rank{runner.rank}", "a") as f:
+            f.write(json.dumps(values) + "\n")
+
+
+@HOOKS.register_module(force=True)
+class ProjectionLayout(Hook):
+    """Writes, per rank, the mesh dimensions and placements of each held decoder layer's
+    ``q_proj.weight`` to ``{path}.rank{R}`` (how the strategy split the model on that rank)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def before_train(self, runner) -> None:
+        layout = {name: [list(getattr(getattr(p, "device_mesh", None), "mesh_dim_names", None)
+                              or []), [str(x) for x in getattr(p, "placements", [])]]
+                  for name, p in runner.model.named_parameters() if name.endswith("q_proj.weight")}
+        with open(f"{self.path}.rank{runner.rank}", "w") as f:
+            f.write(json.dumps(layout))

@@ -210,8 +210,8 @@ def gloo_rank(rank: int, port: int, world_size: int = 2, hang_s: float = 240) ->
     leave_rank_process()
 
 
-def _train_as_rank(rank: int, port: int, cfgs: tuple[dict, ...]) -> None:
-    with gloo_rank(rank, port):
+def _train_as_rank(rank: int, port: int, cfgs: tuple[dict, ...], world: int = 2) -> None:
+    with gloo_rank(rank, port, world_size=world):
         from distributed_runner import Runner
 
         for cfg in cfgs:
@@ -226,7 +226,7 @@ def train_on_gloo(*cfgs: dict, nprocs: int = 2) -> None:
     spawn: the processes' start and imports are most of a toy run's cost."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_train_as_rank, args=(free_port(), cfgs), nprocs=nprocs, join=True)
+    mp.spawn(_train_as_rank, args=(free_port(), cfgs, nprocs), nprocs=nprocs, join=True)
 
 
 def make_runner(work_dir: Path | str, **overrides: Any):

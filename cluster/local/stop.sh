@@ -51,28 +51,29 @@ if [ -z "$PIDS" ]; then
     exit 0
 fi
 COUNT=$(echo "$PIDS" | wc -w)
+
+# wait_gone SECS PAUSE PID...: wait until none of the PIDs is alive, or SECS have passed; prints
+# those still alive
+wait_gone() {
+    local end=$((SECONDS + $1)) pause=$2 left
+    shift 2
+    while :; do
+        left=""
+        for p in "$@"; do alive "$p" && left="$left $p"; done
+        if [ -z "$left" ] || [ $SECONDS -ge $end ]; then break; fi
+        sleep "$pause"
+    done
+    echo "$left"
+}
+
 kill -TERM $PIDS 2>/dev/null || true
-END=$((SECONDS + ${STOP_GRACE_S:-10}))
-while [ $SECONDS -lt $END ]; do
-    LEFT=""
-    for p in $PIDS; do alive "$p" && LEFT="$LEFT $p"; done
-    [ -z "$LEFT" ] && break
-    sleep 0.5
-done
-LEFT=""
-for p in $PIDS; do alive "$p" && LEFT="$LEFT $p"; done
+LEFT="$(wait_gone "${STOP_GRACE_S:-10}" 0.5 $PIDS)"
 if [ -n "$LEFT" ]; then
     kill -KILL $LEFT 2>/dev/null || true
     echo "SIGKILLed what did not stop within ${STOP_GRACE_S:-10} s:$LEFT"
     # a SIGKILL is delivered when the process next runs: wait until they are gone, so that the
     # cluster is stopped when this script returns (a busy machine left a gcs_server listed)
-    END=$((SECONDS + 10)); STILL=""
-    while [ $SECONDS -lt $END ]; do
-        STILL=""
-        for p in $LEFT; do alive "$p" && STILL="$STILL $p"; done
-        [ -z "$STILL" ] && break
-        sleep 0.2
-    done
+    STILL="$(wait_gone 10 0.2 $LEFT)"
     if [ -n "$STILL" ]; then echo "still running after SIGKILL:$STILL" >&2; exit 1; fi
 fi
 rm -f "$TEMP/ray_current_cluster"

@@ -49,6 +49,12 @@ from distributed_runner.model.sharding import (
     load_full_optimizer_state,
     load_local_training_state,
 )
+from distributed_runner.parallel.pipeline import (
+    gathered_optimizer,
+    gathered_weights,
+    load_stage_optimizer,
+    load_stage_weights,
+)
 from distributed_runner.version import __version__
 
 
@@ -106,8 +112,12 @@ def _collect_meta(s: CheckpointSubject, o: SaveOptions) -> dict:
 def _collect_weights(s: CheckpointSubject, o: SaveOptions) -> Any:
     if not o.with_weights:  # sharded: in the shards
         return ABSENT
-    # FSDP with checkpoint='full': gathered on rank 0, an unsharded model's keys
-    state = full_model_state(s.model) if is_sharded(s.model) else s.model.state_dict()
+    # FSDP with checkpoint='full': gathered on rank 0, an unsharded model's keys; pipeline
+    # stages: gathered on rank 0 under their full names (the one-process checkpoint)
+    if s.pipeline is not None:
+        state = gathered_weights(s.model, s.pipeline.plan)
+    else:
+        state = full_model_state(s.model) if is_sharded(s.model) else s.model.state_dict()
     if (o.meta or {}).get("weights") == TRAINABLE:  # the frozen rest: load_from's directory
         frozen = frozen_names(s.model)
         state = {k: v for k, v in state.items() if k not in frozen}
@@ -124,6 +134,8 @@ def frozen_names(model: Any) -> set[str]:
 def _collect_optimizer(s: CheckpointSubject, o: SaveOptions) -> Any:
     if s.optim_wrapper is None or not (o.save_optimizer and o.with_weights):
         return ABSENT
+    if s.pipeline is not None:
+        return gathered_optimizer(s.model, s.optim_wrapper.optimizer, s.pipeline.plan)
     return (
         full_optimizer_state(s.model, s.optim_wrapper.optimizer)
         if is_sharded(s.model)
@@ -152,6 +164,9 @@ def _restore_weights(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None:
     if SHARDED in ckpt or RANK_SLICES in ckpt:
         return
     state = model_state_from(ckpt)
+    if s.pipeline is not None:  # this rank's stages of the whole model's weights
+        load_stage_weights(s.model, state, c.path)
+        return
     if ckpt["meta"].get("weights") != TRAINABLE:
         load_weights(s.model, state, "resume", c.path)
         return
@@ -203,7 +218,9 @@ def _restore_optimizer(s: CheckpointSubject, ckpt: dict, c: LoadContext) -> None
         return  # nothing to restore into, or loaded with the shards
     if RANK_SLICES in ckpt:
         return  # loaded with this rank's slices
-    if "optimizer" in ckpt and is_sharded(s.model):
+    if "optimizer" in ckpt and s.pipeline is not None:
+        load_stage_optimizer(s.model, s.optim_wrapper.optimizer, ckpt["optimizer"], c.path)
+    elif "optimizer" in ckpt and is_sharded(s.model):
         load_full_optimizer_state(s.model, s.optim_wrapper.optimizer, ckpt["optimizer"])
     elif "optimizer" in ckpt:
         s.optim_wrapper.load_state_dict(ckpt["optimizer"])

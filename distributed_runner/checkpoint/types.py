@@ -56,6 +56,7 @@ class CheckpointSubject:
     global_batch: int | None  # samples an iteration trains over all ranks (Runner.global_batch)
     num_streams: int | None  # a StreamingLoader's streams (Runner.num_streams)
     batch_size: int | None  # train_dataloader.batch_size as configured (Runner.train_batch_size)
+    pipeline: Any = None  # this rank's PipelineParts under pipeline parallelism (parallel/)
 
     def optimizer(self) -> Any:
         """The torch optimizer inside the wrapper, or None when nothing trains."""
@@ -84,6 +85,7 @@ class CheckpointSubject:
             global_batch=runner.global_batch,
             num_streams=runner.num_streams,
             batch_size=runner.train_batch_size,
+            pipeline=getattr(runner, "pipeline", None),
         )
 
     def position(self) -> dict:

@@ -55,6 +55,8 @@ class _Layout:
     tensor_parallel = 1
     dp_replicate = 1
     replica: tuple[int, int] | None = None  # fault_tolerance: (this process's slot, replicas)
+    pipeline = 1  # stages' ranks (parallel/pipeline.py): every stage of a pipeline reads its batch
+    pipeline_group: Any = None  # their process group
 
 
 def set_replica_layout(replica: tuple[int, int] | None) -> None:
@@ -92,10 +94,34 @@ def set_rank_layout(tensor_parallel: int, dp_replicate: int = 1) -> None:
 
 def mesh_layout() -> tuple[int, int, int]:
     """``(dp_replicate, dp_shard, tp)``: how this process's ranks split the model; DDP and
-    plain FSDP are ``(1, world, 1)``. A checkpoint's per-rank parts fit only the same layout."""
+    plain FSDP are ``(1, world, 1)``; a pipeline's stages count once (``world / pp``). A
+    checkpoint's per-rank parts fit only the same layout."""
     tp = get_tensor_parallel_size()
     replicate = _Layout.dp_replicate if is_distributed() else 1
-    return replicate, get_world_size() // (tp * replicate), tp
+    return replicate, get_world_size() // (tp * replicate * get_pipeline_size()), tp
+
+
+def set_pipeline_layout(size: int, group: Any = None) -> None:
+    """Declare ``size`` ranks a pipeline (parallel/pipeline.py), ``group`` their process group:
+    the stages of one pipeline read the same batches (the first its inputs, the last its
+    labels). 1 undoes it (every Runner sets it again)."""
+    _Layout.pipeline, _Layout.pipeline_group = int(size), group
+
+
+def get_pipeline_size() -> int:
+    """Ranks of one pipeline (1 without pipeline parallelism)."""
+    return _Layout.pipeline if is_distributed() else 1
+
+
+def get_pipeline_group() -> Any:
+    return _Layout.pipeline_group
+
+
+def one_per_data_rank(gathered: list) -> list:
+    """Of values gathered from every rank (in rank order), one per data-parallel rank: the
+    ranks of a tensor-parallel group, and of a pipeline's stages, saw the same data."""
+    stage_ranks = len(gathered) // get_pipeline_size()  # the first stage's ranks
+    return gathered[: stage_ranks : get_tensor_parallel_size()]
 
 
 def get_tensor_parallel_size() -> int:
@@ -106,7 +132,8 @@ def get_tensor_parallel_size() -> int:
 def get_data_parallel_rank() -> int:
     """Which share of the data this rank's tensor-parallel group reads (its rank without TP;
     in a fault-tolerant run, counted over every replica group's ranks)."""
-    in_group = get_rank() // get_tensor_parallel_size()
+    stage_ranks = get_world_size() // get_pipeline_size()  # pipeline stages outermost
+    in_group = get_rank() % stage_ranks // get_tensor_parallel_size()
     if _Layout.replica is not None:
         return _Layout.replica[0] * (get_world_size() // get_tensor_parallel_size()) + in_group
     return in_group
@@ -115,7 +142,7 @@ def get_data_parallel_rank() -> int:
 def get_data_parallel_world_size() -> int:
     """How many shares the data is split into: the number of model replicas (the world
     without TP; a fault-tolerant run's replica slots times their ranks)."""
-    in_group = get_world_size() // get_tensor_parallel_size()
+    in_group = get_world_size() // (get_tensor_parallel_size() * get_pipeline_size())
     if _Layout.replica is not None:
         return _Layout.replica[1] * in_group
     return in_group

@@ -57,6 +57,7 @@ class RunnerAPI(Protocol):
     elastic_plan: Any  # data.elastic.GlobalBatchPlan of an elastic run (or resized resume)
     global_batch: int | None  # samples one iteration trains over all data-parallel ranks
     replicas: Any  # fault_tolerance.replica.ReplicaGroup of a fault-tolerant run, else None
+    pipeline: Any  # parallel.pipeline.PipelineParts under pipeline parallelism, else None
     num_streams: int | None  # a StreamingLoader's streams (its order's C), else None
     train_batch_size: int | None  # train_dataloader.batch_size as configured (per rank)
     pretrained_from: str | None  # the model directory load_from filled the model from (absolute)

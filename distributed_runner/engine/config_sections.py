@@ -32,6 +32,7 @@ from distributed_runner.health.watchdog import parse_watchdog
 from distributed_runner.model.build import check_compile
 from distributed_runner.model.sharding import parse_strategy
 from distributed_runner.parallel.mesh import MeshShape
+from distributed_runner.parallel.pipeline import check_layout, check_unbuilt, microbatches
 from distributed_runner.validation.async_validation import parse_val_mode
 
 STAGES = ("train", "val", "test")
@@ -39,20 +40,32 @@ STAGES = ("train", "val", "test")
 
 def _strategy_on_driver(plan: DriverPlan) -> None:
     """The mesh fits the workers (one line here, not one per worker); an elastic group cannot
-    keep tp/dp_replicate (Ray may start it at a size they do not divide)."""
+    keep tp/dp_replicate/pp (Ray may start it at a size they do not divide)."""
     strategy = plan.settings.strategy
-    beyond = strategy["type"] == "fsdp" and (strategy["tp"] > 1 or strategy["dp_replicate"] > 1)
+    beyond = strategy["type"] == "fsdp" and any(
+        strategy[key] > 1 for key in ("tp", "dp_replicate", "pp")
+    )
     if beyond and isinstance(plan.workers, tuple):
         raise ConfigError(
             "launcher.num_workers",
-            "an elastic group (min, max) cannot keep strategy.tp/dp_replicate: Ray may start "
-            "it at a size they do not divide; give a fixed number of workers",
+            "an elastic group (min, max) cannot keep strategy.tp/dp_replicate/pp: Ray may "
+            "start it at a size they do not divide; give a fixed number of workers",
         )
     world, where = plan.world, ""
     replicas = plan.settings.fault_tolerance
     if replicas is not None:  # each replica group is a world of its own (fault_tolerance/)
         world = int(replicas["ranks_per_replica"])
         where = f" in each of {replicas['replicas']} replica groups"
+    if strategy["type"] == "fsdp" and strategy["pp"] > 1 and world > 1:
+        check_layout(strategy, world)
+        check_unbuilt(plan.cfg)
+        schedule = f"{strategy['pp_schedule']}, {microbatches(strategy)} micro-batches"
+        inside = f", tp={strategy['tp']} inside each" if strategy["tp"] > 1 else ""
+        plan.say(
+            "mesh", f"pipeline: pp={strategy['pp']} stages over {world} ranks ({schedule}{inside})"
+        )
+        plan.say("checkpoints", "full: the stages' weights gathered into one file on rank 0")
+        return
     if strategy["type"] != "fsdp" or world == 1:
         plan.say("mesh", f"{strategy['type']} over {world} rank(s){where}: the model trains whole")
         plan.say("checkpoints", "one file (.pth), written by rank 0")

@@ -26,6 +26,7 @@ from distributed_runner.core.storage import is_remote
 from distributed_runner.model.build import build_empty_model, build_unmoved
 from distributed_runner.model.empty_init import parameters_on_meta
 from distributed_runner.model.sharding import check_shard_modules
+from distributed_runner.parallel.pipeline import plan_stages
 
 # what a constructor raising means a mistake in the config (not "cannot run on this machine")
 CONFIG_MISTAKES = (ConfigError, ArgumentError, ValueError, TypeError, ImportError)
@@ -52,11 +53,21 @@ def check_model_on_meta(cfg: Mapping[str, Any], settings: Any) -> list[str]:
     lines = [f"{type(model).__name__}, {count:,} parameters (built on the meta device)"]
     if matched:
         lines.append(f"tensor-parallel plan: {len(matched)} modules split over tp={strategy['tp']}")
+    if strategy.get("pp", 1) > 1:  # the stages the workers will cut (parallel/pipeline.py)
+        plan = plan_stages(model, strategy)
+        lines.append(
+            "pipeline stages: "
+            + " | ".join(_span(plan.units(stage)) for stage in range(plan.stages))
+        )
     if weights is not None:
         lines.append(f"load_from {source}: every name and shape matches the files' headers")
     elif source:
         lines.append(f"load_from {source}: in object storage, checked by the workers")
     return lines
+
+
+def _span(units: tuple[str, ...]) -> str:
+    return units[0] if len(units) == 1 else f"{units[0]} .. {units[-1]}"
 
 
 def _build_on_meta(spec: dict, weights: PretrainedWeights | None) -> nn.Module:

@@ -401,13 +401,21 @@ class Runner(RunnerSurface):
         self.mesh_shape = mesh_shape(self.strategy)  # None: the model is not split
         # ranks of one tensor-parallel group read the same data (core/dist.py)
         shape = self.mesh_shape
-        dist.set_rank_layout(shape.tp if shape else 1, shape.dp_replicate if shape else 1)
+        pipelined = self.strategy.get("pp", 1) > 1 and dist.is_distributed()
+        if shape is not None:
+            dist.set_rank_layout(shape.tp, shape.dp_replicate)
+        elif pipelined:  # the mesh inside each stage (parallel/pipeline.py)
+            dist.set_rank_layout(self.strategy["tp"], self.strategy["dp_replicate"])
+        else:
+            dist.set_rank_layout(1)
+        dist.set_pipeline_layout(self.strategy["pp"] if pipelined else 1)
         if shape is None and self._beyond_fsdp():
             self.logger.info(
-                "strategy: tp=%s, dp_replicate=%s apply across ranks; with one process the "
-                "model trains whole",
+                "strategy: tp=%s, dp_replicate=%s, pp=%s apply across ranks; with one process "
+                "the model trains whole",
                 self.strategy["tp"],
                 self.strategy["dp_replicate"],
+                self.strategy["pp"],
             )
         # a resume keeps its seed, and its global batch at another world size (data/world_change)
         self._resumed = meta_to_resume(self._resume, self.work_dir)
@@ -420,9 +428,11 @@ class Runner(RunnerSurface):
             if self.pretrained_from
             else None
         )  # a Hugging Face directory fills the model as it is built (checkpoint/hf/load.py)
-        self._model, self.wrapped_model = setup_model(
+        built = setup_model(
             model, model_wrapper_cfg, self.settings.compile, self.device, self.strategy, weights
         )
+        self._model, self.wrapped_model = built.model, built.wrapped
+        self.pipeline = built.pipeline  # this rank's part of the pipeline (strategy.pp), or None
 
     def _setup_data_and_evaluation(
         self,
@@ -478,8 +488,8 @@ class Runner(RunnerSurface):
         log_brief_and_full(self.logger, plan, self._hooks.plan_text())
 
     def _beyond_fsdp(self) -> bool:
-        """Whether the strategy asks for more than FSDP's one dimension (TP or HSDP)."""
-        return self.strategy.get("tp", 1) > 1 or self.strategy.get("dp_replicate", 1) > 1
+        """Whether the strategy asks for more than FSDP's one dimension (TP, HSDP or PP)."""
+        return any(self.strategy.get(key, 1) > 1 for key in ("tp", "dp_replicate", "pp"))
 
     def _mesh_words(self) -> str:
         """`` (mesh dp_replicate=1 x dp_shard=2 x tp=2)`` for the startup line, when the mesh

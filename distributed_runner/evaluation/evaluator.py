@@ -42,8 +42,8 @@ class BaseMetric:
 
     def evaluate(self, size: int) -> dict[str, float]:
         """Gather results from all ranks, keep the first ``size`` in dataset order, compute."""
-        # a tensor-parallel group's ranks hold the same results: the first rank's of each
-        gathered = dist.all_gather_object(self.results)[:: dist.get_tensor_parallel_size()]
+        # a tensor-parallel group's (a pipeline's) ranks hold the same results: one of each
+        gathered = dist.one_per_data_rank(dist.all_gather_object(self.results))
         self.results = []
         ordered = interleave(gathered)[:size] if len(gathered) > 1 else gathered[0][:size]
         metrics = self.compute(ordered)

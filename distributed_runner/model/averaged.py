@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.core.registry import MODELS
 from distributed_runner.model.sharding import ShardedCopy, is_sharded
+from distributed_runner.parallel.pipeline import gathered_tensors
 
 
 class BaseAveragedModel:
@@ -33,7 +35,8 @@ class BaseAveragedModel:
     def __init__(
         self, model: nn.Module, interval: int = 1, device: Any = None, update_buffers: bool = False
     ) -> None:
-        if device is not None and is_sharded(model):
+        sharded = _holds_shards(model)
+        if device is not None and sharded:
             raise ConfigError(
                 "device",
                 "an FSDP-sharded model's average stays on its shards' "
@@ -41,7 +44,7 @@ class BaseAveragedModel:
             )
         # an FSDP-sharded model cannot be deep-copied: its shards are copied instead
         self.module: nn.Module | ShardedCopy
-        if is_sharded(model):
+        if sharded:
             self.module = ShardedCopy(model)
         else:
             self.module = copy.deepcopy(model).requires_grad_(False)
@@ -98,17 +101,30 @@ class BaseAveragedModel:
         return [(source[name], tensor) for name, tensor in self._averaged.items()]
 
     def state_dict(self) -> dict:
-        return {
-            "steps": torch.tensor(self.steps),
-            **{f"module.{k}": v for k, v in self.module.state_dict().items()},
-        }
+        """The steps and the averaged weights; under pipeline parallelism every stage's,
+        gathered on the first rank (a collective: checkpoints run it on every rank)."""
+        weights = {f"module.{k}": v for k, v in self.module.state_dict().items()}
+        if dist.get_pipeline_size() > 1:
+            weights = gathered_tensors(weights)
+        return {"steps": torch.tensor(self.steps), **weights}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> list[str]:
-        """Load; returns the missing/unexpected keys (raises on them when ``strict``)."""
+        """Load; returns the missing/unexpected keys (raises on them when ``strict``). Under
+        pipeline parallelism the whole model's average gives this rank's stages theirs."""
         weights = {k[len("module.") :]: v for k, v in state.items() if k.startswith("module.")}
-        result = self.module.load_state_dict(weights, strict=strict)
         self.steps = int(state.get("steps", 0))
+        if dist.get_pipeline_size() > 1:  # the other stages' are not this rank's to take
+            own = {n for n, _ in self.module.named_parameters()}
+            own |= {n for n, _ in self.module.named_buffers()}
+            weights = {k: v for k, v in weights.items() if k in own}
+        result = self.module.load_state_dict(weights, strict=strict)
         return list(result.missing_keys) + list(result.unexpected_keys)
+
+
+def _holds_shards(model: nn.Module) -> bool:
+    """Whether ``model`` is FSDP-sharded, or holds sharded modules (a pipeline stage's, whose
+    stage module is FSDP's root): either way it cannot be deep-copied."""
+    return is_sharded(model) or any(is_sharded(m) for m in model.modules())
 
 
 @MODELS.register_module()

@@ -5,7 +5,7 @@ compiled."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 from torch import nn
@@ -16,7 +16,8 @@ from distributed_runner.core.registry import MODELS
 from distributed_runner.core.signatures import accepts, check_arguments
 from distributed_runner.model.activation_checkpointing import apply_activation_checkpointing
 from distributed_runner.model.empty_init import materialize, parameters_on_meta
-from distributed_runner.model.sharding import check_shard_modules, shard_model
+from distributed_runner.model.sharding import check_shard_modules, shard_model, shard_stage
+from distributed_runner.parallel.pipeline import PipelineParts, split_for_pipeline
 
 
 def default_device() -> torch.device:
@@ -135,6 +136,15 @@ def _compiled_inner(model: Any) -> Any:
     return model._orig_mod if type(model).__name__ == "OptimizedModule" else None
 
 
+class BuiltModel(NamedTuple):
+    """:func:`setup_model`'s result: the user's model (under pipeline parallelism, this rank's
+    stages of it), what the loops call, and this rank's part of the pipeline (None without)."""
+
+    model: nn.Module
+    wrapped: nn.Module
+    pipeline: PipelineParts | None
+
+
 def setup_model(
     spec: Any,
     wrapper_cfg: dict | None,
@@ -142,10 +152,11 @@ def setup_model(
     device: torch.device,
     strategy: dict,
     weights: WeightSource | None = None,
-) -> tuple[nn.Module, nn.Module]:
+) -> BuiltModel:
     """The user's model on ``device`` and what the loops call (DDP-wrapped or sharded in place,
     then compiled). ``strategy`` is :func:`~.sharding.parse_strategy`'s result and
-    ``compile_args`` :func:`check_compile`'s (the config's sections, parsed once).
+    ``compile_args`` :func:`check_compile`'s (the config's sections, parsed once). Under
+    pipeline parallelism the model keeps this rank's stages only (parallel/pipeline.py).
 
     Activation checkpointing is set up first, on the user's own modules (before DDP or
     ``fully_shard`` sees them and before compile traces them): it replaces only their
@@ -160,17 +171,23 @@ def setup_model(
             "holds DDP arguments, but strategy is FSDP: put FSDP options in strategy=dict(...)",
         )
     matched = check_shard_modules(model, strategy)  # the tensor-parallel plan, matched once
+    pipeline = None
+    if strategy.get("pp", 1) > 1 and dist.is_distributed():  # this rank's stages only
+        pipeline = split_for_pipeline(model, strategy, device, matched)
     apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
-    sharded = strategy["type"] == "fsdp" and dist.is_distributed()
+    sharded = strategy["type"] == "fsdp" and dist.is_distributed() and strategy.get("pp", 1) == 1
     if sharded:
         shard_model(model, strategy, device, matched)
+    elif pipeline is not None and pipeline.data_mesh is not None:  # a stage's ranks shard it
+        for stage in pipeline.stages:
+            shard_stage(stage, strategy, pipeline.data_mesh)
     if weights is not None:
         materialize(model, device)
         weights.load(model)
     wrapped = (
         model if strategy["type"] == "fsdp" else wrap_model(model, dict(wrapper_cfg or {}), device)
     )
-    return model, compile_model(wrapped, compile_args)
+    return BuiltModel(model, compile_model(wrapped, compile_args), pipeline)
 
 
 def is_model_wrapper(model: Any) -> bool:

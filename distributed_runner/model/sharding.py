@@ -11,7 +11,9 @@ parameter, gradient and optimizer state, and gathers a module's parameters only 
                     activation_checkpointing=['Block'],  # recomputed in backward
                     tp=1,                               # tensor-parallel ranks per replica
                     tp_plan=None,                       # the model's own plan, or a dict
-                    dp_replicate=1)                     # HSDP: replicas of the sharded model
+                    dp_replicate=1,                     # HSDP: replicas of the sharded model
+                    pp=1, pp_schedule='1F1B',           # pipeline stages (parallel/pipeline.py)
+                    pp_microbatches=None, pp_split=None)
 
 ``tp=T`` splits the layers of the model's tensor-parallel plan over ``T`` consecutive ranks
 before FSDP shards over the rest, and ``dp_replicate=R`` replicates the shards ``R`` times
@@ -46,11 +48,18 @@ from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError, did_you_mean
 from distributed_runner.model.activation_checkpointing import check_module_classes
 from distributed_runner.parallel.mesh import MeshShape, build_mesh, data_parallel_mesh
+from distributed_runner.parallel.pipeline import PIPELINE_DEFAULTS, parse_pipeline
 from distributed_runner.parallel.tensor_parallel import (
     apply_tensor_parallel,
     check_divisible,
     match_plan,
     resolve_plan,
+)
+from distributed_runner.parallel.tensors import (
+    full_tensor,
+    like_param,
+    local_tensor,
+    shard_like,
 )
 
 STRATEGIES = ("ddp", "fsdp")
@@ -64,9 +73,10 @@ FSDP_DEFAULTS: dict[str, Any] = {
     "tp": 1,
     "tp_plan": None,
     "dp_replicate": 1,
+    **PIPELINE_DEFAULTS,
 }
 DDP_OPTIONS = ("activation_checkpointing",)
-MESH_OPTIONS = ("tp", "tp_plan", "dp_replicate")
+MESH_OPTIONS = ("tp", "tp_plan", "dp_replicate", *PIPELINE_DEFAULTS)
 DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
@@ -155,6 +165,15 @@ def _parse_fsdp(args: dict) -> dict:
         tp (int): ranks that split each layer of the tensor-parallel plan (1: none).
         tp_plan (dict | None): module-name patterns to styles; None takes the model's own.
         dp_replicate (int): replicas of the sharded model (HSDP); FSDP shards within each.
+        pp (int): pipeline stages, one a rank (parallel/pipeline.py); 1: none.
+        pp_schedule (str): torch's schedule: 'GPipe', '1F1B', 'Interleaved1F1B', 'LoopedBFS',
+            'InterleavedZeroBubble' (these three: pp_stages_per_rank stages a rank, in a loop),
+            'ZBVZeroBubble' or 'DualPipeV' (2 stages a rank, in a V).
+        pp_microbatches (int | None): micro-batches a batch is cut into (>= the stages);
+            None: as many as stages.
+        pp_split (list[str] | None): the units stages start at (['model.layers.8']); None:
+            the model's plan cut evenly.
+        pp_stages_per_rank (int): stages a rank holds under a looped schedule.
     """
     for key in args:
         if key not in FSDP_DEFAULTS:
@@ -178,9 +197,10 @@ def _parse_fsdp(args: dict) -> dict:
         if not isinstance(out[flag], bool):
             raise ConfigError(f"strategy.{flag}", f"got {out[flag]!r:.60}; takes True or False")
     _check_mixed_precision(out["mixed_precision"])
-    for key in ("tp", "dp_replicate"):
+    for key in ("tp", "dp_replicate", "pp_stages_per_rank"):
         if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < 1:
             raise ConfigError(f"strategy.{key}", f"got {out[key]!r:.40}; takes an integer >= 1")
+    parse_pipeline(out)
     return out
 
 
@@ -239,8 +259,8 @@ def check_shard_modules(model: nn.Module, strategy: dict) -> dict[str, str]:
 def mesh_shape(strategy: dict) -> MeshShape | None:
     """The mesh FSDP (and TP) will use for this world; None with one process or DDP, where the
     model is not split. One line when ``tp``/``dp_replicate`` do not divide the world."""
-    if strategy["type"] != "fsdp" or not dist.is_distributed():
-        return None
+    if strategy["type"] != "fsdp" or not dist.is_distributed() or strategy["pp"] > 1:
+        return None  # one process, DDP, or the pipeline's stages (parallel/pipeline.py)
     return MeshShape.for_world(dist.get_world_size(), strategy["tp"], strategy["dp_replicate"])
 
 
@@ -255,7 +275,6 @@ def shard_model(
     ``FSDP<Name>`` subclass), so ``runner.model`` is still what hooks see.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     shape = mesh_shape(strategy)
     assert shape is not None, "shard_model runs with several ranks"
@@ -266,6 +285,22 @@ def shard_model(
         data_mesh = data_parallel_mesh(mesh, shape)
         if shape.tp > 1:
             apply_tensor_parallel(model, matched, mesh["tp"])
+    _fully_shard_units(model, strategy, data_mesh)
+    return model
+
+
+def shard_stage(stage: nn.Module, strategy: dict, data_mesh: Any) -> None:
+    """A pipeline stage's module (parallel/pipeline.py) sharded over its ranks: each module of a
+    ``shard_modules`` class, then the stage as FSDP's root (the schedule calls it, and tells
+    FSDP which backward of a step is the last)."""
+    _fully_shard_units(stage, strategy, data_mesh)
+
+
+def _fully_shard_units(root: nn.Module, strategy: dict, data_mesh: Any) -> None:
+    """``fully_shard`` each ``shard_modules`` module of ``root`` (innermost first), then
+    ``root``, over ``data_mesh`` with the strategy's FSDP options."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
     options: dict[str, Any] = {
         "mesh": data_mesh,
         "reshard_after_forward": strategy["reshard_after_forward"],
@@ -278,11 +313,10 @@ def shard_model(
     if strategy["cpu_offload"]:
         options["offload_policy"] = CPUOffloadPolicy()
     wanted = set(strategy["shard_modules"])
-    for module in reversed(list(model.modules())[1:]):  # children before their parents
+    for module in reversed(list(root.modules())[1:]):  # children before their parents
         if type(module).__name__ in wanted:
             fully_shard(module, **options)
-    fully_shard(model, **options)
-    return model
+    fully_shard(root, **options)
 
 
 def is_sharded(model: Any) -> bool:
@@ -330,28 +364,6 @@ def load_full_optimizer_state(
     )
 
 
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a sharded tensor (a DTensor); a plain tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """``local`` (this rank's part) as a tensor shaped and placed like ``param``."""
-    mesh, placements = getattr(param, "device_mesh", None), getattr(param, "placements", None)
-    if mesh is not None:  # a DTensor (FSDP2's parameter)
-        from torch.distributed.tensor import DTensor
-
-        return DTensor.from_local(
-            local.to(param.device, param.dtype),
-            mesh,
-            placements,
-            run_check=False,
-            shape=param.shape,
-            stride=param.stride(),
-        )
-    return local.to(param.device, param.dtype)
-
-
 def local_training_state(
     params: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer | None
 ) -> dict:
@@ -393,22 +405,6 @@ def load_local_training_state(
         for index, per in saved["state"].items()
     }
     optimizer.load_state_dict({**saved, "state": slices})
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """All of a sharded tensor, gathered (a collective); a plain tensor itself."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``full`` (the same on every rank) cut into ``like``'s shards, with no communication."""
-    full = full.to(like.device, like.dtype)
-    mesh, placements = getattr(like, "device_mesh", None), getattr(like, "placements", None)
-    if mesh is not None:  # a DTensor (FSDP2's parameter)
-        from torch.distributed.tensor import distribute_tensor
-
-        return distribute_tensor(full, mesh, placements, src_data_rank=None)
-    return full
 
 
 class LoadResult(NamedTuple):

@@ -137,11 +137,12 @@ def _passes(
 ) -> list[dict[str, torch.Tensor]]:
     """The tensors to fill, by file name, in as few loads as names repeat: two tensors can take
     one file tensor (PEFT's ``modules_to_save`` keeps the original module and its trained copy,
-    both starting from the base weight)."""
+    both starting from the base weight). Under pipeline parallelism a rank holds its stages'
+    tensors only (the names were checked against the files on the whole model)."""
     passes: list[dict[str, torch.Tensor]] = []
     for names, file in groups:
-        if file is None:
-            continue
+        if file is None or not any(n in state for n in names):
+            continue  # no file, or another pipeline stage's tensor (this rank dropped it)
         free = next((p for p in passes if file not in p), None)
         if free is None:
             free = {}

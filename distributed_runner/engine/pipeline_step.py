@@ -1,0 +1,113 @@
+"""The step under pipeline parallelism (``strategy.pp``, distributed_runner/parallel/pipeline.py).
+
+Every rank of the pipeline reads the same batch; torch's schedule owns forward and backward::
+
+    first stage:  schedule.step(input_ids)            # cut into pp_microbatches
+    last stage:   schedule.step(target=labels, losses=losses)   # the loss is the model's own
+    other stages: schedule.step()
+    loss = the mean of the micro-batches' losses, sent from the last stage to every rank
+    optimizer step: gradients clipped by the norm over every stage (parallel/grad_norm.py)
+
+So every hook that reads the step's outputs (the logger, early stopping, the throughput meter)
+sees the same values on every rank, as with one process. The schedule scales each micro-batch's
+gradient by ``1 / pp_microbatches``: with equal micro-batches the update is one process's.
+Validation and the test loop run the same schedule forward only (:class:`PipelinePredictor`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from distributed_runner.core.errors import ConfigError
+from distributed_runner.engine.step import with_grad_norm
+from distributed_runner.model.calling import move_to
+from distributed_runner.parallel.pipeline import check_unbuilt, microbatches
+
+if TYPE_CHECKING:
+    from distributed_runner.core.runner_api import RunnerAPI
+
+
+class PipelineStep:
+    """The step of the module docstring (``runner.pipeline``: this rank's PipelineParts)."""
+
+    def __init__(self, runner: RunnerAPI) -> None:
+        if runner.step_guards:
+            raise ConfigError(
+                "custom_hooks",
+                "step guards (NonFiniteLossHook ...) need the loss before backward, which the "
+                "pipeline's schedule computes inside it: remove them from a strategy.pp run",
+            )
+        self.runner, parts = runner, runner.pipeline
+        self.first, self.last, self.last_rank = parts.first, parts.last, parts.last_rank
+        self.group, self.parts = parts.group, parts
+        self.microbatches = microbatches(runner.strategy)
+
+    def __call__(self, data_batch: Any) -> dict:
+        runner = self.runner
+        inputs, labels = _inputs_and_labels(move_to(data_batch, runner.device))
+        if len(inputs) % self.microbatches:
+            raise ConfigError(
+                "train_dataloader.batch_size",
+                f"a batch of {len(inputs)} does not split into strategy.pp_microbatches="
+                f"{self.microbatches} equal micro-batches: make every batch a multiple of it "
+                f"(drop_last=True for a dataset whose length is not)",
+            )
+        schedule = self.parts.schedule(runner.model, runner.strategy, runner.device, inputs.shape)
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.first else ()
+        kwargs: dict[str, Any] = {"target": labels, "losses": losses} if self.last else {}
+        schedule.step(*args, **kwargs)
+        loss = torch.stack(losses).mean().detach() if losses else torch.zeros(())
+        loss = loss.to(runner.device)
+        torch.distributed.broadcast(loss, group=self.group, group_src=self.last_rank)
+        optim_wrapper = runner.optim_wrapper
+        optim_wrapper.step()
+        optim_wrapper.zero_grad()
+        return with_grad_norm(optim_wrapper, {"loss": loss})
+
+
+def _inputs_and_labels(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM's batch: ``input_ids`` and ``labels`` (no padding mask: the stages build the
+    causal mask themselves)."""
+    if not isinstance(batch, dict) or "input_ids" not in batch or "labels" not in batch:
+        raise ConfigError(
+            "train_dataloader",
+            "a strategy.pp run trains a causal LM on dict batches of input_ids and labels",
+        )
+    extra = sorted(set(batch) - {"input_ids", "labels"})
+    if extra:
+        raise ConfigError(
+            "train_dataloader",
+            f"the batch has {extra[0]!r}, which a pipeline stage does not take yet (input_ids "
+            f"and labels only: sequences of one length, no padding mask)",
+        )
+    return batch["input_ids"], batch["labels"]
+
+
+class PipelinePredictor:
+    """What validation and ``drun test`` call with each batch under pipeline parallelism:
+    torch's forward-only schedule over the stages, and the last stage's logits sent to every
+    rank of the pipeline (the evaluator counts one rank of each: core/dist.py)."""
+
+    def __init__(self, runner: RunnerAPI, stage: str) -> None:
+        check_unbuilt({"strategy": runner.strategy, f"{stage}_dataloader": True})  # a V's
+        self.runner, self.parts = runner, runner.pipeline
+        self.microbatches = microbatches(runner.strategy)
+
+    def __call__(self, data: Any) -> torch.Tensor:
+        inputs, labels = _inputs_and_labels(data)
+        count = len(inputs)
+        pad = -count % self.microbatches  # a last, smaller batch: its last sample repeated
+        if pad:
+            inputs, labels = (
+                torch.cat([t, t[-1:].expand(pad, *t.shape[1:])]) for t in (inputs, labels)
+            )
+        runner = self.runner
+        schedule = self.parts.schedule(runner.model, runner.strategy, runner.device, inputs.shape)
+        args = (inputs,) if self.parts.first else ()
+        # the last stage computes the schedule's loss too (its loss_fn is set): it is dropped
+        kwargs: dict[str, Any] = {"target": labels, "losses": []} if self.parts.last else {}
+        outputs = schedule.eval(*args, **kwargs)
+        return self.parts.share_outputs(outputs if self.parts.last else None)[:count]

@@ -1,0 +1,252 @@
+"""Pipeline parallelism (issue 50, distributed_runner/parallel/pipeline.py): a Hugging Face Llama
+built from its config, cut into stages along transformers' own pipeline plan, trained by torch's
+schedules on 2 gloo processes; the logged losses follow one process's, every rank logs the same
+values, gradient clipping takes the norm over both stages, and the stages' checkpoint is the
+one-process checkpoint under every parameter's full name. Each request that cannot hold is one
+line before training, on the Ray driver too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from distributed_runner import Runner  # noqa: E402
+from distributed_runner.core.errors import ConfigError  # noqa: E402
+from distributed_runner.launch.launcher_config import validate_config  # noqa: E402
+from distributed_runner.model.sharding import parse_strategy  # noqa: E402
+from distributed_runner.parallel.pipeline import plan_stages  # noqa: E402
+from tests.hf_llama import LLAMA, close, llama_cfg, logged  # noqa: E402
+from tests.toy import train_on_gloo  # noqa: E402
+
+LLAMA4 = {**LLAMA, "config": {**LLAMA["config"], "num_hidden_layers": 4}}
+SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+EMA = [dict(type="EMAHook", momentum=0.2)]
+VALIDATION = dict(  # every epoch, on 12 other sequences (the last batch smaller)
+    val_dataloader=dict(dataset=dict(type="HFToyTokens", n=12, seed=1), batch_size=8,
+                        sampler=dict(type="DefaultSampler", shuffle=False)),
+    val_evaluator=dict(type="Perplexity"), val_cfg=dict())
+
+
+def validated(work_dir: Path) -> list[float]:
+    """Each validation's perplexity, from the run's JSONL log."""
+    import json
+
+    return [json.loads(line)["perplexity"] for path in sorted(Path(work_dir).glob(
+        "**/scalars.jsonl")) for line in path.read_text().splitlines()
+        if "perplexity" in json.loads(line)]
+
+
+def pp_cfg(work_dir: Path, schedule: str | None, **overrides) -> dict:
+    """:func:`llama_cfg`'s 8 iterations (global batch 8, clipping at 1.0) of a 4-layer Llama,
+    without EMA/SyncBuffers; ``schedule``: pp=2 with it (each rank reads the whole batch),
+    None: one process."""
+    cfg = llama_cfg(work_dir, 8, None, model=LLAMA4, **{"custom_hooks": [], **overrides})
+    cfg.update(VALIDATION)
+    if schedule is not None:
+        cfg["strategy"] = dict(type="fsdp", pp=2, pp_schedule=schedule, pp_microbatches=4)
+    return cfg
+
+
+def pretrained_dir(folder: Path) -> str:
+    """The 4-layer Llama with other weights (seed 7), as ``save_pretrained`` writes it."""
+    from distributed_runner.model.build import build_model
+
+    torch.manual_seed(7)
+    build_model(LLAMA4, torch.device("cpu")).save_pretrained(str(folder))
+    return str(folder)
+
+
+def weights(path: Path) -> dict:
+    return torch.load(path, weights_only=False)["state_dict"]
+
+
+def near(a: dict, b: dict, rtol: float = 1e-5) -> None:
+    assert list(a) == list(b)  # every parameter, under its full name, in the model's order
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=rtol, atol=rtol * b[key].abs().max()), key
+
+
+@pytest.mark.slow("2 gloo processes train a Llama with three pipeline schedules, then resume")
+def test_pp2_follows_one_process_and_its_checkpoint_resumes_in_one_process_and_on_stages(
+        tmp_path):
+    epoch_1 = str(tmp_path / "1F1B" / "epoch_1.pth")
+    seen = str(tmp_path / "outputs")
+    pretrained = pretrained_dir(tmp_path / "pretrained")  # load_from: each stage its layers
+    runs = [pp_cfg(tmp_path / name, name) for name in SCHEDULES]
+    runs.append(pp_cfg(tmp_path / "pp_loaded", "1F1B", load_from=pretrained))
+    runs += [pp_cfg(tmp_path / "pp_ema", "1F1B", custom_hooks=EMA),  # each stage's average
+             pp_cfg(tmp_path / "pp_ema_resumed", "1F1B", custom_hooks=EMA,
+                    resume=str(tmp_path / "pp_ema" / "epoch_1.pth"))]
+    for name in V_SCHEDULES:  # they train; torch's forward-only run of a V fails (refused)
+        runs.append({k: v for k, v in pp_cfg(tmp_path / name, name).items()
+                     if k not in VALIDATION})
+    runs[0]["custom_hooks"] = [dict(type="OutputsPerRank", path=seen)]
+    runs[0]["custom_imports"] = dict(imports=["tests.hf_toy", "tests.hf_llama"])
+    train_on_gloo(*runs, pp_cfg(tmp_path / "pp_resumed", "1F1B", resume=epoch_1))
+    Runner.from_cfg(pp_cfg(tmp_path / "one", None)).train()
+    reference = logged(tmp_path / "one")
+    assert len(reference) == 8
+    for name in SCHEDULES:
+        losses = logged(tmp_path / name)
+        assert close(losses, reference, rtol=1e-5), (name, losses, reference)
+        # validation: the stages' forward-only schedule, the logits shared with every rank
+        assert close(validated(tmp_path / name), validated(tmp_path / "one"), rtol=1e-5)
+    assert len(validated(tmp_path / "one")) == 2
+    Runner.from_cfg(pp_cfg(tmp_path / "one_loaded", None, load_from=pretrained)).train()
+    loaded = logged(tmp_path / "one_loaded")
+    assert close(logged(tmp_path / "pp_loaded"), loaded, rtol=1e-5) and loaded != reference
+    for name in V_SCHEDULES:  # 2 stages a rank in a V: the last on rank 0
+        assert close(logged(tmp_path / name), reference, rtol=1e-5), name
+    Runner.from_cfg(pp_cfg(tmp_path / "one_ema", None, custom_hooks=EMA)).train()
+    ema = torch.load(tmp_path / "one_ema" / "epoch_2.pth", weights_only=False)
+    for name in ("pp_ema", "pp_ema_resumed"):  # the stages' averages, gathered, and resumed
+        mine = torch.load(tmp_path / name / "epoch_2.pth", weights_only=False)
+        near(mine["state_dict"], ema["state_dict"], rtol=1e-4)  # the average, deployed
+        near(mine["ema_state_dict"], ema["ema_state_dict"], rtol=1e-4)
+    first, last = (Path(f"{seen}.rank{r}").read_text() for r in (0, 1))
+    assert first == last and len(first.splitlines()) == 8  # every rank's hooks: the same values
+    norms = logged(tmp_path / "1F1B", "grad_norm")
+    assert max(norms) > 1.0  # clipping at 1.0 acted, with the norm over both stages
+    assert close(norms, logged(tmp_path / "one", "grad_norm"), rtol=1e-4)
+    final = weights(tmp_path / "1F1B" / "epoch_2.pth")  # both stages' weights, full names
+    near(final, weights(tmp_path / "one" / "epoch_2.pth"), rtol=1e-4)
+    # the stages' epoch-1 checkpoint, resumed in one process and on 2 stages again
+    Runner.from_cfg(pp_cfg(tmp_path / "one_resumed", None, resume=epoch_1)).train()
+    for resumed in ("one_resumed", "pp_resumed"):
+        assert close(logged(tmp_path / resumed), reference[4:], rtol=1e-5)  # epoch 2 only
+        near(weights(tmp_path / resumed / "epoch_2.pth"), final)
+    # drun export of the stages' checkpoint: one directory from_pretrained loads
+    from transformers import LlamaForCausalLM
+
+    from distributed_runner.cli import main
+    assert main(["export", str(tmp_path / "1F1B" / "epoch_2.pth"), str(tmp_path / "hf")]) == 0
+    exported = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).state_dict()
+    assert exported.keys() == final.keys()
+    assert all(torch.equal(exported[k], final[k]) for k in final)
+
+
+@pytest.mark.slow("4 gloo processes: 2 stages, each sharded by FSDP, HSDP or split by TP over 2")
+def test_pp2_x_dp2_and_pp2_x_tp2_follow_one_process_and_their_checkpoints_reshard(tmp_path):
+    """pp=2 x dp_shard=2: each stage's 2 ranks read half of the global batch of 8 and shard the
+    stage with FSDP (its decoder layers one by one); pp=2 x dp_replicate=2 replicates it
+    instead (HSDP); pp=2 x tp=2: a stage's 2 ranks split its layers by transformers' own plan. The logged losses (averaged over the ranks) follow one
+    process's; pp=2 x dp=2's epoch-1 checkpoint resumes in one process, into FSDP's shards and
+    into TP's splits, each ending with the uninterrupted run's weights."""
+    fsdp = dict(type="fsdp", pp=2, pp_schedule="1F1B", pp_microbatches=2,
+                shard_modules=["LlamaDecoderLayer"])
+    tp, hsdp = {**fsdp, "tp": 2}, {**fsdp, "dp_replicate": 2}
+    epoch_1 = str(tmp_path / "pp_dp" / "epoch_1.pth")
+    runs = (("pp_dp", fsdp, 4, {}), ("pp_dp_resumed", fsdp, 4, {"resume": epoch_1}),
+            ("pp_tp", tp, 8, {}), ("pp_tp_resumed", tp, 8, {"resume": epoch_1}),
+            ("pp_hsdp", hsdp, 4, {"custom_hooks": EMA}))
+    cfgs = [llama_cfg(tmp_path / name, batch, strategy, model=LLAMA4,
+                      **{"custom_hooks": [], **more}) for name, strategy, batch, more in runs]
+    cfgs[2]["custom_hooks"] = [dict(type="ProjectionLayout", path=str(tmp_path / "layout"))]
+    cfgs[2]["custom_imports"] = dict(imports=["tests.hf_toy", "tests.hf_llama"])
+    train_on_gloo(*cfgs, nprocs=4)
+    import json
+    layouts = [json.loads(Path(f"{tmp_path}/layout.rank{r}").read_text()) for r in range(4)]
+    assert [sorted(layout) for layout in layouts] == [  # ranks 0-1: stage 0, ranks 2-3: stage 1
+        [f"model.layers.{i}.self_attn.q_proj.weight" for i in held]
+        for held in ((0, 1), (0, 1), (2, 3), (2, 3))]
+    assert all(v == [["tp"], ["S(0)"]] for layout in layouts for v in layout.values())
+    Runner.from_cfg(pp_cfg(tmp_path / "one", None)).train()
+    reference = logged(tmp_path / "one")
+    for name in ("pp_dp", "pp_tp", "pp_hsdp"):
+        assert close(logged(tmp_path / name), reference, rtol=1e-5), name
+    final = weights(tmp_path / "pp_dp" / "epoch_2.pth")
+    near(final, weights(tmp_path / "one" / "epoch_2.pth"), rtol=1e-4)
+    near(weights(tmp_path / "pp_tp" / "epoch_2.pth"), final, rtol=1e-4)
+    Runner.from_cfg(pp_cfg(tmp_path / "one_resumed", None, resume=epoch_1)).train()
+    for resumed in ("one_resumed", "pp_dp_resumed", "pp_tp_resumed"):  # one process, shards, TP
+        assert close(logged(tmp_path / resumed), reference[4:], rtol=1e-5), resumed
+        near(weights(tmp_path / resumed / "epoch_2.pth"), final)
+    # EMA over HSDP stages: the average of every stage, whole, under the model's names
+    average = torch.load(tmp_path / "pp_hsdp" / "epoch_2.pth", weights_only=False)
+    assert [k[len("module."):] for k in average["ema_state_dict"] if k != "steps"] == list(final)
+
+
+def test_the_plan_cuts_the_embedding_layers_and_head_evenly_or_where_asked():
+    from distributed_runner.model.build import build_model
+
+    model = build_model(LLAMA4, torch.device("cpu"))
+    plan = plan_stages(model, parse_strategy(dict(type="fsdp", pp=2)))
+    assert plan.units(0) == ("model.embed_tokens", "model.layers.0", "model.layers.1")
+    assert plan.units(1) == ("model.layers.2", "model.layers.3", "lm_head")
+    split = parse_strategy(dict(type="fsdp", pp=2, pp_split=["model.layers.1"]))
+    assert plan_stages(model, split).units(0) == ("model.embed_tokens", "model.layers.0")
+    looped = plan_stages(model, parse_strategy(dict(type="fsdp", pp=2,
+                                                    pp_schedule="Interleaved1F1B")))
+    assert looped.stages == 4 and looped.stages_of(0) == [0, 2] and looped.stages_of(1) == [1, 3]
+    v = plan_stages(model, parse_strategy(dict(type="fsdp", pp=2, pp_schedule="DualPipeV")))
+    assert v.stages == 4 and v.stages_of(0) == [0, 3] and v.stages_of(1) == [1, 2]
+    assert v.rank_of(3) == 0  # the last stage beside the first
+
+
+@pytest.mark.parametrize(("strategy", "key", "words"), [
+    (dict(pp=2, pp_schedule="1f1b"), "strategy.pp_schedule", "did you mean '1F1B'"),
+    (dict(pp=2, pp_microbatches=1), "strategy.pp_microbatches", ">= the 2 stages"),
+    (dict(pp=0), "strategy.pp", "integer >= 1"),
+    (dict(pp=2, pp_split="model.layers.2"), "strategy.pp_split", "list of module names"),
+    (dict(pp=2, pp_split=["model.layer.2"]), "strategy.pp_split", "did you mean"),
+    (dict(pp=2, pp_split=["model.layers.1", "model.layers.3"]), "strategy.pp_split",
+     "3 stage(s)"),
+])
+def test_a_pipeline_option_that_cannot_hold_is_one_line(strategy, key, words):
+    from distributed_runner.model.build import build_model
+
+    with pytest.raises(ConfigError) as caught:
+        plan_stages(build_model(LLAMA4, torch.device("cpu")),
+                    parse_strategy(dict(type="fsdp", **strategy)))
+    assert caught.value.key == key and words in str(caught.value), str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("change", "workers", "key", "words"), [
+    (dict(strategy=dict(type="fsdp", pp=2, tp=2)), 2, "strategy.pp",
+     "pp=2 x tp=2 does not divide the world size 2"),
+    (dict(strategy=dict(type="fsdp", pp=2, dp_replicate=2)), 2, "strategy.pp",
+     "pp=2 x dp_replicate=2 does not divide the world size 2"),
+    (dict(strategy=dict(type="fsdp", pp=3)), 2, "strategy.pp", "does not divide"),
+    (dict(strategy=dict(type="fsdp", pp=2), model=dict(type="TinyBlocks"),
+          custom_imports=dict(imports=["tests.hf_toy", "tests.toy"])), 2, "strategy.pp",
+     "no pipeline plan"),
+    (dict(strategy=dict(type="fsdp", pp=2), model={**LLAMA4, "config": {
+        **LLAMA4["config"], "tie_word_embeddings": True}}), 2, "strategy.pp",
+     "tie_word_embeddings"),
+    (dict(strategy=dict(type="fsdp", pp=2, pp_stages_per_rank=4,
+                        pp_schedule="Interleaved1F1B")), 2, "strategy.pp", "8 stages from 6"),
+    (dict(strategy=dict(type="ddp", pp=2)), 2, "strategy.pp", "needs FSDP"),
+    (dict(strategy=dict(type="fsdp", pp=2)), (2, 4), "launcher.num_workers",
+     "an elastic group (min, max) cannot keep strategy.tp/dp_replicate/pp"),
+    (dict(strategy=dict(type="fsdp", pp=2, pp_schedule="ZBVZeroBubble"), **VALIDATION), 2,
+     "strategy.pp_schedule", "forward-only run of a V schedule fails (val_dataloader)"),
+])
+def test_the_ray_driver_refuses_a_pipeline_that_cannot_run_in_one_line(
+        tmp_path, change, workers, key, words):
+    cfg = {**pp_cfg(tmp_path / "w", None), **change,
+           "launcher": dict(type="ray", num_workers=workers)}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(cfg)
+    assert caught.value.key == key and words in str(caught.value), str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_pages_config_passes_the_ray_drivers_checks_and_shows_its_stages(tmp_path):
+    """docs/how-to/pipeline-parallel.md's block (a 32-layer Llama on 4 workers), with the
+    data of :func:`pp_cfg`: the driver builds it on the meta device and cuts it."""
+    from tests.docs_blocks import docs_block
+
+    page: dict = {}
+    exec(docs_block("pipeline-config"), page)
+    cfg = {**pp_cfg(tmp_path / "w", None),
+           **{k: page[k] for k in ("model", "strategy", "launcher")}}
+    plan = validate_config(cfg)
+    assert plan.lines["mesh"] == ["pipeline: pp=2 stages over 4 ranks (1F1B, 8 micro-batches)"]
+    assert "pipeline stages: model.embed_tokens .. model.layers.15 | model.layers.16 .. lm_head" \
+        in plan.lines["model"]
+    assert plan.lines["checkpoints"][0].startswith("full: the stages' weights gathered")
