@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import random
 import socket
 import traceback
 from collections.abc import Iterator
@@ -179,14 +180,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_ports(count: int) -> list[int]:
+# Ports for services a test starts with fixed numbers: below the kernel's ephemeral range
+# (32768-60999), where any process's port 0 lands, and above Ray's worker ports (10002-19999)
+QUIET_PORTS = range(20000, 32768)
+
+
+def free_ports(count: int, quiet: bool = False) -> list[int]:
     """``count`` distinct free ports: each socket is held until all are chosen (separate
     :func:`free_port` calls may return one port twice, as a CI run found: Ray refused a head
-    whose dashboard and agent were given the same port)."""
+    whose dashboard and agent were given the same port). ``quiet``: from :data:`QUIET_PORTS`,
+    which no other process is handed between this choice and the service binding it (a CI
+    run's head got its runtime-env agent port taken by another Ray's agent, whose token auth
+    then refused the head's jobs with 401)."""
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        sockets = []
+        candidates = random.sample(QUIET_PORTS, len(QUIET_PORTS)) if quiet else [0] * count
+        for port in candidates:
+            s = stack.enter_context(socket.socket())
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken
+            sockets.append(s)
+            if len(sockets) == count:
+                break
         return [s.getsockname()[1] for s in sockets]
 
 

@@ -14,7 +14,9 @@ PORT_VARIABLES = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_LISTEN_PORT", "RA
 def head_env(temp: Path, **settings: str) -> dict[str, str]:
     """``os.environ`` with ``RAY_TEMP_DIR=temp`` (short: Ray's socket paths have a limit), a free
     port for each of :data:`PORT_VARIABLES`, a 5 s stop grace, no usage stats, and ``settings``."""
-    ports = free_ports(len(PORT_VARIABLES))  # distinct: Ray refuses a port given twice
+    # distinct (Ray refuses a port given twice), and from a range no other process's port 0
+    # lands in while this head starts
+    ports = free_ports(len(PORT_VARIABLES), quiet=True)
     env = dict(os.environ, RAY_TEMP_DIR=str(temp), STOP_GRACE_S="5", RAY_USAGE_STATS_ENABLED="0",
                **{name: str(port) for name, port in zip(PORT_VARIABLES, ports, strict=True)})
     env.pop("RAY_ADDRESS", None)

@@ -70,13 +70,16 @@ def near(a: dict, b: dict, rtol: float = 1e-5) -> None:
         assert torch.allclose(a[key], b[key], rtol=rtol, atol=rtol * b[key].abs().max()), key
 
 
-@pytest.mark.slow("2 gloo processes train a Llama with three pipeline schedules, then resume")
+@pytest.mark.slow("2 gloo processes: every pipeline schedule, resume, load_from, EMA")
 def test_pp2_follows_one_process_and_its_checkpoint_resumes_in_one_process_and_on_stages(
         tmp_path):
     epoch_1 = str(tmp_path / "1F1B" / "epoch_1.pth")
     seen = str(tmp_path / "outputs")
     pretrained = pretrained_dir(tmp_path / "pretrained")  # load_from: each stage its layers
     runs = [pp_cfg(tmp_path / name, name) for name in SCHEDULES]
+    # 1F1B with activation checkpointing per stage and SyncBuffersHook: the same losses
+    runs[0]["strategy"]["activation_checkpointing"] = ["LlamaDecoderLayer"]
+    runs[0]["custom_hooks"].append(dict(type="SyncBuffersHook"))
     runs.append(pp_cfg(tmp_path / "pp_loaded", "1F1B", load_from=pretrained))
     runs += [pp_cfg(tmp_path / "pp_ema", "1F1B", custom_hooks=EMA),  # each stage's average
              pp_cfg(tmp_path / "pp_ema_resumed", "1F1B", custom_hooks=EMA,
@@ -84,7 +87,7 @@ def test_pp2_follows_one_process_and_its_checkpoint_resumes_in_one_process_and_o
     for name in V_SCHEDULES:  # they train; torch's forward-only run of a V fails (refused)
         runs.append({k: v for k, v in pp_cfg(tmp_path / name, name).items()
                      if k not in VALIDATION})
-    runs[0]["custom_hooks"] = [dict(type="OutputsPerRank", path=seen)]
+    runs[0]["custom_hooks"].append(dict(type="OutputsPerRank", path=seen))
     runs[0]["custom_imports"] = dict(imports=["tests.hf_toy", "tests.hf_llama"])
     train_on_gloo(*runs, pp_cfg(tmp_path / "pp_resumed", "1F1B", resume=epoch_1))
     Runner.from_cfg(pp_cfg(tmp_path / "one", None)).train()
