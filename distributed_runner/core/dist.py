@@ -135,17 +135,22 @@ def get_data_parallel_rank() -> int:
     stage_ranks = get_world_size() // get_pipeline_size()  # pipeline stages outermost
     in_group = get_rank() % stage_ranks // get_tensor_parallel_size()
     if _Layout.replica is not None:
-        return _Layout.replica[0] * (get_world_size() // get_tensor_parallel_size()) + in_group
+        return _Layout.replica[0] * _data_ranks_in_group() + in_group
     return in_group
 
 
 def get_data_parallel_world_size() -> int:
     """How many shares the data is split into: the number of model replicas (the world
     without TP; a fault-tolerant run's replica slots times their ranks)."""
-    in_group = get_world_size() // (get_tensor_parallel_size() * get_pipeline_size())
     if _Layout.replica is not None:
-        return _Layout.replica[1] * in_group
-    return in_group
+        return _Layout.replica[1] * _data_ranks_in_group()
+    return _data_ranks_in_group()
+
+
+def _data_ranks_in_group() -> int:
+    """This process group's data-parallel ranks: a pipeline's stages and a tensor-parallel
+    group's ranks read one share."""
+    return get_world_size() // (get_tensor_parallel_size() * get_pipeline_size())
 
 
 def get_local_rank() -> int:

@@ -39,9 +39,7 @@ class PipelineStep:
                 "step guards (NonFiniteLossHook ...) need the loss before backward, which the "
                 "pipeline's schedule computes inside it: remove them from a strategy.pp run",
             )
-        self.runner, parts = runner, runner.pipeline
-        self.first, self.last, self.last_rank = parts.first, parts.last, parts.last_rank
-        self.group, self.parts = parts.group, parts
+        self.runner, self.parts = runner, runner.pipeline
         self.microbatches = microbatches(runner.strategy)
 
     def __call__(self, data_batch: Any) -> dict:
@@ -54,14 +52,12 @@ class PipelineStep:
                 f"{self.microbatches} equal micro-batches: make every batch a multiple of it "
                 f"(drop_last=True for a dataset whose length is not)",
             )
-        schedule = self.parts.schedule(runner.model, runner.strategy, runner.device, inputs.shape)
         losses: list[torch.Tensor] = []
-        args = (inputs,) if self.first else ()
-        kwargs: dict[str, Any] = {"target": labels, "losses": losses} if self.last else {}
-        schedule.step(*args, **kwargs)
+        parts = self.parts
+        parts.run(runner.model, runner.strategy, runner.device, (inputs, labels, losses), True)
         loss = torch.stack(losses).mean().detach() if losses else torch.zeros(())
         loss = loss.to(runner.device)
-        torch.distributed.broadcast(loss, group=self.group, group_src=self.last_rank)
+        torch.distributed.broadcast(loss, group=parts.group, group_src=parts.last_rank)
         optim_wrapper = runner.optim_wrapper
         optim_wrapper.step()
         optim_wrapper.zero_grad()
@@ -105,9 +101,7 @@ class PipelinePredictor:
                 torch.cat([t, t[-1:].expand(pad, *t.shape[1:])]) for t in (inputs, labels)
             )
         runner = self.runner
-        schedule = self.parts.schedule(runner.model, runner.strategy, runner.device, inputs.shape)
-        args = (inputs,) if self.parts.first else ()
-        # the last stage computes the schedule's loss too (its loss_fn is set): it is dropped
-        kwargs: dict[str, Any] = {"target": labels, "losses": []} if self.parts.last else {}
-        outputs = schedule.eval(*args, **kwargs)
+        outputs = self.parts.run(
+            runner.model, runner.strategy, runner.device, (inputs, labels), False
+        )
         return self.parts.share_outputs(outputs if self.parts.last else None)[:count]

@@ -161,13 +161,13 @@ class RayActors:
         """Replica ``slot``: one actor in its bundle, or a :class:`~distributed_runner.launch.
         replicas.RankGroup` of ``ranks`` actors in its ``ranks`` bundles, which meet at their
         rank 0's node."""
+        import ray
+
         from distributed_runner.launch.replicas import RankGroup
 
         if self.ranks == 1:
             return self._start(self._new_actor(slot), cfg, env)
         actors = [self._new_actor(slot * self.ranks + r) for r in range(self.ranks)]
-        import ray
-
         host, port = ray.get(actors[0].rendezvous.remote(), timeout=120)
         meet = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(self.ranks)}
         return RankGroup(

@@ -82,7 +82,7 @@ def replica_main(cfg_file: str) -> None:
 
 class LocalProcesses:
     """Replicas as child processes of this one, on this machine (``launcher='none'``): one
-    process a replica, or a :class:`ProcessGroupOfRanks` of ``ranks`` processes."""
+    process a replica, or a :class:`RankGroup` of ``ranks`` processes."""
 
     where = "local processes"
 

@@ -294,6 +294,20 @@ class PipelineParts:
             self.built[shape] = build_schedule(model, self, strategy, device)
         return self.built[shape]
 
+    def run(
+        self, model: Any, strategy: dict, device: torch.device, batch: tuple, train: bool
+    ) -> Any:
+        """One batch through this rank's stages (``batch``: input ids and labels; with
+        ``train``, losses too, which the last stage appends to): the first stage takes the
+        inputs, the last the labels; ``train``: forward and backward, else forward only (the
+        last stage still computes the schedule's loss). The last stage's outputs, None
+        elsewhere."""
+        inputs, labels, *losses = batch
+        schedule = self.schedule(model, strategy, device, tuple(inputs.shape))
+        args = (inputs,) if self.first else ()
+        kwargs = {"target": labels, "losses": losses[0] if losses else []} if self.last else {}
+        return (schedule.step if train else schedule.eval)(*args, **kwargs)
+
     def share_outputs(self, outputs: torch.Tensor | None) -> torch.Tensor:
         """The last stage's ``outputs`` on every rank of the pipeline (its shape and dtype
         sent first)."""
