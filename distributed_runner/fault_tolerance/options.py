@@ -161,6 +161,7 @@ def _check_strategy(strategy: Any, ranks: int) -> None:
     why = {
         "dp_replicate": "the replica groups are HSDP's replicated dimension (replicas=N)",
         "tp": "tensor parallelism inside a fault-tolerant replica group is not built yet",
+        "pp": "pipeline stages inside a fault-tolerant replica group are not built yet",
     }
     for key, reason in why.items():
         if int(options.get(key, 1)) != 1:

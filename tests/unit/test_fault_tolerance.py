@@ -19,6 +19,7 @@ from distributed_runner.fault_tolerance.options import parse_fault_tolerance
 from distributed_runner.fault_tolerance.shares import shares_for
 from distributed_runner.launch.launcher_config import validate_config
 from distributed_runner.launch.replicas import ReplicaLauncher
+from tests.hf_llama import LLAMA
 
 # found, not imported: torchft's Rust core sets its log level (RUST_LOG) when first imported,
 # which the launcher does itself
@@ -116,6 +117,9 @@ def test_a_wrong_fault_tolerance_option_is_one_line_naming_it(spec, key):
     (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2),
           strategy=dict(type="fsdp", tp=2, tp_plan={"inp": "colwise", "head": "rowwise"})),
      "strategy.tp", "not built yet"),
+    (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2),
+          strategy=dict(type="fsdp", pp=2), model=LLAMA), "strategy.pp",
+     "pipeline stages inside"),
     (dict(fault_tolerance=dict(replicas=2, ranks_per_replica=2),
           strategy=dict(type="fsdp", dp_replicate=2)), "strategy.dp_replicate",
      "the replica groups are HSDP's replicated dimension"),
