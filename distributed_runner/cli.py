@@ -137,6 +137,7 @@ def _add_test_parser(sub: argparse._SubParsersAction) -> None:
         help="weights to load (load_from): a .pth, a run's or a .dcp folder, Ray's copy of a "
         "checkpoint, or a model directory",
     )
+    _add_ray_flags(test)
 
 
 def _add_hooks_parser(sub: argparse._SubParsersAction) -> None:
@@ -320,14 +321,16 @@ def check_named_run(cfg: dict) -> None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from distributed_runner.engine.runner import Runner
+    """The test loop over ``--checkpoint`` where the config's launcher (or the Ray flags) runs
+    it: in this process, or on the Ray workers."""
+    from distributed_runner.launch.launcher import test
 
     cfg = load_config(args)
     cfg["load_from"] = args.checkpoint
     cfg["resume"] = False
-    runner = Runner.from_cfg(cfg)
-    metrics = runner.test()
-    print(json.dumps(metrics))
+    cfg.pop("fault_tolerance", None)  # replicas only train: a test runs once, on every rank
+    apply_launcher_flags(cfg, args)
+    print(json.dumps(test(cfg)))
     return 0
 
 

@@ -86,3 +86,17 @@ class ProjectionLayout(Hook):
                   for name, p in runner.model.named_parameters() if name.endswith("q_proj.weight")}
         with open(f"{self.path}.rank{runner.rank}", "w") as f:
             f.write(json.dumps(layout))
+
+
+def stepping_llama(config: Any) -> Any:
+    """A Llama whose class has its own ``train_step`` (a model that steps its optimizer itself,
+    as MMEngine models may): refused under ``strategy.pp``."""
+    from transformers import LlamaForCausalLM
+
+    class SteppingLlama(LlamaForCausalLM):
+        def train_step(self, data: Any, optim_wrapper: Any) -> dict:
+            loss = self(**data).loss
+            optim_wrapper.update_params(loss)
+            return {"loss": loss}
+
+    return SteppingLlama(config)

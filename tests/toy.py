@@ -227,17 +227,20 @@ def gloo_rank(rank: int, port: int, world_size: int = 2, hang_s: float = 240) ->
     leave_rank_process()
 
 
-def _train_as_rank(rank: int, port: int, cfgs: tuple[dict, ...], world: int = 2) -> None:
+def _train_as_rank(rank: int, port: int, cfgs: tuple, world: int = 2) -> None:
     with gloo_rank(rank, port, world_size=world):
         from distributed_runner import Runner
 
         for cfg in cfgs:
-            Runner.from_cfg(cfg).train()
+            if isinstance(cfg, tuple):  # ("test", cfg)
+                Runner.from_cfg(cfg[1]).test()
+            else:
+                Runner.from_cfg(cfg).train()
 
 
-def train_on_gloo(*cfgs: dict, nprocs: int = 2) -> None:
-    """Each of ``cfgs`` (without a launcher), one after the other, trained by the same
-    ``nprocs`` local gloo processes, one thread each as a 1-CPU Ray worker: an uninterrupted Ray
+def train_on_gloo(*cfgs: dict | tuple[str, dict], nprocs: int = 2) -> None:
+    """Each of ``cfgs`` (without a launcher), one after the other, trained (``("test", cfg)``:
+    tested, as ``drun test`` does in one process) by the same ``nprocs`` local gloo processes, one thread each as a 1-CPU Ray worker: an uninterrupted Ray
     run of a config ends with the same weights bit for bit, for a fraction of a Ray run's
     processes (the reference of a run that is interrupted on Ray). Several configs share one
     spawn: the processes' start and imports are most of a toy run's cost."""

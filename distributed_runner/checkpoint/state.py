@@ -19,6 +19,7 @@ from distributed_runner.checkpoint.types import ABSENT, CheckpointSubject, LoadC
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.model.sharding import local_training_state
+from distributed_runner.parallel.pipeline import load_stage_weights
 
 
 def collect_training_state(subject: CheckpointSubject, options: SaveOptions) -> dict:
@@ -85,5 +86,7 @@ def load_model_weights(
         )
     if SHARDED in ckpt:
         load_shards(subject.model, None, ckpt, Path(path))
+    elif subject.pipeline is not None:  # this rank's stages of the whole model's weights
+        load_stage_weights(subject.model, model_state_from(ckpt), path, key)
     else:
         load_weights(subject.model, model_state_from(ckpt), key, path, strict=strict)

@@ -23,6 +23,7 @@ from distributed_runner.data.ray_data import NOT_WITH_TP
 from distributed_runner.data.streaming.shards import driver_index, stream_sources_absolute
 from distributed_runner.engine.driver_model import check_model_on_meta
 from distributed_runner.engine.hook_builder import plan_hooks
+from distributed_runner.engine.pipeline_step import refuse_step_guards
 from distributed_runner.engine.sections import DriverPlan, Section, Stored, register_section
 from distributed_runner.fault_tolerance.options import (
     check_fault_tolerance,
@@ -32,7 +33,7 @@ from distributed_runner.health.watchdog import parse_watchdog
 from distributed_runner.model.build import check_compile
 from distributed_runner.model.sharding import parse_strategy
 from distributed_runner.parallel.mesh import MeshShape
-from distributed_runner.parallel.pipeline import check_layout, check_unbuilt, microbatches
+from distributed_runner.parallel.pipeline import check_layout, microbatches
 from distributed_runner.validation.async_validation import parse_val_mode
 
 STAGES = ("train", "val", "test")
@@ -58,7 +59,6 @@ def _strategy_on_driver(plan: DriverPlan) -> None:
         where = f" in each of {replicas['replicas']} replica groups"
     if strategy["type"] == "fsdp" and strategy["pp"] > 1 and world > 1:
         check_layout(strategy, world)
-        check_unbuilt(plan.cfg)
         schedule = f"{strategy['pp_schedule']}, {microbatches(strategy)} micro-batches"
         inside = f", tp={strategy['tp']} inside each" if strategy["tp"] > 1 else ""
         plan.say(
@@ -208,6 +208,8 @@ def _hooks_on_driver(plan: DriverPlan) -> None:
     """The hooks as the launcher runs them, built and checked (their sinks checked, not
     built): the plan ``drun check`` prints."""
     planned = plan_hooks(plan.cfg)
+    if plan.settings.strategy.get("pp", 1) > 1 and plan.world > 1:  # stages: pipeline_step.py
+        refuse_step_guards(planned.step_guards)
     plan.say("hooks", ", ".join(entry.name for entry in planned.entries))
     saver = planned.hook_named("checkpoint")
     if saver is not None:

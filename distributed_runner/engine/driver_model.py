@@ -23,6 +23,8 @@ from distributed_runner.checkpoint.hf.directory import pretrained_source
 from distributed_runner.checkpoint.hf.load import PretrainedWeights
 from distributed_runner.core.errors import ArgumentError, ConfigError
 from distributed_runner.core.storage import is_remote
+from distributed_runner.engine.pipeline_step import refuse_own_train_step
+from distributed_runner.engine.step_choice import trains_itself
 from distributed_runner.model.build import build_empty_model, build_unmoved
 from distributed_runner.model.empty_init import parameters_on_meta
 from distributed_runner.model.sharding import check_shard_modules
@@ -54,6 +56,7 @@ def check_model_on_meta(cfg: Mapping[str, Any], settings: Any) -> list[str]:
     if matched:
         lines.append(f"tensor-parallel plan: {len(matched)} modules split over tp={strategy['tp']}")
     if strategy.get("pp", 1) > 1:  # the stages the workers will cut (parallel/pipeline.py)
+        refuse_own_train_step(type(model).__name__, trains_itself(model))
         plan = plan_stages(model, strategy)
         lines.append(
             "pipeline stages: "

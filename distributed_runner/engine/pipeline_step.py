@@ -23,7 +23,7 @@ import torch
 from distributed_runner.core.errors import ConfigError
 from distributed_runner.engine.step import with_grad_norm
 from distributed_runner.model.calling import move_to
-from distributed_runner.parallel.pipeline import check_unbuilt, microbatches
+from distributed_runner.parallel.pipeline import microbatches
 
 if TYPE_CHECKING:
     from distributed_runner.core.runner_api import RunnerAPI
@@ -33,12 +33,7 @@ class PipelineStep:
     """The step of the module docstring (``runner.pipeline``: this rank's PipelineParts)."""
 
     def __init__(self, runner: RunnerAPI) -> None:
-        if runner.step_guards:
-            raise ConfigError(
-                "custom_hooks",
-                "step guards (NonFiniteLossHook ...) need the loss before backward, which the "
-                "pipeline's schedule computes inside it: remove them from a strategy.pp run",
-            )
+        refuse_step_guards(runner.step_guards)
         self.runner, self.parts = runner, runner.pipeline
         self.microbatches = microbatches(runner.strategy)
 
@@ -64,6 +59,28 @@ class PipelineStep:
         return with_grad_norm(optim_wrapper, {"loss": loss})
 
 
+def refuse_step_guards(guards: tuple) -> None:
+    """Step guards under ``strategy.pp``, one line (the Ray driver asks of the planned hooks,
+    the step again of the built ones)."""
+    if guards:
+        raise ConfigError(
+            "custom_hooks",
+            f"{type(guards[0]).__name__} is a step guard: it needs the loss before backward, "
+            f"which the pipeline's schedule computes inside it: remove it from a strategy.pp run",
+        )
+
+
+def refuse_own_train_step(model_name: str, own_train_step: bool) -> None:
+    """A model's own ``train_step`` under ``strategy.pp``, one line (the Ray driver asks of the
+    model built on the meta device, the step again)."""
+    if own_train_step:
+        raise ConfigError(
+            "strategy.pp",
+            f"{model_name}.train_step runs forward and backward itself, but under pipeline "
+            f"parallelism the schedule does: drop the override",
+        )
+
+
 def _inputs_and_labels(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """A causal LM's batch: ``input_ids`` and ``labels`` (no padding mask: the stages build the
     causal mask themselves)."""
@@ -87,8 +104,7 @@ class PipelinePredictor:
     torch's forward-only schedule over the stages, and the last stage's logits sent to every
     rank of the pipeline (the evaluator counts one rank of each: core/dist.py)."""
 
-    def __init__(self, runner: RunnerAPI, stage: str) -> None:
-        check_unbuilt({"strategy": runner.strategy, f"{stage}_dataloader": True})  # a V's
+    def __init__(self, runner: RunnerAPI) -> None:
         self.runner, self.parts = runner, runner.pipeline
         self.microbatches = microbatches(runner.strategy)
 

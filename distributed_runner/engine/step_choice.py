@@ -44,7 +44,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distributed_runner.core import dist
 from distributed_runner.core.errors import ConfigError
-from distributed_runner.engine.pipeline_step import PipelinePredictor, PipelineStep
+from distributed_runner.engine.pipeline_step import (
+    PipelinePredictor,
+    PipelineStep,
+    refuse_own_train_step,
+)
 from distributed_runner.engine.replica_step import ReplicaStep
 from distributed_runner.engine.step import (
     ElasticStep,
@@ -149,12 +153,7 @@ def choose_step(runner: RunnerAPI) -> StepStrategy:
             )
         return ReplicaStep(runner, preprocess, parse, call)
     if getattr(runner, "pipeline", None) is not None:  # strategy.pp: pipeline_step.py
-        if own_train_step:
-            raise ConfigError(
-                "strategy.pp",
-                f"{type(module).__name__}.train_step runs forward and backward itself, but "
-                f"under pipeline parallelism the schedule does: drop the override",
-            )
+        refuse_own_train_step(type(module).__name__, own_train_step)
         return PipelineStep(runner)
     plan = getattr(runner, "elastic_plan", None)
     if plan is not None:
@@ -208,7 +207,7 @@ def predictor(runner: RunnerAPI, stage: str) -> Callable[[Any], Any]:
     the wrapped model's ``forward(mode='predict')`` — for a model taken as it is, its
     ``forward(**batch)`` and :func:`predictions` of what it returns."""
     if getattr(runner, "pipeline", None) is not None:  # the stages' forward-only schedule
-        return PipelinePredictor(runner, stage)
+        return PipelinePredictor(runner)
     model = runner.wrapped_model
     module = get_ori_model(model)
     if _overrides(module, f"{stage}_step") and not _under_tta(model):

@@ -78,6 +78,17 @@ def run(cfg: dict) -> int:
     return RayLauncher(cfg).train()
 
 
+def test(cfg: dict) -> dict:
+    """``drun test``: the test loop over ``cfg['load_from']`` where ``cfg``'s launcher runs
+    (in this process, or on the Ray workers: a model cut into pipeline stages or sharded by
+    FSDP is tested as it trains); the metrics."""
+    if runs_in_process(cfg.get("launcher")):
+        from distributed_runner.engine.runner import Runner
+
+        return Runner.from_cfg(cfg).test()
+    return RayLauncher(cfg).test()
+
+
 class RayLauncher:
     """Driver side of a Ray Train run."""
 
@@ -99,6 +110,7 @@ class RayLauncher:
             else str(self.work_dir / "ray_storage")
         )
         self.run_name: str | None = cfg.get("run_name")  # chosen in fit() when None
+        self.tested: dict | None = None  # drun test's metrics (rank 0's), after fit('test')
         self.joined = "a local Ray started by this process"
 
     # -- cluster -------------------------------------------------------------------------------
@@ -165,7 +177,7 @@ class RayLauncher:
         return uses_ray_data(self.cfg)
 
     # -- the run -------------------------------------------------------------------------------
-    def build_trainer(self, control: str | None = None) -> Any:
+    def build_trainer(self, control: str | None = None, command: str = "train") -> Any:
         import ray
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
@@ -192,6 +204,7 @@ class RayLauncher:
         env = ray.put(forwarded_env(reads_object_storage=self.plan.remote or stored_remote))
         watchdog = self.settings.watchdog  # hang watch: health/hang_watch.py
         config: dict[str, Any] = {"cfg": plain, "source": source, "env": env, "control": control}
+        config["command"] = command
         config["notes"] = self.plan.notes  # iMIX translations: each worker logs them
         trainer = TorchTrainer(
             train_worker,
@@ -235,9 +248,10 @@ class RayLauncher:
             plain = _with_value(plain, item.config_path, uri)
         return plain
 
-    def fit(self) -> Any:
-        """Validate, connect, check resources, run the trainer; returns Ray's ``Result``
-        (raises ``ray.train.TrainingFailedError`` when the workers failed)."""
+    def fit(self, command: str = "train") -> Any:
+        """Validate, connect, check resources, run the trainer (``command``: 'train', or
+        'test' for ``drun test``); returns Ray's ``Result`` (raises
+        ``ray.train.TrainingFailedError`` when the workers failed)."""
         import ray
 
         from distributed_runner.core.ray_private import keep_driver_sigint
@@ -255,10 +269,11 @@ class RayLauncher:
         )
         control = RunControl(f"drun-control-{self.name}-{os.getpid()}-{time.time_ns()}")
         try:
-            trainer = self.build_trainer(control.name)
+            trainer = self.build_trainer(control.name, command)
             with ctrl_c_pauses(control, keep_driver_sigint(trainer)):
                 result = trainer.fit()
             paused = control.paused_at()
+            self.tested = control.test_metrics() if command == "test" else None
         finally:
             with contextlib.suppress(Exception):  # the store gone with the head node
                 control.clear()
@@ -320,6 +335,23 @@ class RayLauncher:
             flush=True,
         )
         return 0
+
+    def test(self) -> dict:
+        """``drun test`` on the workers: the metrics every rank reported (a ConfigError a
+        worker raised is raised here as its one line; another failure as the report
+        :meth:`train` prints)."""
+        from ray.train import TrainingFailedError
+
+        try:
+            self.fit("test")
+        except TrainingFailedError as e:
+            config_error = worker_config_error(e)
+            if config_error is not None:
+                raise config_error from None
+            raise RuntimeError(f"testing failed on the Ray workers: {failure_report(e)}") from None
+        if self.tested is None:
+            raise RuntimeError(f"the Ray workers tested {self.run_dir} but sent no metrics")
+        return self.tested
 
     def mlflow_uri(self) -> str | None:
         """Where rank 0 logs when the logger has an MLflow sink (the config's URI, else the

@@ -91,7 +91,8 @@ def train_worker(config: dict) -> None:
 
 def run_worker(config: dict) -> None:
     """Build the Runner on this worker, resume from Ray's checkpoint (or a newer one) and
-    train."""
+    train; for ``drun test`` (``config['command']``), test ``load_from`` and report the
+    metrics to the driver."""
     import ray
     import ray.train
     import ray.train.torch
@@ -109,7 +110,9 @@ def run_worker(config: dict) -> None:
     ]
     ctx = ray.train.get_context()
     cfg["device"] = str(ray.train.torch.get_device())
-    restored, why = choose_restart_checkpoint(cfg, ctx.get_world_rank())
+    testing = config.get("command") == "test"  # drun test: load_from, never a resume
+    rank = ctx.get_world_rank()
+    restored, why = (None, None) if testing else choose_restart_checkpoint(cfg, rank)
     if restored is not None:
         cfg["resume"] = restored
     cfg, _ = prepare_config(cfg)  # once: the Runner reads these settings, not its own parse
@@ -125,6 +128,11 @@ def run_worker(config: dict) -> None:
         runner.logger.warning(why)
     elif restored is not None:
         runner.logger.info("Ray restored checkpoint %s", restored)
+    if testing:  # every rank has the same metrics (the evaluator gathers them): rank 0's
+        metrics = runner.test()
+        if rank == 0 and config.get("control") is not None:
+            RunControl(config["control"]).tested(metrics)
+        return
     try:
         runner.train()
     except TrainingPreempted as stopped:

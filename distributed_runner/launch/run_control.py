@@ -29,7 +29,8 @@ from distributed_runner.core.preemption import INTERRUPT
 
 
 class RunControl:
-    """One run's stop request (the driver's) and where its workers paused (rank 0's), as keys
+    """One run's stop request (the driver's) and where its workers paused or what they tested
+    (rank 0's), as keys
     of the cluster's store. Every call needs this process connected to the run's Ray cluster;
     Ray Train is imported only then (``core.ray_private``)."""
 
@@ -60,10 +61,23 @@ class RunControl:
         iteration, checkpoint = json.loads(value)  # as paused() wrote them: int or None, str
         return iteration, checkpoint
 
+    def tested(self, metrics: dict) -> None:
+        """Rank 0's ``drun test`` metrics, for the driver to print (Ray Train's result keeps
+        only what was reported with a checkpoint)."""
+        from distributed_runner.core.ray_private import kv_put
+
+        kv_put(f"{self.name}/tested", json.dumps(metrics, default=float))
+
+    def test_metrics(self) -> dict | None:
+        from distributed_runner.core.ray_private import kv_get
+
+        value = kv_get(f"{self.name}/tested")
+        return None if value is None else dict(json.loads(value))
+
     def clear(self) -> None:
         from distributed_runner.core.ray_private import kv_delete
 
-        for key in ("stop", "paused"):
+        for key in ("stop", "paused", "tested"):
             kv_delete(f"{self.name}/{key}")
 
 

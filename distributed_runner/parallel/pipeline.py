@@ -26,8 +26,7 @@ ranks (replicated ``dp_replicate`` times, sharded within: HSDP).
 
 What is refused, in one line each before anything trains: ``pp`` not dividing the world or
 giving more stages than units, a model with no plan this module can run, fewer micro-batches
-than stages, an unknown schedule, and (not built yet) evaluation under a V schedule
-(:func:`check_unbuilt`).
+than stages, an unknown schedule.
 """
 
 from __future__ import annotations
@@ -146,23 +145,6 @@ def check_layout(strategy: dict, world: int, key: str = "strategy.pp") -> None:
             f"{k}={v}" for k, v in (("pp", pp), ("dp_replicate", replicate), ("tp", tp)) if v > 1
         )
         raise ConfigError(key, f"{sizes} does not divide the world size {world}")
-
-
-def check_unbuilt(cfg: dict) -> None:
-    """What a pipeline run cannot do yet, refused in one line (the driver asks before any
-    worker starts; the evaluation asks again): evaluation under a V schedule (torch 2.13's
-    forward-only run of one asks a stage for the gradients of a backward it does not run)."""
-    strategy = cfg.get("strategy")
-    schedule = strategy.get("pp_schedule") if isinstance(strategy, dict) else None
-    if schedule in SCHEDULES and SCHEDULES[schedule][1] == "v":
-        for stage in ("val", "test"):
-            if cfg.get(f"{stage}_dataloader") is not None:
-                raise ConfigError(
-                    "strategy.pp_schedule",
-                    f"{schedule} trains, but torch's forward-only run of a V schedule fails "
-                    f"({stage}_dataloader): use Interleaved1F1B or 1F1B for a run that "
-                    f"evaluates",
-                )
 
 
 # -- the model's plan ---------------------------------------------------------------------------
@@ -415,7 +397,7 @@ def build_schedule(model: Any, parts: PipelineParts, strategy: dict, device: tor
 
     plan = parts.plan
     stages = [
-        pipelining.PipelineStage(module, s, plan.stages, device, group=parts.group)
+        _stage_class()(module, s, plan.stages, device, group=parts.group)
         for module, s in zip(parts.stages, parts.holds, strict=True)
     ]
     vocab = model.config.vocab_size
@@ -428,6 +410,25 @@ def build_schedule(model: Any, parts: PipelineParts, strategy: dict, device: tor
     if plan.looped:
         return cls(stages, n_microbatches=count, loss_fn=loss_fn)
     return cls(stages[0], n_microbatches=count, loss_fn=loss_fn)
+
+
+def _stage_class() -> type:
+    """torch's PipelineStage, except in a forward-only run: there a V schedule's turn (the
+    middle two stages on one rank) still hands the gradients of the upper stage's inputs to the
+    lower one without a send, and torch 2.13 asserts that a stage without backward has none to
+    hand (``can't steal_bwd_input``). Every other backward action of such a run is already a
+    no-op in torch (no gradient is received, computed or sent), so the hand-over is skipped."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class ForwardOnlyAwareStage(PipelineStage):
+        def get_local_bwd_output(self, mb_index: int) -> Any:
+            return super().get_local_bwd_output(mb_index) if self.has_backward else ()
+
+        def set_local_bwd_input(self, next_stage_bwd_outputs: Any, mb_index: int) -> None:
+            if self.has_backward:
+                super().set_local_bwd_input(next_stage_bwd_outputs, mb_index)
+
+    return ForwardOnlyAwareStage
 
 
 # -- the stages' checkpoint: the one-process checkpoint -----------------------------------------
@@ -531,14 +532,13 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def load_stage_weights(model: Any, state: dict, path: Any) -> None:
-    """This rank's stages' weights out of a whole model's (every one of them must be there)."""
+def load_stage_weights(model: Any, state: dict, path: Any, key: str = "resume") -> None:
+    """This rank's stages' weights out of a whole model's (every one of them must be there;
+    ``key``: the config key that named ``path``)."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     if missing:
-        raise ConfigError(
-            "resume", f"{path} has no {missing[0]!r}: is it a checkpoint of this model?"
-        )
+        raise ConfigError(key, f"{path} has no {missing[0]!r}: is it a checkpoint of this model?")
     with torch.no_grad():
         for key, target in own.items():  # into this rank's shards under FSDP
             local_tensor(target).copy_(local_tensor(shard_like(state[key], target)))

@@ -1,14 +1,17 @@
 """Pipeline parallelism through Ray Train (issue 50): the Ray driver checks the stages on the
 meta device and prints them, then 2 CPU workers train a Hugging Face Llama as 2 pipeline stages
-(1F1B), following the one-process run; the stages' checkpoint is the one-process checkpoint."""
+(1F1B), following the one-process run; the stages' checkpoint is the one-process checkpoint,
+and ``drun test`` of it on the 2 workers' stages gives the metrics one process gives."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from tests.hf_llama import close, logged
 from tests.integration.test_ray_train import fit
-from tests.unit.test_pipeline import near, pp_cfg, weights
+from tests.unit.test_pipeline import VALIDATION, near, pp_cfg, weights
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.slow("a pipeline-parallel Ray run and its one-process reference"),
@@ -22,7 +25,9 @@ def test_pp_2_on_two_ray_workers_follows_one_process(ray_cluster, tmp_path, caps
     from distributed_runner.cli import main
 
     Runner.from_cfg(pp_cfg(tmp_path / "one", None)).train()
-    run = pp_cfg(tmp_path / "pp", "1F1B", launcher=dict(type="ray", num_workers=2))
+    run = pp_cfg(tmp_path / "pp", "1F1B", launcher=dict(type="ray", num_workers=2),
+                 test_dataloader=VALIDATION["val_dataloader"],
+                 test_evaluator=dict(type="Perplexity"), test_cfg=dict())
     (tmp_path / "pp.py").write_text("".join(f"{k} = {v!r}\n" for k, v in run.items()))
     assert main(["check", str(tmp_path / "pp.py")]) == 0
     out = capsys.readouterr().out
@@ -36,3 +41,17 @@ def test_pp_2_on_two_ray_workers_follows_one_process(ray_cluster, tmp_path, caps
     near(final, weights(tmp_path / "one" / "epoch_2.pth"), rtol=1e-4)
     assert torch.load(tmp_path / "pp" / "epoch_2.pth", weights_only=False)["meta"]["mesh"] == \
         [1, 1, 1]  # the stages count once: one data-parallel rank
+
+    def drun_test(*flags: str, on_ray: bool) -> dict:
+        capsys.readouterr()
+        assert main(["test", str(tmp_path / "pp.py"), "--checkpoint",
+                     str(tmp_path / "pp" / "epoch_2.pth"), *flags]) == 0
+        out = capsys.readouterr().out
+        assert ("distributed-runner on Ray: 2 workers" in out) == on_ray, out
+        return next(json.loads(line) for line in reversed(out.splitlines())
+                    if line.startswith("{"))
+
+    # drun test on the config's launcher: the 2 workers' stages, as one process tests the file
+    on_stages, in_one = drun_test(on_ray=True), drun_test("--launcher", "none", on_ray=False)
+    assert sorted(on_stages) == sorted(in_one) and "perplexity" in in_one
+    assert close([on_stages[k] for k in in_one], list(in_one.values()), rtol=1e-5)

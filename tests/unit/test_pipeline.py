@@ -51,6 +51,15 @@ def pp_cfg(work_dir: Path, schedule: str | None, **overrides) -> dict:
     return cfg
 
 
+def evaluation_cfg(work_dir: Path, schedule: str | None, checkpoint: str) -> dict:
+    """:func:`pp_cfg` evaluating ``checkpoint`` on the validation data as test data (``drun
+    test``'s config: ``load_from`` the checkpoint, no resume)."""
+    cfg = pp_cfg(work_dir, schedule, load_from=checkpoint, resume=False)
+    cfg.update(test_dataloader=VALIDATION["val_dataloader"], test_evaluator=dict(
+        type="Perplexity"), test_cfg=dict())
+    return cfg
+
+
 def pretrained_dir(folder: Path) -> str:
     """The 4-layer Llama with other weights (seed 7), as ``save_pretrained`` writes it."""
     from distributed_runner.model.build import build_model
@@ -84,16 +93,17 @@ def test_pp2_follows_one_process_and_its_checkpoint_resumes_in_one_process_and_o
     runs += [pp_cfg(tmp_path / "pp_ema", "1F1B", custom_hooks=EMA),  # each stage's average
              pp_cfg(tmp_path / "pp_ema_resumed", "1F1B", custom_hooks=EMA,
                     resume=str(tmp_path / "pp_ema" / "epoch_1.pth"))]
-    for name in V_SCHEDULES:  # they train; torch's forward-only run of a V fails (refused)
-        runs.append({k: v for k, v in pp_cfg(tmp_path / name, name).items()
-                     if k not in VALIDATION})
+    runs += [pp_cfg(tmp_path / name, name) for name in V_SCHEDULES]
     runs[0]["custom_hooks"].append(dict(type="OutputsPerRank", path=seen))
     runs[0]["custom_imports"] = dict(imports=["tests.hf_toy", "tests.hf_llama"])
-    train_on_gloo(*runs, pp_cfg(tmp_path / "pp_resumed", "1F1B", resume=epoch_1))
+    final_1f1b = str(tmp_path / "1F1B" / "epoch_2.pth")
+    tested = [("test", evaluation_cfg(tmp_path / f"{name}_test", name, final_1f1b))
+              for name in ("1F1B", "DualPipeV")]  # the test loop on stages, a V's too
+    train_on_gloo(*runs, pp_cfg(tmp_path / "pp_resumed", "1F1B", resume=epoch_1), *tested)
     Runner.from_cfg(pp_cfg(tmp_path / "one", None)).train()
     reference = logged(tmp_path / "one")
     assert len(reference) == 8
-    for name in SCHEDULES:
+    for name in SCHEDULES + V_SCHEDULES:  # a V: 2 stages a rank, the last on rank 0
         losses = logged(tmp_path / name)
         assert close(losses, reference, rtol=1e-5), (name, losses, reference)
         # validation: the stages' forward-only schedule, the logits shared with every rank
@@ -102,8 +112,6 @@ def test_pp2_follows_one_process_and_its_checkpoint_resumes_in_one_process_and_o
     Runner.from_cfg(pp_cfg(tmp_path / "one_loaded", None, load_from=pretrained)).train()
     loaded = logged(tmp_path / "one_loaded")
     assert close(logged(tmp_path / "pp_loaded"), loaded, rtol=1e-5) and loaded != reference
-    for name in V_SCHEDULES:  # 2 stages a rank in a V: the last on rank 0
-        assert close(logged(tmp_path / name), reference, rtol=1e-5), name
     Runner.from_cfg(pp_cfg(tmp_path / "one_ema", None, custom_hooks=EMA)).train()
     ema = torch.load(tmp_path / "one_ema" / "epoch_2.pth", weights_only=False)
     for name in ("pp_ema", "pp_ema_resumed"):  # the stages' averages, gathered, and resumed
@@ -122,6 +130,12 @@ def test_pp2_follows_one_process_and_its_checkpoint_resumes_in_one_process_and_o
     for resumed in ("one_resumed", "pp_resumed"):
         assert close(logged(tmp_path / resumed), reference[4:], rtol=1e-5)  # epoch 2 only
         near(weights(tmp_path / resumed / "epoch_2.pth"), final)
+    # the test loop on stages evaluates the checkpoint as drun test does in one process
+    Runner.from_cfg(evaluation_cfg(tmp_path / "one_test", None, final_1f1b)).test()
+    reference_test = validated(tmp_path / "one_test")
+    assert len(reference_test) == 1
+    for name in ("1F1B", "DualPipeV"):
+        assert close(validated(tmp_path / f"{name}_test"), reference_test, rtol=1e-5), name
     # drun export of the stages' checkpoint: one directory from_pretrained loads
     from transformers import LlamaForCausalLM
 
@@ -224,10 +238,12 @@ def test_a_pipeline_option_that_cannot_hold_is_one_line(strategy, key, words):
     (dict(strategy=dict(type="fsdp", pp=2, pp_stages_per_rank=4,
                         pp_schedule="Interleaved1F1B")), 2, "strategy.pp", "8 stages from 6"),
     (dict(strategy=dict(type="ddp", pp=2)), 2, "strategy.pp", "needs FSDP"),
+    (dict(strategy=dict(type="fsdp", pp=2), model={**LLAMA4, "type": "tests.hf_llama.stepping_llama"}),
+     2, "strategy.pp", "SteppingLlama.train_step runs forward and backward itself"),
+    (dict(strategy=dict(type="fsdp", pp=2), custom_hooks=[dict(type="NonFiniteLossHook")]), 2,
+     "custom_hooks", "NonFiniteLossHook is a step guard"),
     (dict(strategy=dict(type="fsdp", pp=2)), (2, 4), "launcher.num_workers",
      "an elastic group (min, max) cannot keep strategy.tp/dp_replicate/pp"),
-    (dict(strategy=dict(type="fsdp", pp=2, pp_schedule="ZBVZeroBubble"), **VALIDATION), 2,
-     "strategy.pp_schedule", "forward-only run of a V schedule fails (val_dataloader)"),
 ])
 def test_the_ray_driver_refuses_a_pipeline_that_cannot_run_in_one_line(
         tmp_path, change, workers, key, words):
