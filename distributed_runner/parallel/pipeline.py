@@ -167,10 +167,13 @@ def plan_stages(model: Any, strategy: dict) -> StagePlan:
     """The stages of ``model`` under ``strategy`` (one line when it cannot be cut so)."""
     found = _decoder(model)
     if found is None:
+        split = strategy["pp_split"]
+        later = "; pp_split places a decoder's cuts, it does not cut other models yet"
         raise ConfigError(
-            "strategy.pp",
+            "strategy.pp_split" if split is not None else "strategy.pp",
             f"{type(model).__name__} has no pipeline plan drun can run (a Hugging Face "
-            f"decoder's config.base_model_pp_plan: embed_tokens -> layers -> norm, and lm_head)",
+            f"decoder's config.base_model_pp_plan: embed_tokens -> layers -> norm, and lm_head)"
+            f"{later if split is not None else ''}",
         )
     prefix, base = found
     if getattr(model.config, "tie_word_embeddings", False):

@@ -232,6 +232,9 @@ def test_a_pipeline_option_that_cannot_hold_is_one_line(strategy, key, words):
     (dict(strategy=dict(type="fsdp", pp=2), model=dict(type="TinyBlocks"),
           custom_imports=dict(imports=["tests.hf_toy", "tests.toy"])), 2, "strategy.pp",
      "no pipeline plan"),
+    (dict(strategy=dict(type="fsdp", pp=2, pp_split=["blocks.1"]), model=dict(type="TinyBlocks"),
+          custom_imports=dict(imports=["tests.hf_toy", "tests.toy"])), 2, "strategy.pp_split",
+     "it does not cut other models yet"),
     (dict(strategy=dict(type="fsdp", pp=2), model={**LLAMA4, "config": {
         **LLAMA4["config"], "tie_word_embeddings": True}}), 2, "strategy.pp",
      "tie_word_embeddings"),
