@@ -337,9 +337,9 @@ class RayLauncher:
         return 0
 
     def test(self) -> dict:
-        """``drun test`` on the workers: the metrics every rank reported (a ConfigError a
-        worker raised is raised here as its one line; another failure as the report
-        :meth:`train` prints)."""
+        """``drun test`` on the workers: rank 0's metrics (every rank's are the same: the
+        evaluator gathers them), sent through the run's keys; a ConfigError a worker raised is
+        raised here as its one line, another failure with the report :meth:`train` prints."""
         from ray.train import TrainingFailedError
 
         try:

@@ -91,8 +91,8 @@ def train_worker(config: dict) -> None:
 
 def run_worker(config: dict) -> None:
     """Build the Runner on this worker, resume from Ray's checkpoint (or a newer one) and
-    train; for ``drun test`` (``config['command']``), test ``load_from`` and report the
-    metrics to the driver."""
+    train; for ``drun test`` (``config['command']``), test ``load_from`` and leave rank 0's
+    metrics in the run's keys for the driver (run_control.py)."""
     import ray
     import ray.train
     import ray.train.torch

@@ -30,9 +30,8 @@ from distributed_runner.core.preemption import INTERRUPT
 
 class RunControl:
     """One run's stop request (the driver's) and where its workers paused or what they tested
-    (rank 0's), as keys
-    of the cluster's store. Every call needs this process connected to the run's Ray cluster;
-    Ray Train is imported only then (``core.ray_private``)."""
+    (rank 0's), as keys of the cluster's store. Every call needs this process connected to the
+    run's Ray cluster; Ray Train is imported only then (``core.ray_private``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
