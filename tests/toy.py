@@ -240,10 +240,10 @@ def _train_as_rank(rank: int, port: int, cfgs: tuple, world: int = 2) -> None:
 
 def train_on_gloo(*cfgs: dict | tuple[str, dict], nprocs: int = 2) -> None:
     """Each of ``cfgs`` (without a launcher), one after the other, trained (``("test", cfg)``:
-    tested, as ``drun test`` does in one process) by the same ``nprocs`` local gloo processes, one thread each as a 1-CPU Ray worker: an uninterrupted Ray
-    run of a config ends with the same weights bit for bit, for a fraction of a Ray run's
-    processes (the reference of a run that is interrupted on Ray). Several configs share one
-    spawn: the processes' start and imports are most of a toy run's cost."""
+    tested) by the same ``nprocs`` local gloo processes, one thread each as a 1-CPU Ray worker:
+    an uninterrupted Ray run of a config ends with the same weights bit for bit, for a fraction
+    of a Ray run's processes (the reference of a run that is interrupted on Ray). Several
+    configs share one spawn: the processes' start and imports are most of a toy run's cost."""
     import torch.multiprocessing as mp
 
     mp.spawn(_train_as_rank, args=(free_port(), cfgs, nprocs), nprocs=nprocs, join=True)
