@@ -88,6 +88,33 @@ class ProjectionLayout(Hook):
             f.write(json.dumps(layout))
 
 
+@HOOKS.register_module(force=True)
+class StageModules(Hook):
+    """Writes, per rank, the names of its pipeline stages' modules that FSDP shards one by one
+    (``fully_shard`` units, the stage itself as ``''``) and whose forward is recomputed, whether
+    each stage is compiled, and the mesh dimensions of the model's parameters, to
+    ``{path}.rank{R}``: what ``shard_modules``, ``activation_checkpointing`` and ``compile``
+    did to the stages, and what the optimizer and the checkpoint see through the model."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def before_train(self, runner) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        from distributed_runner.model.activation_checkpointing import is_recomputed
+
+        modules = [(name, module) for stage in runner.pipeline.stages
+                   for name, module in stage.named_modules()]
+        meshes = sorted({str(getattr(getattr(p, "device_mesh", None), "mesh_dim_names", None))
+                         for p in runner.model.parameters()})
+        found = {"units": [n for n, m in modules if isinstance(m, FSDPModule)],
+                 "recomputed": [n for n, m in modules if is_recomputed(m)], "meshes": meshes,
+                 "compiled": [s._compiled_call_impl is not None for s in runner.pipeline.stages]}
+        with open(f"{self.path}.rank{runner.rank}", "w") as f:
+            f.write(json.dumps(found))
+
+
 def stepping_llama(config: Any) -> Any:
     """A Llama whose class has its own ``train_step`` (a model that steps its optimizer itself,
     as MMEngine models may): refused under ``strategy.pp``."""

@@ -52,11 +52,8 @@ def _strategy_on_driver(plan: DriverPlan) -> None:
             "an elastic group (min, max) cannot keep strategy.tp/dp_replicate/pp: Ray may "
             "start it at a size they do not divide; give a fixed number of workers",
         )
-    world, where = plan.world, ""
-    replicas = plan.settings.fault_tolerance
-    if replicas is not None:  # each replica group is a world of its own (fault_tolerance/)
-        world = int(replicas["ranks_per_replica"])
-        where = f" in each of {replicas['replicas']} replica groups"
+    world, replicas = _pipeline_world(plan), plan.settings.fault_tolerance
+    where = f" in each of {replicas['replicas']} replica groups" if replicas is not None else ""
     if strategy["type"] == "fsdp" and strategy["pp"] > 1 and world > 1:
         check_layout(strategy, world)
         schedule = f"{strategy['pp_schedule']}, {microbatches(strategy)} micro-batches"
@@ -97,11 +94,18 @@ def _resume_on_driver(plan: DriverPlan) -> None:
         plan.say("resume", plan.cfg["resume"])
 
 
+def _pipeline_world(plan: DriverPlan) -> int:
+    """The ranks one model spans: the world, or a replica group's (fault_tolerance/: each is a
+    world of its own)."""
+    replicas = plan.settings.fault_tolerance
+    return plan.world if replicas is None else int(replicas["ranks_per_replica"])
+
+
 def _model_on_driver(plan: DriverPlan) -> None:
     """The model's type and arguments resolved, then the model built on the meta device and
     checked as each worker will (the plan, LoRA targets, the files' names and shapes)."""
     _check_spec(registry.MODELS, plan.cfg["model"], "model")
-    for line in check_model_on_meta(plan.cfg, plan.settings):
+    for line in check_model_on_meta(plan.cfg, plan.settings, _pipeline_world(plan)):
         plan.say("model", line)
 
 
@@ -208,7 +212,7 @@ def _hooks_on_driver(plan: DriverPlan) -> None:
     """The hooks as the launcher runs them, built and checked (their sinks checked, not
     built): the plan ``drun check`` prints."""
     planned = plan_hooks(plan.cfg)
-    if plan.settings.strategy.get("pp", 1) > 1 and plan.world > 1:  # stages: pipeline_step.py
+    if plan.settings.strategy.get("pp", 1) > 1 and _pipeline_world(plan) > 1:  # pipeline_step.py
         refuse_step_guards(planned.step_guards)
     plan.say("hooks", ", ".join(entry.name for entry in planned.entries))
     saver = planned.hook_named("checkpoint")

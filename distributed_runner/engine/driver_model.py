@@ -34,9 +34,10 @@ from distributed_runner.parallel.pipeline import plan_stages
 CONFIG_MISTAKES = (ConfigError, ArgumentError, ValueError, TypeError, ImportError)
 
 
-def check_model_on_meta(cfg: Mapping[str, Any], settings: Any) -> list[str]:
-    """Build ``cfg['model']`` on the meta device and check it as a worker will; the lines say
-    what was checked. Raises the first refusal as its one line."""
+def check_model_on_meta(cfg: Mapping[str, Any], settings: Any, world: int) -> list[str]:
+    """Build ``cfg['model']`` on the meta device and check it as a worker will on ``world``
+    ranks (the pipeline's checks only where there are several: one process trains the model
+    whole); the lines say what was checked. Raises the first refusal as its one line."""
     if not isinstance(cfg.get("model"), dict):
         return ["an object, not a config: the workers build and check it"]
     given, strict = settings.load_from
@@ -55,18 +56,22 @@ def check_model_on_meta(cfg: Mapping[str, Any], settings: Any) -> list[str]:
     lines = [f"{type(model).__name__}, {count:,} parameters (built on the meta device)"]
     if matched:
         lines.append(f"tensor-parallel plan: {len(matched)} modules split over tp={strategy['tp']}")
-    if strategy.get("pp", 1) > 1:  # the stages the workers will cut (parallel/pipeline.py)
-        refuse_own_train_step(type(model).__name__, trains_itself(model))
-        plan = plan_stages(model, strategy)
-        lines.append(
-            "pipeline stages: "
-            + " | ".join(_span(plan.units(stage)) for stage in range(plan.stages))
-        )
+    if strategy.get("pp", 1) > 1 and world > 1:  # the stages the workers will cut
+        lines.append(_pipeline_line(model, strategy))
     if weights is not None:
         lines.append(f"load_from {source}: every name and shape matches the files' headers")
     elif source:
         lines.append(f"load_from {source}: in object storage, checked by the workers")
     return lines
+
+
+def _pipeline_line(model: nn.Module, strategy: dict) -> str:
+    """The stages the workers will cut (parallel/pipeline.py), checked as they will check them."""
+    refuse_own_train_step(type(model).__name__, trains_itself(model))
+    plan = plan_stages(model, strategy)
+    if plan.traced:
+        return "pipeline stages, cut by tracing the forward, start at: " + " | ".join(plan.names)
+    return "pipeline stages: " + " | ".join(_span(plan.units(s)) for s in range(plan.stages))
 
 
 def _span(units: tuple[str, ...]) -> str:

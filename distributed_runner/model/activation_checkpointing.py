@@ -76,14 +76,18 @@ def cache_args(module: nn.Module) -> tuple[tuple[str, int], ...]:
     return tuple((name, i) for i, name in enumerate(params) if name in OFF)
 
 
-def apply_activation_checkpointing(model: nn.Module, names: list[str]) -> list[str]:
+def apply_activation_checkpointing(
+    model: nn.Module, names: list[str], classes: dict[str, str] | None = None
+) -> list[str]:
     """Recompute the forward of each module of a class in ``names``, in place; the qualified
     names of those modules. A module inside another recomputed one is left as it is (the outer
-    recomputation already covers it; nesting would recompute it twice)."""
-    wanted, warned = set(names), False
+    recomputation already covers it; nesting would recompute it twice). ``classes``: each
+    module's class by name where its type is not it (a traced pipeline stage's modules stand in
+    for the model's: parallel/traced_stages.py)."""
+    wanted, warned, classes = set(names), False, classes or {}
     done: list[str] = []
     for qualified, module in model.named_modules():
-        if type(module).__name__ not in wanted or is_recomputed(module):
+        if classes.get(qualified, type(module).__name__) not in wanted or is_recomputed(module):
             continue
         if any(qualified.startswith(f"{outer}.") for outer in done):
             continue
@@ -93,7 +97,7 @@ def apply_activation_checkpointing(model: nn.Module, names: list[str]) -> list[s
             logging.getLogger(LOGGER_NAME).info(
                 "strategy.activation_checkpointing: %s trains without its key/value cache "
                 "(recomputing its forward would fill the cache twice)",
-                type(module).__name__,
+                classes.get(qualified, type(module).__name__),
             )
         module.forward = types.MethodType(_recomputed_forward, module)
         done.append(qualified)

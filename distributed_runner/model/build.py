@@ -17,7 +17,12 @@ from distributed_runner.core.signatures import accepts, check_arguments
 from distributed_runner.model.activation_checkpointing import apply_activation_checkpointing
 from distributed_runner.model.empty_init import materialize, parameters_on_meta
 from distributed_runner.model.sharding import check_shard_modules, shard_model, shard_stage
-from distributed_runner.parallel.pipeline import PipelineParts, split_for_pipeline
+from distributed_runner.parallel.pipeline import (
+    PipelineParts,
+    cut_by_tracing,
+    split_for_pipeline,
+)
+from distributed_runner.parallel.traced_stages import adopt_tensors
 
 
 def default_device() -> torch.device:
@@ -171,23 +176,55 @@ def setup_model(
             "holds DDP arguments, but strategy is FSDP: put FSDP options in strategy=dict(...)",
         )
     matched = check_shard_modules(model, strategy)  # the tensor-parallel plan, matched once
-    pipeline = None
-    if strategy.get("pp", 1) > 1 and dist.is_distributed():  # this rank's stages only
-        pipeline = split_for_pipeline(model, strategy, device, matched)
-    apply_activation_checkpointing(model, strategy.get("activation_checkpointing", []))
+    pipeline = _cut_into_stages(model, strategy, device, matched, weights is not None)
+    recomputed = strategy.get("activation_checkpointing", [])
+    for part, classes in _running_modules(model, pipeline):
+        apply_activation_checkpointing(part, recomputed, classes)
     sharded = strategy["type"] == "fsdp" and dist.is_distributed() and strategy.get("pp", 1) == 1
     if sharded:
         shard_model(model, strategy, device, matched)
     elif pipeline is not None and pipeline.data_mesh is not None:  # a stage's ranks shard it
         for stage in pipeline.stages:
-            shard_stage(stage, strategy, pipeline.data_mesh)
+            shard_stage(stage, strategy, pipeline.data_mesh, pipeline.classes)
+    traced = pipeline is not None and pipeline.plan.traced
+    if traced:  # the traced stages' tensors, sharded: the model's again (traced_stages.py)
+        adopt_tensors(model, pipeline.stages)  # type: ignore[union-attr]
     if weights is not None:
-        materialize(model, device)
+        if not traced:  # a traced model was given storage before its trace (traced_stages.py)
+            materialize(model, device)
         weights.load(model)
     wrapped = (
         model if strategy["type"] == "fsdp" else wrap_model(model, dict(wrapper_cfg or {}), device)
     )
+    if pipeline is not None:  # the schedule calls the stages: each is compiled in place
+        for stage in pipeline.stages:
+            if compile_args is not None:
+                stage.compile(**compile_args)
+        return BuiltModel(model, wrapped, pipeline)
     return BuiltModel(model, compile_model(wrapped, compile_args), pipeline)
+
+
+def _cut_into_stages(
+    model: nn.Module, strategy: dict, device: torch.device, matched: dict, empty: bool
+) -> PipelineParts | None:
+    """This rank's part of the pipeline (``model`` keeps its stages only), or None without
+    one. A model built ``empty`` and cut by tracing gets storage first: a trace on the meta
+    device keeps that device for the tensors its forward makes."""
+    if strategy.get("pp", 1) == 1 or not dist.is_distributed():
+        return None
+    if empty and cut_by_tracing(model, strategy):
+        materialize(model, device)
+    return split_for_pipeline(model, strategy, device, matched)
+
+
+def _running_modules(
+    model: nn.Module, pipeline: PipelineParts | None
+) -> list[tuple[nn.Module, dict[str, str]]]:
+    """The modules whose forward runs, with their classes by name where their types are not
+    them: the model itself, or a traced cut's stages (parallel/traced_stages.py)."""
+    if pipeline is not None and pipeline.plan.traced:
+        return [(stage, pipeline.classes) for stage in pipeline.stages]
+    return [(model, {})]
 
 
 def is_model_wrapper(model: Any) -> bool:

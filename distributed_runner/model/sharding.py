@@ -172,7 +172,8 @@ def _parse_fsdp(args: dict) -> dict:
         pp_microbatches (int | None): micro-batches a batch is cut into (>= the stages);
             None: as many as stages.
         pp_split (list[str] | None): the units stages start at (['model.layers.8']); None:
-            the model's plan cut evenly.
+            the model's plan cut evenly. A causal LM without a plan is cut by tracing its
+            forward before these modules (parallel/traced_stages.py).
         pp_stages_per_rank (int): stages a rank holds under a looped schedule.
     """
     for key in args:
@@ -289,16 +290,22 @@ def shard_model(
     return model
 
 
-def shard_stage(stage: nn.Module, strategy: dict, data_mesh: Any) -> None:
+def shard_stage(
+    stage: nn.Module, strategy: dict, data_mesh: Any, classes: dict[str, str] | None = None
+) -> None:
     """A pipeline stage's module (parallel/pipeline.py) sharded over its ranks: each module of a
     ``shard_modules`` class, then the stage as FSDP's root (the schedule calls it, and tells
-    FSDP which backward of a step is the last)."""
-    _fully_shard_units(stage, strategy, data_mesh)
+    FSDP which backward of a step is the last). ``classes``: each module's class by name, for
+    a traced stage, whose modules stand in for the model's."""
+    _fully_shard_units(stage, strategy, data_mesh, classes or {})
 
 
-def _fully_shard_units(root: nn.Module, strategy: dict, data_mesh: Any) -> None:
-    """``fully_shard`` each ``shard_modules`` module of ``root`` (innermost first), then
-    ``root``, over ``data_mesh`` with the strategy's FSDP options."""
+def _fully_shard_units(
+    root: nn.Module, strategy: dict, data_mesh: Any, classes: dict[str, str] | None = None
+) -> None:
+    """``fully_shard`` each ``shard_modules`` module of ``root`` (innermost first; its class
+    is ``classes``' entry for its name, else its type's), then ``root``, over ``data_mesh``
+    with the strategy's FSDP options."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     options: dict[str, Any] = {
@@ -312,9 +319,9 @@ def _fully_shard_units(root: nn.Module, strategy: dict, data_mesh: Any) -> None:
         options["mp_policy"] = MixedPrecisionPolicy(**policy)
     if strategy["cpu_offload"]:
         options["offload_policy"] = CPUOffloadPolicy()
-    wanted = set(strategy["shard_modules"])
-    for module in reversed(list(root.modules())[1:]):  # children before their parents
-        if type(module).__name__ in wanted:
+    wanted, classes = set(strategy["shard_modules"]), classes or {}
+    for name, module in reversed(list(root.named_modules())[1:]):  # children before parents
+        if classes.get(name, type(module).__name__) in wanted:
             fully_shard(module, **options)
     fully_shard(root, **options)
 

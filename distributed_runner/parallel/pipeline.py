@@ -70,6 +70,8 @@ class StagePlan:
     starts: tuple[int, ...]
     pp: int
     style: str  # SCHEDULES' placement: 'single', 'loop' or 'v'
+    traced: bool = False  # cut by tracing (parallel/traced_stages.py): a unit is a stage's start
+    order: tuple[str, ...] = ()  # the whole model's state names, in its order (traced cuts)
 
     @property
     def looped(self) -> bool:
@@ -94,6 +96,17 @@ class StagePlan:
     def rank_of(self, stage: int) -> int:
         """The rank in the pipeline that holds ``stage``."""
         return next(r for r in range(self.pp) if stage in self.stages_of(r))
+
+    def position(self, name: str) -> int:
+        """Where a state name sits in the whole model's order: its place in ``order``, else its
+        unit's (the final norm goes with the head, as in the model's own order: ``model.norm``
+        before ``lm_head``)."""
+        if self.order:
+            return self.order.index(name) if name in self.order else len(self.order)
+        for i, unit in enumerate(self.names):
+            if name.startswith(f"{unit}."):
+                return i
+        return len(self.names) - 1 if ".norm." in f".{name}" else len(self.names)
 
 
 def parse_pipeline(out: dict) -> None:
@@ -163,17 +176,23 @@ def _decoder(model: Any) -> tuple[str, Any] | None:
     return prefix, base
 
 
+def cut_by_tracing(model: Any, strategy: dict) -> bool:
+    """Whether ``model``'s stages are cut by tracing its forward (parallel/traced_stages.py):
+    it has no plan this module runs, and ``pp_split`` says where to cut."""
+    return strategy.get("pp", 1) > 1 and strategy["pp_split"] is not None and not _decoder(model)
+
+
 def plan_stages(model: Any, strategy: dict) -> StagePlan:
     """The stages of ``model`` under ``strategy`` (one line when it cannot be cut so)."""
     found = _decoder(model)
+    if found is None and strategy["pp_split"] is not None:
+        return _traced_plan(model, strategy)
     if found is None:
-        split = strategy["pp_split"]
-        later = "; pp_split places a decoder's cuts, it does not cut other models yet"
         raise ConfigError(
-            "strategy.pp_split" if split is not None else "strategy.pp",
+            "strategy.pp",
             f"{type(model).__name__} has no pipeline plan drun can run (a Hugging Face "
-            f"decoder's config.base_model_pp_plan: embed_tokens -> layers -> norm, and lm_head)"
-            f"{later if split is not None else ''}",
+            f"decoder's config.base_model_pp_plan: embed_tokens -> layers -> norm, and lm_head): "
+            f"name where stages start in strategy.pp_split to cut it by tracing",
         )
     prefix, base = found
     if getattr(model.config, "tie_word_embeddings", False):
@@ -196,6 +215,29 @@ def plan_stages(model: Any, strategy: dict) -> StagePlan:
             f"but pp={strategy['pp']} x {v} stage(s) a rank needs {stages}",
         )
     return StagePlan(names, tuple(starts), strategy["pp"], SCHEDULES[strategy["pp_schedule"]][1])
+
+
+def _traced_plan(model: Any, strategy: dict) -> StagePlan:
+    """A model without a plan, cut before each module of ``pp_split`` by tracing it
+    (parallel/traced_stages.py): stage ``i`` starts at unit ``i`` (the first at the input)."""
+    from distributed_runner.parallel.traced_stages import check_traceable
+
+    check_traceable(model, strategy)
+    split, v = tuple(strategy["pp_split"]), stages_per_rank(strategy)
+    if len(split) + 1 != strategy["pp"] * v:
+        raise ConfigError(
+            "strategy.pp_split",
+            f"{len(split) + 1} stage(s) from {len(split)} cut(s), but pp={strategy['pp']} x {v} "
+            f"stage(s) a rank needs {strategy['pp'] * v}",
+        )
+    return StagePlan(
+        ("input_ids", *split),
+        tuple(range(len(split) + 1)),
+        strategy["pp"],
+        SCHEDULES[strategy["pp_schedule"]][1],
+        traced=True,
+        order=tuple(model.state_dict()),
+    )
 
 
 def _even(units: int, stages: int) -> list[int]:
@@ -252,6 +294,8 @@ class PipelineParts:
     pp_rank: int
     data_mesh: Any
     built: dict = field(default_factory=dict)  # batch shape -> its schedule (:meth:`schedule`)
+    # traced stages: each module's class in the model, by name (FSDP's shard_modules match it)
+    classes: dict[str, str] = field(default_factory=dict)
 
     @property
     def holds(self) -> list[int]:
@@ -332,15 +376,33 @@ def split_for_pipeline(
     )
     group, pp_rank = mesh["pp"].get_group(), mesh["pp"].get_local_rank()
     dist.set_pipeline_layout(pp, group)
+    # FSDP over a stage's data-parallel ranks: sharded within dp_shard, replicated across
+    # dp_replicate (HSDP)
+    data_mesh: Any = mesh["dp_replicate", "dp_shard"] if replicate > 1 else mesh["dp_shard"]
+    data_mesh = data_mesh if dp > 1 else None
+    if plan.traced:  # no TP within a traced stage (traced_stages.py refuses it)
+        classes = {path: type(m).__name__ for path, m in model.named_modules()}
+        stages = _traced_stages(model, plan, pp_rank, device)
+        return PipelineParts(plan, stages, group, pp_rank, data_mesh, classes=classes)
     prune_to_stages(model, plan, pp_rank)
     if tp > 1:  # the plan's modules this rank still holds
         held = dict(model.named_modules())
         apply_tensor_parallel(model, {n: s for n, s in matched.items() if n in held}, mesh["tp"])
-    stages: list[nn.Module] = [DecoderStage(model, plan, s) for s in plan.stages_of(pp_rank)]
-    # FSDP over a stage's data-parallel ranks: sharded within dp_shard, replicated across
-    # dp_replicate (HSDP)
-    data_mesh = mesh["dp_replicate", "dp_shard"] if replicate > 1 else mesh["dp_shard"]
-    return PipelineParts(plan, stages, group, pp_rank, data_mesh if dp > 1 else None)
+    stages = [DecoderStage(model, plan, s) for s in plan.stages_of(pp_rank)]
+    return PipelineParts(plan, stages, group, pp_rank, data_mesh)
+
+
+def _traced_stages(model: Any, plan: StagePlan, rank: int, device: torch.device) -> list[nn.Module]:
+    """This rank's traced stages (parallel/traced_stages.py); ``model`` keeps only their
+    parameters and buffers, the same objects under the same names."""
+    from distributed_runner.parallel.traced_stages import keep_only, trace_stages
+
+    if any(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()]):
+        raise AssertionError("a model is given storage before its trace (model/build.py)")
+    stages = trace_stages(model, list(plan.names[1:]), device)
+    mine = [stages[s] for s in plan.stages_of(rank)]
+    keep_only(model, {name for stage in mine for name in stage.state_dict()})
+    return mine
 
 
 class DecoderStage(nn.Module):
@@ -435,15 +497,6 @@ def _stage_class() -> type:
 
 
 # -- the stages' checkpoint: the one-process checkpoint -----------------------------------------
-def _unit_index(plan: StagePlan, name: str) -> int:
-    """Where a state name sits in the whole model's order: its unit (the final norm goes with
-    the head, as it does in the model's own order: ``model.norm`` before ``lm_head``)."""
-    for i, unit in enumerate(plan.names):
-        if name.startswith(f"{unit}."):
-            return i
-    return len(plan.names) - 1 if ".norm." in f".{name}" else len(plan.names)
-
-
 def _gather_to_first(value: Any) -> list | None:
     """``value`` of every rank of this rank's pipeline, on the pipeline's first rank (None
     elsewhere)."""
@@ -466,7 +519,7 @@ def gathered_weights(model: nn.Module, plan: StagePlan) -> dict:
     if parts is None:
         return {}
     merged = [item for part in parts for item in part.items()]
-    return dict(sorted(merged, key=lambda kv: _unit_index(plan, kv[0])))
+    return dict(sorted(merged, key=lambda kv: plan.position(kv[0])))
 
 
 def gathered_tensors(state: dict) -> dict:
@@ -498,7 +551,7 @@ def gathered_optimizer(model: nn.Module, optimizer: Any, plan: StagePlan) -> dic
     if parts is None:
         return {}
     every = [n for part in parts for g in part["groups"] for n in g["params"]]
-    every.sort(key=lambda n: _unit_index(plan, n))
+    every.sort(key=plan.position)
     index = {n: i for i, n in enumerate(every)}
     groups = [g for part in parts for g in part["groups"]]
     if all(len(part["groups"]) == 1 for part in parts):
