@@ -10,7 +10,9 @@ Where the cuts go: a Hugging Face decoder declares its pipeline plan
 (``config.base_model_pp_plan``: Llama's is ``embed_tokens -> layers -> norm``, then the head).
 The units are the embedding, each decoder layer and the head (the final norm with it), weighing
 one layer each, split evenly over the stages unless ``pp_split`` names where stages start
-(``['model.layers.8', ...]``).
+(``['model.layers.8', ...]``). A causal LM without such a plan (GPT-2 ...) is cut before the
+modules ``pp_split`` names by tracing its forward (:mod:`.traced_stages`): its stages are
+graphs over the model's own modules, so what follows holds for them too.
 
 Each rank keeps only its stages' modules **in the model itself** (:func:`prune_to_stages`): the
 others are dropped, and the decoder's layers become a ModuleDict keyed by their index, so every
@@ -25,8 +27,8 @@ The ranks form a ``(pp, dp_replicate, dp_shard, tp)`` mesh, stages outermost and
 ranks (replicated ``dp_replicate`` times, sharded within: HSDP).
 
 What is refused, in one line each before anything trains: ``pp`` not dividing the world or
-giving more stages than units, a model with no plan this module can run, fewer micro-batches
-than stages, an unknown schedule.
+giving more stages than units, a model with no plan this module can run and no ``pp_split``,
+fewer micro-batches than stages, an unknown schedule.
 """
 
 from __future__ import annotations
@@ -179,7 +181,9 @@ def _decoder(model: Any) -> tuple[str, Any] | None:
 def cut_by_tracing(model: Any, strategy: dict) -> bool:
     """Whether ``model``'s stages are cut by tracing its forward (parallel/traced_stages.py):
     it has no plan this module runs, and ``pp_split`` says where to cut."""
-    return strategy.get("pp", 1) > 1 and strategy["pp_split"] is not None and not _decoder(model)
+    return (
+        strategy.get("pp", 1) > 1 and strategy.get("pp_split") is not None and not _decoder(model)
+    )
 
 
 def plan_stages(model: Any, strategy: dict) -> StagePlan:
