@@ -186,19 +186,18 @@ def setup_model(
     elif pipeline is not None and pipeline.data_mesh is not None:  # a stage's ranks shard it
         for stage in pipeline.stages:
             shard_stage(stage, strategy, pipeline.data_mesh, pipeline.classes)
-    traced = pipeline is not None and pipeline.plan.traced
-    if traced:  # the traced stages' tensors, sharded: the model's again (traced_stages.py)
-        adopt_tensors(model, pipeline.stages)  # type: ignore[union-attr]
+        if pipeline.plan.traced:  # FSDP gave the traced stages new parameters: the model's too
+            adopt_tensors(model, pipeline.stages)
     if weights is not None:
-        if not traced:  # a traced model was given storage before its trace (traced_stages.py)
+        if pipeline is None or not pipeline.plan.traced:  # a traced one has storage already
             materialize(model, device)
         weights.load(model)
     wrapped = (
         model if strategy["type"] == "fsdp" else wrap_model(model, dict(wrapper_cfg or {}), device)
     )
     if pipeline is not None:  # the schedule calls the stages: each is compiled in place
-        for stage in pipeline.stages:
-            if compile_args is not None:
+        if compile_args is not None:
+            for stage in pipeline.stages:
                 stage.compile(**compile_args)
         return BuiltModel(model, wrapped, pipeline)
     return BuiltModel(model, compile_model(wrapped, compile_args), pipeline)

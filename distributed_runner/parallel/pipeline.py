@@ -72,8 +72,14 @@ class StagePlan:
     starts: tuple[int, ...]
     pp: int
     style: str  # SCHEDULES' placement: 'single', 'loop' or 'v'
-    traced: bool = False  # cut by tracing (parallel/traced_stages.py): a unit is a stage's start
-    order: tuple[str, ...] = ()  # the whole model's state names, in its order (traced cuts)
+    # a cut by tracing (parallel/traced_stages.py), where a unit is a stage's start: the whole
+    # model's state names, in its order
+    order: tuple[str, ...] = ()
+
+    @property
+    def traced(self) -> bool:
+        """Cut by tracing the forward (a unit is a stage's start), not along a plan."""
+        return bool(self.order)
 
     @property
     def looped(self) -> bool:
@@ -239,7 +245,6 @@ def _traced_plan(model: Any, strategy: dict) -> StagePlan:
         tuple(range(len(split) + 1)),
         strategy["pp"],
         SCHEDULES[strategy["pp_schedule"]][1],
-        traced=True,
         order=tuple(model.state_dict()),
     )
 

@@ -285,9 +285,8 @@ def _detached(model: nn.Module, name: str) -> bool:
 
 def adopt_tensors(model: nn.Module, stages: list[nn.Module]) -> None:
     """``model``'s parameters and buffers made the stages' own objects again, name by name:
-    sharding or materialising a traced stage gives it new ones (FSDP's shards, storage for the
-    meta device's), which the optimizer, the hooks and the checkpoint must see through
-    ``model``."""
+    sharding a traced stage gives it new ones (FSDP's shards), which the optimizer, the hooks
+    and the checkpoint must see through ``model``."""
     for stage in stages:
         for name, param in stage.named_parameters():
             owner_name, _, leaf = name.rpartition(".")
